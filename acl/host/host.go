@@ -1,0 +1,793 @@
+package host
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"unsafe"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// Config configures a host driver. The zero value is a strict device with a
+// capacity of half the machine's available memory.
+type Config struct {
+	// Capacity is the simulated device memory in bytes: MallocPhysical fails
+	// with 207001 once the live physical allocations would exceed it.
+	// 0 means half of MemAvailable at New (at least 256 MiB).
+	Capacity uintptr
+	// MaxReserve is the largest ReserveMemAddress one call may make.
+	// 0 means 128 GiB, the Ascend driver's limit.
+	MaxReserve uintptr
+	// MapLimit caps the kernel memory areas (VMAs) the driver's reservations
+	// may use, so the process stays far below vm.max_map_count. A MapMem that
+	// would pass it fails with 207005. 0 means a quarter of vm.max_map_count.
+	MapLimit int
+	// Device is the device id the driver answers to. 0 is device 0.
+	Device int32
+	// NoSetAccess makes the driver behave like an ACL runtime without
+	// aclrtMemSetAccess: mappings are accessible as soon as they are made and
+	// MemSetAccess fails with 207000. By default a mapping has no access until
+	// MemSetAccess grants it, as on CUDA, the stricter device.
+	NoSetAccess bool
+}
+
+// offsetSpace is the size of the sparse memory file's offset space. It costs
+// nothing (the file is sparse) and is so much larger than any capacity that
+// it never fragments into failure.
+const offsetSpace = 1 << 46
+
+// Driver is the host driver: the ACL virtual-memory contract implemented on
+// Linux virtual memory. A device pointer is a host virtual address, so mapped
+// memory is real and a Go program can read it through [Driver.Bytes].
+//
+// A reservation is an inaccessible PROT_NONE/MAP_NORESERVE range. Physical
+// memory is committed up front (fallocate) from one sparse memfd, cut at
+// offsets that keep chunks of one arena contiguous, so that the kernel merges
+// their mappings. Map is mmap MAP_FIXED|MAP_SHARED of that file into the
+// range; unmap maps inaccessible anonymous memory back over it, so the range
+// stays reserved. MemSetAccess is mprotect.
+//
+// Driver is safe for concurrent use.
+type Driver struct {
+	cfg    Config
+	shared bool // the process default: Close is a no-op
+
+	mu       sync.Mutex
+	closed   bool
+	fd       int
+	space    offsets
+	handles  map[acl.PhysicalHandle]*handle
+	nextID   acl.PhysicalHandle
+	resv     []*reservation // sorted by base
+	phys     uintptr        // committed physical bytes, or being committed
+	vmas     int            // kernel VMAs our reservations occupy
+	live     acl.LiveCounts
+	maxVMAs  int // high-water mark of vmas
+	mapCalls uint64
+}
+
+type handle struct {
+	id    acl.PhysicalHandle
+	off   uintptr // offset in the memory file
+	size  uintptr
+	page  uintptr // 2 MiB or 1 GiB
+	refs  int     // the owner's reference plus one per mapping
+	freed bool    // FreePhysical dropped the owner's reference
+}
+
+type reservation struct {
+	base uintptr
+	size uintptr
+	mem  unsafe.Pointer // == base; kept as a pointer to derive addresses from
+	maps []*mapping     // sorted by addr, never overlapping
+	vmas int            // kernel VMAs this range occupies
+}
+
+type mapping struct {
+	addr   uintptr
+	size   uintptr
+	h      *handle
+	access bool
+}
+
+var _ acl.Driver = (*Driver)(nil)
+var _ acl.Counter = (*Driver)(nil)
+
+// New returns a host driver. It fails with an error wrapping
+// acl.ErrNotSupported on systems other than Linux.
+func New(cfg Config) (*Driver, error) {
+	if !supported {
+		return nil, fmt.Errorf("host driver: %w: needs Linux virtual memory", acl.ErrNotSupported)
+	}
+	if cfg.Capacity == 0 {
+		cfg.Capacity = memAvailable() / 2
+		if cfg.Capacity < 256<<20 {
+			cfg.Capacity = 256 << 20
+		}
+	}
+	if cfg.MaxReserve == 0 {
+		cfg.MaxReserve = acl.MaxReserve
+	}
+	if cfg.MapLimit == 0 {
+		cfg.MapLimit = maxMapCount() / 4
+	}
+	if cfg.Capacity > offsetSpace/2 || cfg.MapLimit < 0 || cfg.Device < 0 {
+		return nil, fmt.Errorf("host driver: %w: capacity %d, map limit %d, device %d", acl.ErrInvalidParam,
+			cfg.Capacity, cfg.MapLimit, cfg.Device)
+	}
+	fd, err := sysMemfile(offsetSpace)
+	if err != nil {
+		return nil, fmt.Errorf("host driver: memory file: %w", err)
+	}
+	return &Driver{
+		cfg:     cfg,
+		fd:      fd,
+		space:   newOffsets(offsetSpace),
+		handles: make(map[acl.PhysicalHandle]*handle),
+		nextID:  0x1000,
+	}, nil
+}
+
+var defaultDriver struct {
+	once sync.Once
+	d    *Driver
+	err  error
+}
+
+// Default returns the process-wide host driver with the zero Config, creating
+// it on first use. Its Close does nothing, since every user shares it.
+func Default() (*Driver, error) {
+	defaultDriver.once.Do(func() {
+		defaultDriver.d, defaultDriver.err = New(Config{})
+		if defaultDriver.d != nil {
+			defaultDriver.d.shared = true
+		}
+	})
+	return defaultDriver.d, defaultDriver.err
+}
+
+// Name returns "host".
+func (d *Driver) Name() string { return "host" }
+
+// Device returns the configured device id.
+func (d *Driver) Device() int32 { return d.cfg.Device }
+
+// Capacity returns the simulated device memory in bytes.
+func (d *Driver) Capacity() uintptr { return d.cfg.Capacity }
+
+// Live counts the reservations, mappings and physical allocations the driver
+// holds.
+func (d *Driver) Live() acl.LiveCounts {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.live
+}
+
+// VMAs returns the kernel memory areas the driver's reservations occupy now,
+// and the most they ever occupied.
+func (d *Driver) VMAs() (now, peak int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.vmas, d.maxVMAs
+}
+
+const errClosedMsg = "driver closed"
+
+func fail(op string, code int32, format string, args ...any) error {
+	return acl.Errorf(op, code, format, args...)
+}
+
+func pageOf(attr acl.MemAttr) uintptr {
+	if attr.Huge1G() {
+		return acl.Huge1GPageSize
+	}
+	return acl.HugePageSize
+}
+
+// checkProp runs the ACL layer's checks of a PhysicalMemProp (acl-api.md §6.2).
+func (d *Driver) checkProp(op string, prop *acl.PhysicalMemProp) error {
+	switch {
+	case prop == nil:
+		return fail(op, acl.ErrCodeInvalidParam, "prop is NULL")
+	case prop.HandleType != acl.MemHandleTypeNone:
+		return fail(op, acl.ErrCodeInvalidParam, "handleType %d: only ACL_MEM_HANDLE_TYPE_NONE is supported", prop.HandleType)
+	case prop.AllocationType != acl.MemAllocationTypePinned:
+		return fail(op, acl.ErrCodeInvalidParam, "allocationType %d: only ACL_MEM_ALLOCATION_TYPE_PINNED is supported", prop.AllocationType)
+	case prop.Location.Type == acl.MemLocationTypeUnregistered || prop.Location.Type == acl.MemLocationTypeManaged:
+		return fail(op, acl.ErrCodeInvalidParam, "location type %d is not allowed", prop.Location.Type)
+	case prop.Location.Type == acl.MemLocationTypeDevice && prop.MemAttr.DDR():
+		return fail(op, acl.ErrCodeInvalidParam, "memAttr %d is DDR memory, not allowed on a device location", prop.MemAttr)
+	case !prop.MemAttr.PhysicalSupported():
+		return fail(op, acl.ErrCodeInvalidParam, "memAttr %d is not supported for physical allocation", prop.MemAttr)
+	case prop.Location.Type != acl.MemLocationTypeDevice:
+		return fail(op, acl.ErrCodeRTFeatureNotSupport, "location type %d: the host driver allocates device memory only", prop.Location.Type)
+	case int64(prop.Location.ID) != int64(d.cfg.Device):
+		return fail(op, acl.ErrCodeRTInvalidDeviceID, "device %d: this driver is device %d", prop.Location.ID, d.cfg.Device)
+	}
+	return nil
+}
+
+// MemGetAllocationGranularity returns 2 MiB, or 1 GiB for the HUGE1G
+// attributes, for both options.
+func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option acl.MemGranularityOptions) (uintptr, error) {
+	const op = "aclrtMemGetAllocationGranularity"
+	if err := d.checkProp(op, prop); err != nil {
+		return 0, err
+	}
+	if option != acl.GranularityMinimum && option != acl.GranularityRecommended {
+		return 0, fail(op, acl.ErrCodeRTFeatureNotSupport, "granularity option %d", option)
+	}
+	return pageOf(prop.MemAttr), nil
+}
+
+// MallocPhysical commits size bytes of the memory file. It fails with 207001
+// when the capacity would be exceeded or the kernel has no memory left.
+func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
+	const op = "aclrtMallocPhysical"
+	switch {
+	case prop == nil:
+		return 0, fail(op, acl.ErrCodeInvalidParam, "prop is NULL")
+	case size == 0:
+		return 0, fail(op, acl.ErrCodeInvalidParam, "size is 0")
+	case flags != 0:
+		return 0, fail(op, acl.ErrCodeInvalidParam, "flags %#x: must be 0", flags)
+	}
+	if err := d.checkProp(op, prop); err != nil {
+		return 0, err
+	}
+	if prop.Reserve != 0 {
+		return 0, fail(op, acl.ErrCodeRTParamInvalid, "prop reserve should be zero")
+	}
+	page := pageOf(prop.MemAttr)
+	if prop.MemAttr.Huge1G() {
+		size = (size + page - 1) &^ (page - 1)
+	} else if size%page != 0 {
+		return 0, fail(op, acl.ErrCodeRTParamInvalid, "size %d is not a multiple of the granularity %d", size, page)
+	}
+
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	}
+	if size > d.cfg.Capacity || d.phys > d.cfg.Capacity-size {
+		free := d.cfg.Capacity - d.phys
+		d.mu.Unlock()
+		return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "out of memory: %d bytes asked, %d of %d free", size, free, d.cfg.Capacity)
+	}
+	off, ok := d.space.take(size, page)
+	if !ok {
+		d.mu.Unlock()
+		return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "memory file offset space exhausted")
+	}
+	d.phys += size
+	d.mu.Unlock()
+
+	// Commit outside the lock: it zeroes every page and takes ~0.2 ms per MiB.
+	err := sysCommit(d.fd, off, size)
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err != nil {
+		d.phys -= size
+		d.space.give(off, size)
+		if errors.Is(err, errNoMemory) {
+			return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "host has no memory for %d bytes", size)
+		}
+		return 0, fail(op, acl.ErrCodeRTFailure, "fallocate: %v", err)
+	}
+	d.nextID++
+	h := &handle{id: d.nextID, off: off, size: size, page: page, refs: 1}
+	d.handles[h.id] = h
+	d.live.Handles++
+	d.live.PhysicalBytes += size
+	return h.id, nil
+}
+
+var errNoMemory = errors.New("no memory")
+
+// FreePhysical drops the owner's reference to h; the memory goes back when
+// no mapping of it remains.
+func (d *Driver) FreePhysical(id acl.PhysicalHandle) error {
+	const op = "aclrtFreePhysical"
+	if id == 0 {
+		return fail(op, acl.ErrCodeInvalidParam, "handle is NULL")
+	}
+	d.mu.Lock()
+	h, ok := d.handles[id]
+	switch {
+	case d.closed:
+		d.mu.Unlock()
+		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	case !ok:
+		d.mu.Unlock()
+		return fail(op, acl.ErrCodeRTInvalidHandle, "handle %#x is not a live physical allocation", uintptr(id))
+	case h.freed:
+		d.mu.Unlock()
+		return fail(op, acl.ErrCodeRTParamInvalid, "handle %#x freed too many times (it is still mapped)", uintptr(id))
+	}
+	h.freed = true
+	d.live.Handles--
+	release := d.unrefLocked(h)
+	d.mu.Unlock()
+	return d.decommit(op, release)
+}
+
+// unrefLocked drops one reference to h and returns it if the memory must now
+// be given back.
+func (d *Driver) unrefLocked(h *handle) *handle {
+	h.refs--
+	if h.refs > 0 {
+		return nil
+	}
+	delete(d.handles, h.id)
+	return h
+}
+
+// decommit gives h's pages back to the kernel and then its offsets to the
+// free list (in that order, so nobody commits the range before it is punched).
+func (d *Driver) decommit(op string, h *handle) error {
+	if h == nil {
+		return nil
+	}
+	err := sysDecommit(d.fd, h.off, h.size)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.phys -= h.size
+	d.live.PhysicalBytes -= h.size
+	if err != nil {
+		// The pages could not be punched: keep their offsets out of use so a
+		// later allocation is never handed memory we could not scrub.
+		return fail(op, acl.ErrCodeRTFailure, "punch hole: %v", err)
+	}
+	d.space.give(h.off, h.size)
+	return nil
+}
+
+// ReserveMemAddress reserves size bytes (rounded up to 2 MiB) of inaccessible
+// address space, 2 MiB-aligned, or 1 GiB-aligned when size is at least 1 GiB.
+func (d *Driver) ReserveMemAddress(size, alignment uintptr, expect acl.DevicePtr, flags uint64) (acl.DevicePtr, error) {
+	const op = "aclrtReserveMemAddress"
+	switch {
+	case size == 0:
+		return 0, fail(op, acl.ErrCodeInvalidParam, "size is 0")
+	case flags > 1:
+		return 0, fail(op, acl.ErrCodeInvalidParam, "flags %#x: must be 0 or 1", flags)
+	case alignment != 0:
+		return 0, fail(op, acl.ErrCodeRTParamInvalid, "alignment %d: must be 0", alignment)
+	case expect != 0:
+		return 0, fail(op, acl.ErrCodeRTFeatureNotSupport, "expectPtr %v: a chosen address is not supported", expect)
+	case size > d.cfg.MaxReserve:
+		return 0, fail(op, acl.ErrCodeRTParamInvalid, "size %d exceeds the per-call limit of %d bytes", size, d.cfg.MaxReserve)
+	}
+	size = (size + acl.HugePageSize - 1) &^ (acl.HugePageSize - 1)
+	align := uintptr(acl.HugePageSize)
+	if size >= acl.Huge1GPageSize {
+		align = acl.Huge1GPageSize
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	}
+	if d.vmas+1 > d.cfg.MapLimit {
+		return 0, fail(op, acl.ErrCodeRTResourceAllocFail, "%d memory areas in use, limit %d (vm.max_map_count)", d.vmas, d.cfg.MapLimit)
+	}
+	p, err := sysReserve(size, align)
+	if err != nil {
+		return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "no address space for %d bytes: %v", size, err)
+	}
+	r := &reservation{base: uintptr(p), size: size, mem: p, vmas: 1}
+	i := sort.Search(len(d.resv), func(i int) bool { return d.resv[i].base > r.base })
+	d.resv = append(d.resv, nil)
+	copy(d.resv[i+1:], d.resv[i:])
+	d.resv[i] = r
+	d.addVMAs(1)
+	d.live.Reservations++
+	d.live.ReservedBytes += size
+	return acl.DevicePtr(r.base), nil
+}
+
+func (d *Driver) addVMAs(n int) {
+	d.vmas += n
+	if d.vmas > d.maxVMAs {
+		d.maxVMAs = d.vmas
+	}
+}
+
+// ReleaseMemAddress gives back the reservation at base, which must have no
+// mappings left.
+func (d *Driver) ReleaseMemAddress(base acl.DevicePtr) error {
+	const op = "aclrtReleaseMemAddress"
+	if base == 0 {
+		return fail(op, acl.ErrCodeInvalidParam, "virPtr is NULL")
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	}
+	i, r := d.findLocked(uintptr(base))
+	if r == nil || r.base != uintptr(base) {
+		return fail(op, acl.ErrCodeRTParamInvalid, "%v is not the base of a reservation", base)
+	}
+	if len(r.maps) > 0 {
+		return fail(op, acl.ErrCodeRTParamInvalid, "reservation %v still has %d mappings: unmap them first", base, len(r.maps))
+	}
+	if err := sysRelease(r.mem, r.size); err != nil {
+		return fail(op, acl.ErrCodeRTFailure, "munmap: %v", err)
+	}
+	d.resv = append(d.resv[:i], d.resv[i+1:]...)
+	d.addVMAs(-r.vmas)
+	d.live.Reservations--
+	d.live.ReservedBytes -= r.size
+	return nil
+}
+
+// findLocked returns the reservation containing addr, and its index.
+func (d *Driver) findLocked(addr uintptr) (int, *reservation) {
+	i := sort.Search(len(d.resv), func(i int) bool { return d.resv[i].base > addr }) - 1
+	if i < 0 || addr-d.resv[i].base >= d.resv[i].size {
+		return -1, nil
+	}
+	return i, d.resv[i]
+}
+
+// mapIndex returns the index of the first mapping of r that ends after addr.
+func (r *reservation) mapIndex(addr uintptr) int {
+	return sort.Search(len(r.maps), func(i int) bool { return r.maps[i].addr+r.maps[i].size > addr })
+}
+
+// seam counts the kernel VMAs contributed by the boundary between p and q,
+// neighbours in r's address order (nil p: the reservation's start; nil q: its
+// end): one for a reserved gap between them, one if q starts a new mapped VMA
+// rather than extending p's. The sum over all seams is r's VMA count.
+func (r *reservation) seam(p, q *mapping) int {
+	lo, hi := r.base, r.base+r.size
+	if p != nil {
+		lo = p.addr + p.size
+	}
+	if q != nil {
+		hi = q.addr
+	}
+	n := 0
+	if lo < hi {
+		n++
+	}
+	if q != nil && !(p != nil && lo == hi && p.access == q.access && p.h.off+p.h.size == q.h.off) {
+		n++
+	}
+	return n
+}
+
+// neighbours returns the mappings before and after index i (skipping i itself
+// when skip is set).
+func (r *reservation) neighbours(i int, skip bool) (p, q *mapping) {
+	if i > 0 {
+		p = r.maps[i-1]
+	}
+	j := i
+	if skip {
+		j++
+	}
+	if j < len(r.maps) {
+		q = r.maps[j]
+	}
+	return p, q
+}
+
+// MapMem maps the whole physical allocation h at ptr.
+func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.PhysicalHandle, flags uint64) error {
+	const op = "aclrtMapMem"
+	switch {
+	case ptr == 0:
+		return fail(op, acl.ErrCodeInvalidParam, "virPtr is NULL")
+	case id == 0:
+		return fail(op, acl.ErrCodeInvalidParam, "handle is NULL")
+	case size == 0:
+		return fail(op, acl.ErrCodeInvalidParam, "size is 0")
+	case flags != 0:
+		return fail(op, acl.ErrCodeInvalidParam, "flags %#x: must be 0", flags)
+	case offset != 0:
+		return fail(op, acl.ErrCodeRTParamInvalid, "offset %d: must be 0", offset)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	}
+	h, ok := d.handles[id]
+	if !ok || h.freed {
+		return fail(op, acl.ErrCodeRTInvalidHandle, "handle %#x is not a live physical allocation", uintptr(id))
+	}
+	addr := uintptr(ptr)
+	switch {
+	case size != h.size:
+		return fail(op, acl.ErrCodeRTParamInvalid, "size %d differs from the physical allocation's %d", size, h.size)
+	case addr%h.page != 0:
+		return fail(op, acl.ErrCodeRTParamInvalid, "virPtr %v is not aligned to the page size %d", ptr, h.page)
+	}
+	_, r := d.findLocked(addr)
+	if r == nil || size > r.base+r.size-addr {
+		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not inside one reservation", ptr, size)
+	}
+	i := r.mapIndex(addr)
+	if i < len(r.maps) && r.maps[i].addr < addr+size {
+		m := r.maps[i]
+		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) overlaps the mapping at %#x", ptr, size, m.addr)
+	}
+	m := &mapping{addr: addr, size: size, h: h, access: d.cfg.NoSetAccess}
+	p, q := r.neighbours(i, false)
+	delta := r.seam(p, m) + r.seam(m, q) - r.seam(p, q)
+	if d.vmas+delta > d.cfg.MapLimit {
+		return fail(op, acl.ErrCodeRTResourceAllocFail, "%d memory areas in use, limit %d (vm.max_map_count)", d.vmas, d.cfg.MapLimit)
+	}
+	// unsafe: addr lies inside r, whose memory starts at r.mem.
+	if err := sysMap(unsafe.Add(r.mem, addr-r.base), size, d.fd, h.off, m.access); err != nil {
+		return fail(op, acl.ErrCodeRTResourceAllocFail, "mmap: %v", err)
+	}
+	r.maps = append(r.maps, nil)
+	copy(r.maps[i+1:], r.maps[i:])
+	r.maps[i] = m
+	r.vmas += delta
+	d.addVMAs(delta)
+	h.refs++
+	d.mapCalls++
+	d.live.Mappings++
+	d.live.MappedBytes += size
+	return nil
+}
+
+// UnmapMem removes the mapping that starts at ptr, leaving the range reserved
+// and inaccessible.
+func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
+	const op = "aclrtUnmapMem"
+	if ptr == 0 {
+		return fail(op, acl.ErrCodeInvalidParam, "virPtr is NULL")
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	}
+	addr := uintptr(ptr)
+	_, r := d.findLocked(addr)
+	var i int
+	if r != nil {
+		i = r.mapIndex(addr)
+	}
+	if r == nil || i == len(r.maps) || r.maps[i].addr != addr {
+		d.mu.Unlock()
+		return fail(op, acl.ErrCodeRTDrvInternal, "%v is not the start of a mapping", ptr)
+	}
+	m := r.maps[i]
+	if err := sysUnmap(unsafe.Add(r.mem, addr-r.base), m.size); err != nil {
+		d.mu.Unlock()
+		return fail(op, acl.ErrCodeRTFailure, "mmap PROT_NONE: %v", err)
+	}
+	p, q := r.neighbours(i, true)
+	delta := r.seam(p, q) - r.seam(p, m) - r.seam(m, q)
+	r.maps = append(r.maps[:i], r.maps[i+1:]...)
+	r.vmas += delta
+	d.addVMAs(delta)
+	d.live.Mappings--
+	d.live.MappedBytes -= m.size
+	release := d.unrefLocked(m.h)
+	d.mu.Unlock()
+	return d.decommit(op, release)
+}
+
+// MemSetAccess grants read-write access to the mapping at [ptr, ptr+size).
+func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
+	const op = "aclrtMemSetAccess"
+	if d.cfg.NoSetAccess {
+		return fail(op, acl.ErrCodeRTFeatureNotSupport, "this runtime has no aclrtMemSetAccess")
+	}
+	switch {
+	case ptr == 0:
+		return fail(op, acl.ErrCodeInvalidParam, "virPtr is NULL")
+	case size == 0:
+		return fail(op, acl.ErrCodeInvalidParam, "size is 0")
+	case len(desc) == 0:
+		return fail(op, acl.ErrCodeInvalidParam, "no access descriptor")
+	}
+	for _, ds := range desc {
+		switch {
+		case ds.Flags != acl.MemAccessReadWrite:
+			return fail(op, acl.ErrCodeInvalidParam, "access flags %#x: only READWRITE is supported", ds.Flags)
+		case ds.Rsv != [12]byte{}:
+			return fail(op, acl.ErrCodeInvalidParam, "reserved bytes of the descriptor must be 0")
+		case ds.Location.Type == acl.MemLocationTypeHost && ds.Location.ID != 0:
+			return fail(op, acl.ErrCodeInvalidParam, "host location id %d: must be 0", ds.Location.ID)
+		case ds.Location.Type == acl.MemLocationTypeDevice && int64(ds.Location.ID) != int64(d.cfg.Device):
+			return fail(op, acl.ErrCodeRTInvalidDeviceID, "device %d: this driver is device %d", ds.Location.ID, d.cfg.Device)
+		case ds.Location.Type != acl.MemLocationTypeHost && ds.Location.Type != acl.MemLocationTypeDevice:
+			return fail(op, acl.ErrCodeInvalidParam, "location type %d", ds.Location.Type)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	}
+	addr := uintptr(ptr)
+	_, r := d.findLocked(addr)
+	var i int
+	if r != nil {
+		i = r.mapIndex(addr)
+	}
+	if r == nil || i == len(r.maps) || r.maps[i].addr != addr || r.maps[i].size != size {
+		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not exactly one mapping", ptr, size)
+	}
+	m := r.maps[i]
+	if m.access {
+		return nil
+	}
+	if err := sysProtect(unsafe.Add(r.mem, addr-r.base), size); err != nil {
+		return fail(op, acl.ErrCodeRTFailure, "mprotect: %v", err)
+	}
+	p, q := r.neighbours(i, true)
+	before := r.seam(p, m) + r.seam(m, q)
+	m.access = true
+	delta := r.seam(p, m) + r.seam(m, q) - before
+	r.vmas += delta
+	d.addVMAs(delta)
+	return nil
+}
+
+// hostRange returns the host memory behind [ptr, ptr+n), which must be mapped
+// with access throughout.
+func (d *Driver) hostRangeLocked(op string, ptr acl.DevicePtr, n uintptr) ([]byte, error) {
+	if d.closed {
+		return nil, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	}
+	addr := uintptr(ptr)
+	_, r := d.findLocked(addr)
+	if r == nil || n > r.base+r.size-addr {
+		return nil, fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not inside one reservation", ptr, n)
+	}
+	at := addr
+	for i := r.mapIndex(addr); at < addr+n; i++ {
+		if i == len(r.maps) || r.maps[i].addr > at {
+			return nil, fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not mapped at %#x", ptr, n, at)
+		}
+		if !r.maps[i].access {
+			return nil, fail(op, acl.ErrCodeRTParamInvalid, "mapping at %#x has no access (call aclrtMemSetAccess)", r.maps[i].addr)
+		}
+		at = r.maps[i].addr + r.maps[i].size
+	}
+	// unsafe: the range was just checked to be mapped read-write inside r.
+	return unsafe.Slice((*byte)(unsafe.Add(r.mem, addr-r.base)), n), nil
+}
+
+// Bytes returns the host memory behind the device range [ptr, ptr+n), which
+// must be mapped with access. The slice aliases device memory: it is valid
+// only until the range is unmapped, after which touching it faults.
+func (d *Driver) Bytes(ptr acl.DevicePtr, n uintptr) ([]byte, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.hostRangeLocked("Bytes", ptr, n)
+}
+
+// The copies hold the driver lock (shared by nobody but other driver calls)
+// so that the range cannot be unmapped under them.
+
+// MemcpyHtoD copies src to device memory at dst.
+func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b, err := d.hostRangeLocked("aclrtMemcpy", dst, uintptr(len(src)))
+	if err != nil {
+		return err
+	}
+	copy(b, src)
+	return nil
+}
+
+// MemcpyDtoH copies device memory at src into dst.
+func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b, err := d.hostRangeLocked("aclrtMemcpy", src, uintptr(len(dst)))
+	if err != nil {
+		return err
+	}
+	copy(dst, b)
+	return nil
+}
+
+// MemcpyDtoD copies n bytes of device memory from src to dst; the ranges may
+// overlap.
+func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
+	if n == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	s, err := d.hostRangeLocked("aclrtMemcpy", src, n)
+	if err != nil {
+		return err
+	}
+	t, err := d.hostRangeLocked("aclrtMemcpy", dst, n)
+	if err != nil {
+		return err
+	}
+	copy(t, s)
+	return nil
+}
+
+// Memset sets n bytes of device memory at ptr to value.
+func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
+	if n == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b, err := d.hostRangeLocked("aclrtMemset", ptr, n)
+	if err != nil {
+		return err
+	}
+	if value == 0 {
+		clear(b)
+		return nil
+	}
+	for i := range b {
+		b[i] = value
+	}
+	return nil
+}
+
+// GetMemInfo reports the capacity and what is not allocated of it.
+func (d *Driver) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
+	const op = "aclrtGetMemInfo"
+	if attr < acl.DDRMem || attr > acl.MemP2PHuge1G {
+		return 0, 0, fail(op, acl.ErrCodeInvalidParam, "attr %d", attr)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return 0, 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	}
+	return d.cfg.Capacity - d.phys, d.cfg.Capacity, nil
+}
+
+// Close releases everything the driver still holds and closes its memory
+// file. It reports what was still live, since that is a leak in the caller.
+// Close on the process default driver does nothing.
+func (d *Driver) Close() error {
+	if d == nil || d.shared {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	var errs []error
+	if !d.live.Zero() {
+		errs = append(errs, fmt.Errorf("host driver: closed with objects still live: %+v", d.live))
+	}
+	for _, r := range d.resv {
+		if err := sysRelease(r.mem, r.size); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	d.resv = nil
+	d.handles = nil
+	if err := sysClose(d.fd); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,149 @@
+package arena
+
+import (
+	"fmt"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// Buffer is a range of an arena's memory in use: a tensor's storage. It is a
+// small value (no Go heap allocation) and stays valid, at the same device
+// address, however the arena grows, until a Truncate or Reset below its end,
+// or Close.
+type Buffer struct {
+	a   *Arena
+	off uintptr
+	n   uintptr
+}
+
+// Ptr returns the device address of the buffer's first byte.
+func (b Buffer) Ptr() acl.DevicePtr {
+	if b.a == nil {
+		return 0
+	}
+	return b.a.base.Add(b.off)
+}
+
+// Offset returns the buffer's offset from the arena's base.
+func (b Buffer) Offset() int { return int(b.off) }
+
+// Len returns the buffer's length in bytes.
+func (b Buffer) Len() int { return int(b.n) }
+
+// Arena returns the arena the buffer belongs to (nil for the zero Buffer).
+func (b Buffer) Arena() *Arena { return b.a }
+
+// Slice returns the view b[i:j] of the buffer, with 0 ≤ i ≤ j ≤ b.Len().
+func (b Buffer) Slice(i, j int) (Buffer, error) {
+	if i < 0 || j < i || uintptr(j) > b.n {
+		return Buffer{}, fmt.Errorf("arena: buffer[%d:%d]: %w: length %d", i, j, ErrRange, b.n)
+	}
+	return Buffer{a: b.a, off: b.off + uintptr(i), n: uintptr(j - i)}, nil
+}
+
+// String describes the buffer, e.g. "arena.Buffer{ptr=0x7f0000200000 off=0 len=4096}".
+func (b Buffer) String() string {
+	return fmt.Sprintf("arena.Buffer{ptr=%v off=%d len=%d}", b.Ptr(), b.off, b.n)
+}
+
+// Slice returns a buffer for the in-use range [off, off+n) of the arena.
+func (a *Arena) Slice(off, n int) (Buffer, error) {
+	if a == nil {
+		return Buffer{}, ErrClosed
+	}
+	b := Buffer{a: a, off: uintptr(off), n: uintptr(n)}
+	if off < 0 || n < 0 {
+		return Buffer{}, fmt.Errorf("arena: slice [%d, +%d): %w", off, n, ErrRange)
+	}
+	if err := b.check("slice"); err != nil {
+		return Buffer{}, err
+	}
+	return b, nil
+}
+
+// check reports whether b is still inside the arena's bytes in use.
+func (b Buffer) check(op string) error {
+	if b.a == nil {
+		return fmt.Errorf("arena: %s: %w: zero Buffer", op, ErrInvalid)
+	}
+	s := b.a.state.Load()
+	if b.a.closed.Load() {
+		return ErrClosed
+	}
+	if l := uintptr(s & lenMask); b.off > l || b.n > l-b.off {
+		return fmt.Errorf("arena: %s [%d, +%d): %w: %d bytes in use", op, b.off, b.n, ErrRange, l)
+	}
+	return nil
+}
+
+// Element is a type whose Go memory can be copied to a device as it is: the
+// numeric types (bfloat16 and float16 travel as uint16).
+type Element interface {
+	~int8 | ~int16 | ~int32 | ~int64 | ~uint8 | ~uint16 | ~uint32 | ~uint64 |
+		~float32 | ~float64 | ~complex64 | ~complex128
+}
+
+// CopyIn copies src into the start of dst through the driver
+// (aclrtMemcpy HOST_TO_DEVICE). src must fit: len(src)×size ≤ dst.Len().
+func CopyIn[T Element](dst Buffer, src []T) error {
+	b := asBytes(src)
+	if err := dst.check("copy in"); err != nil {
+		return err
+	}
+	if uintptr(len(b)) > dst.n {
+		return fmt.Errorf("arena: copy in %d bytes: %w: buffer holds %d", len(b), ErrRange, dst.n)
+	}
+	if err := dst.a.drv.MemcpyHtoD(dst.Ptr(), b); err != nil {
+		return fmt.Errorf("arena: copy in: %w", err)
+	}
+	return nil
+}
+
+// CopyOut fills dst from the start of src through the driver
+// (aclrtMemcpy DEVICE_TO_HOST). dst must fit: len(dst)×size ≤ src.Len().
+func CopyOut[T Element](dst []T, src Buffer) error {
+	b := asBytes(dst)
+	if err := src.check("copy out"); err != nil {
+		return err
+	}
+	if uintptr(len(b)) > src.n {
+		return fmt.Errorf("arena: copy out %d bytes: %w: buffer holds %d", len(b), ErrRange, src.n)
+	}
+	if err := src.a.drv.MemcpyDtoH(b, src.Ptr()); err != nil {
+		return fmt.Errorf("arena: copy out: %w", err)
+	}
+	return nil
+}
+
+// Copy copies src into the start of dst on the device
+// (aclrtMemcpy DEVICE_TO_DEVICE). The buffers may belong to different arenas
+// of the same driver; src.Len() ≤ dst.Len().
+func Copy(dst, src Buffer) error {
+	if err := dst.check("copy"); err != nil {
+		return err
+	}
+	if err := src.check("copy"); err != nil {
+		return err
+	}
+	if src.n > dst.n {
+		return fmt.Errorf("arena: copy %d bytes: %w: destination holds %d", src.n, ErrRange, dst.n)
+	}
+	if src.a.drv != dst.a.drv {
+		return fmt.Errorf("arena: copy: %w: buffers on different drivers", ErrInvalid)
+	}
+	if err := dst.a.drv.MemcpyDtoD(dst.Ptr(), src.Ptr(), src.n); err != nil {
+		return fmt.Errorf("arena: copy: %w", err)
+	}
+	return nil
+}
+
+// Fill sets every byte of b to v on the device (aclrtMemset).
+func Fill(b Buffer, v byte) error {
+	if err := b.check("fill"); err != nil {
+		return err
+	}
+	if err := b.a.drv.Memset(b.Ptr(), v, b.n); err != nil {
+		return fmt.Errorf("arena: fill: %w", err)
+	}
+	return nil
+}

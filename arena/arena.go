@@ -60,8 +60,8 @@ type Arena struct {
 	pool      *chunk.Pool
 	ownPool   bool
 
-	mu     sync.Mutex // serialises the slow path and everything that calls the driver
-	closed atomic.Bool // set under mu; read without it by Buffer checks
+	mu     sync.Mutex    // serialises the slow path and everything that calls the driver
+	closed atomic.Bool   // set under mu; read without it by Buffer checks
 	chunks []chunk.Chunk // mapped chunks, in address order
 	peak   uint64        // the most bytes in use up to the last freeze
 	maps   uint64

@@ -1,0 +1,137 @@
+package arena_test
+
+import (
+	"errors"
+	"fmt"
+	"log"
+
+	"github.com/vmarena/vmarena/acl/host"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/chunk"
+)
+
+// A zero Config works: the arena runs on the process's host driver.
+func Example() {
+	a, err := arena.New(arena.Config{Reserve: 1 << 30})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+
+	// A tensor of 1024 float32s, 64-byte aligned. The arena maps a chunk.
+	t, err := a.Alloc(1024*4, 64)
+	if err != nil {
+		log.Fatal(err)
+	}
+	x := make([]float32, 1024)
+	for i := range x {
+		x[i] = float32(i) / 2
+	}
+	if err := arena.CopyIn(t, x); err != nil {
+		log.Fatal(err)
+	}
+	y := make([]float32, 1024)
+	if err := arena.CopyOut(y, t); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("y[1023] =", y[1023])
+	fmt.Println("len", a.Len(), "cap", a.Cap())
+	// Output:
+	// y[1023] = 511.5
+	// len 4096 cap 2097152
+}
+
+// Grow maps memory ahead of need; data and pointers do not move.
+func ExampleArena_Grow() {
+	drv, err := host.New(host.Config{Capacity: 64 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer drv.Close()
+	a, err := arena.New(arena.Config{Driver: drv, Reserve: 32 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+
+	first, _ := a.Alloc(100, 1)
+	_ = arena.CopyIn(first, []byte("kept"))
+	ptr := first.Ptr()
+
+	if err := a.Grow(10 << 20); err != nil { // room for 10 MiB more
+		log.Fatal(err)
+	}
+	fmt.Println("cap MiB:", a.Cap()>>20)
+	fmt.Println("pointer stable:", first.Ptr() == ptr)
+	got := make([]byte, 4)
+	_ = arena.CopyOut(got, first)
+	fmt.Println("data:", string(got))
+
+	// Past the reservation, Grow fails and changes nothing.
+	err = a.Grow(64 << 20)
+	fmt.Println(errors.Is(err, arena.ErrExhausted), a.Cap()>>20)
+	// Output:
+	// cap MiB: 12
+	// pointer stable: true
+	// data: kept
+	// true 12
+}
+
+// Shrink gives the chunks above Len back to the pool; regrowing takes them
+// from its cache without a physical allocation.
+func ExampleArena_Shrink() {
+	drv, err := host.New(host.Config{Capacity: 64 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer drv.Close()
+	a, err := arena.New(arena.Config{Driver: drv, Reserve: 32 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+
+	_, _ = a.Alloc(16<<20, 1)
+	_ = a.Reset()
+	_, _ = a.Alloc(3<<20, 1) // keep 3 MiB
+	_ = a.Shrink()
+	fmt.Println("mapped MiB after shrink:", a.Cap()>>20)
+	fmt.Println("cached chunks:", a.Pool().Stats().Cached)
+
+	_ = a.Grow(13 << 20)
+	p := a.Pool().Stats()
+	fmt.Println("physical allocations:", p.Allocs, "cache hits:", p.Hits)
+	// Output:
+	// mapped MiB after shrink: 4
+	// cached chunks: 6
+	// physical allocations: 8 cache hits: 6
+}
+
+// Arenas of several tenants share one pool and its budget: one tenant
+// running into the budget gets ErrOutOfMemory and disturbs nobody.
+func Example_sharedPool() {
+	drv, err := host.New(host.Config{Capacity: 256 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer drv.Close()
+	pool, err := chunk.New(drv, chunk.Config{Size: 4 << 20, Budget: 32 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+
+	a, _ := arena.New(arena.Config{Pool: pool, Reserve: 64 << 20})
+	defer a.Close()
+	b, _ := arena.New(arena.Config{Pool: pool, Reserve: 64 << 20})
+	defer b.Close()
+
+	fmt.Println(a.Grow(24<<20), b.Grow(8<<20))
+	err = b.Grow(16 << 20)
+	fmt.Println(errors.Is(err, arena.ErrOutOfMemory), errors.Is(err, chunk.ErrBudget))
+	fmt.Println("a MiB:", a.Cap()>>20, "b MiB:", b.Cap()>>20)
+	// Output:
+	// <nil> <nil>
+	// true true
+	// a MiB: 24 b MiB: 8
+}

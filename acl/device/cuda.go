@@ -4,9 +4,15 @@ import (
 	"fmt"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/cuda"
 )
 
-// openCUDA opens CUDA device n. (Replaced by the CUDA binding.)
+// openCUDA opens CUDA device n through the CUDA driver library
+// (libcuda.so.1, or $VMARENA_CUDA_LIB).
 func openCUDA(n int) (acl.Driver, error) {
-	return nil, fmt.Errorf("cuda:%d: %w: the CUDA binding is not built yet", n, acl.ErrNotSupported)
+	d, err := cuda.Open(cuda.Config{Device: n})
+	if err != nil {
+		return nil, fmt.Errorf("cuda:%d: %w", n, err)
+	}
+	return d, nil
 }

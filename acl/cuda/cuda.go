@@ -1,0 +1,923 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"sort"
+	"sync"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// Config configures a CUDA driver. The zero value opens GPU 0 through
+// libcuda.so.1 (or $VMARENA_CUDA_LIB).
+type Config struct {
+	// Library is the path of the CUDA driver library. "" means
+	// $VMARENA_CUDA_LIB when set, else "libcuda.so.1" through the dynamic
+	// loader's search path. Only the first of these that is set is tried.
+	Library string
+	// Device is the CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers
+	// them). It is also the driver's ACL device id. 0 is the first GPU.
+	Device int
+	// SkipUnmapSync skips the cuCtxSynchronize that UnmapMem runs before
+	// cuMemUnmap. By default UnmapMem waits for all work in the device's
+	// primary context, so that no kernel or copy still in flight can fault
+	// on the range (CUDA does not wait). Set it only when the caller itself
+	// orders its streams before every unmap, e.g. by synchronising the
+	// streams that use the memory.
+	SkipUnmapSync bool
+	// MaxReserve is the largest ReserveMemAddress one call may make.
+	// 0 means 128 GiB, the Ascend driver's limit, so that code which runs
+	// here runs there too.
+	MaxReserve uintptr
+}
+
+// Driver is the acl.Driver contract implemented on the CUDA driver API's
+// virtual-memory management calls, for one GPU. See the package
+// documentation for the mapping of each call, the ACL rules it enforces on
+// top of CUDA and its thread discipline.
+//
+// Driver is safe for concurrent use.
+type Driver struct {
+	cfg     Config
+	lib     *library
+	name    string
+	dev     int32   // CUdevice
+	ctx     uintptr // the device's primary CUcontext
+	version int32   // cuDriverGetVersion, e.g. 12060
+	gran    uintptr // CU_MEM_ALLOC_GRANULARITY_MINIMUM
+	granRec uintptr // CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+	gran1G  uintptr // the granularity of the ACL HUGE1G attributes
+
+	// life is read-held by every call for its whole duration and
+	// write-held by Close, so Close waits for calls in flight and no call
+	// starts after it.
+	life   sync.RWMutex
+	closed bool // guarded by life
+
+	// mu guards the tracking state below. It is write-held across the CUDA
+	// calls that change mappings and reservations (so that Go's view and
+	// CUDA's never disagree) and read-held across copies (so that a range
+	// cannot be unmapped under a copy).
+	mu      sync.RWMutex
+	resv    []*reservation // sorted by base
+	handles map[acl.PhysicalHandle]*handle
+	nextID  acl.PhysicalHandle
+	live    acl.LiveCounts
+}
+
+// handle is a physical allocation: one cuMemCreate.
+type handle struct {
+	id    acl.PhysicalHandle
+	cu    uint64 // CUmemGenericAllocationHandle
+	size  uintptr
+	page  uintptr // granularity its mappings must be aligned to
+	refs  int     // the owner's reference plus one per mapping
+	freed bool    // FreePhysical dropped the owner's reference (cuMemRelease done)
+}
+
+// reservation is one cuMemAddressReserve.
+type reservation struct {
+	base uintptr
+	size uintptr
+	maps []*mapping // sorted by addr, never overlapping
+}
+
+// mapping is one cuMemMap of a whole allocation.
+type mapping struct {
+	addr   uintptr
+	size   uintptr
+	h      *handle
+	access bool // cuMemSetAccess granted read-write
+}
+
+var (
+	_ acl.Driver  = (*Driver)(nil)
+	_ acl.Counter = (*Driver)(nil)
+)
+
+const errClosedMsg = "driver closed"
+
+func fail(op string, code int32, format string, args ...any) error {
+	return acl.Errorf(op, code, format, args...)
+}
+
+// Open loads the CUDA driver library, initialises CUDA and retains the
+// primary context of device cfg.Device. It fails with an error matching
+// acl.ErrNotSupported when the library or one of its symbols is missing, the
+// library is the toolkit's stub, the driver predates CUDA 10.2 or the device
+// lacks virtual memory management; and with one matching acl.ErrNoDevice when
+// no such device exists.
+func Open(cfg Config) (*Driver, error) {
+	if cfg.Device < 0 || cfg.Device > math.MaxInt32 {
+		return nil, fmt.Errorf("cuda: device %d: %w", cfg.Device, acl.ErrInvalidParam)
+	}
+	if cfg.MaxReserve == 0 {
+		cfg.MaxReserve = acl.MaxReserve
+	}
+	path := libraryPath(cfg)
+	lib, err := loadLibrary(path)
+	if err != nil {
+		return nil, err
+	}
+	d := &Driver{
+		cfg:     cfg,
+		lib:     lib,
+		name:    fmt.Sprintf("cuda:%d", cfg.Device),
+		handles: make(map[acl.PhysicalHandle]*handle),
+		nextID:  0x1000,
+	}
+	if err := d.open(); err != nil {
+		return nil, fmt.Errorf("cuda: open device %d with %s: %w", cfg.Device, path, err)
+	}
+	return d, nil
+}
+
+// open initialises CUDA and takes the device's primary context.
+func (d *Driver) open() error {
+	l := d.lib
+	if r := l.cuInit(0); r != ResultSuccess {
+		return l.newError("cuInit", r)
+	}
+	if r := l.cuDriverGetVersion(&d.version); r != ResultSuccess {
+		return l.newError("cuDriverGetVersion", r)
+	}
+	if d.version < minDriverVersion {
+		return fmt.Errorf("driver supports CUDA %s; virtual memory management needs 10.2: %w",
+			versionString(d.version), acl.ErrNotSupported)
+	}
+	var count int32
+	if r := l.cuDeviceGetCount(&count); r != ResultSuccess {
+		return l.newError("cuDeviceGetCount", r)
+	}
+	if d.cfg.Device >= int(count) {
+		return acl.Errorf("cuDeviceGet", acl.ErrCodeRTInvalidDeviceID, "device %d: the driver sees %d devices", d.cfg.Device, count)
+	}
+	if r := l.cuDeviceGet(&d.dev, int32(d.cfg.Device)); r != ResultSuccess {
+		return l.newError("cuDeviceGet", r)
+	}
+	var vmm int32
+	if r := l.cuDeviceGetAttribute(&vmm, cuDevAttrVirtualMemorySupp, d.dev); r != ResultSuccess {
+		return l.newError("cuDeviceGetAttribute", r)
+	}
+	if vmm == 0 {
+		return fmt.Errorf("device %d lacks virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0): %w",
+			d.cfg.Device, acl.ErrNotSupported)
+	}
+	if r := l.cuDevicePrimaryCtxRetain(&d.ctx, d.dev); r != ResultSuccess {
+		return l.newError("cuDevicePrimaryCtxRetain", r)
+	}
+	primaryContexts.Store(d.ctx, struct{}{})
+	if err := d.queryGranularity(); err != nil {
+		if r := l.cuDevicePrimaryCtxRelease(d.dev); r != ResultSuccess {
+			err = errors.Join(err, l.newError("cuDevicePrimaryCtxRelease_v2", r))
+		}
+		return err
+	}
+	return nil
+}
+
+// queryGranularity asks the device for its minimum and recommended
+// granularity of pinned device memory.
+func (d *Driver) queryGranularity() error {
+	b, err := d.bind()
+	if err != nil {
+		return err
+	}
+	defer d.unbind(b)
+	prop := d.cuProp()
+	if r := d.lib.cuMemGetAllocationGranularity(&d.gran, &prop, cuGranularityMinimum); r != ResultSuccess {
+		return d.lib.newError("cuMemGetAllocationGranularity", r)
+	}
+	if r := d.lib.cuMemGetAllocationGranularity(&d.granRec, &prop, cuGranularityRecommended); r != ResultSuccess {
+		return d.lib.newError("cuMemGetAllocationGranularity", r)
+	}
+	if d.gran == 0 || d.gran&(d.gran-1) != 0 || d.granRec < d.gran || d.granRec%d.gran != 0 {
+		return fmt.Errorf("granularity %d, recommended %d: want a power of two and a multiple of it: %w", d.gran, d.granRec, acl.ErrNotSupported)
+	}
+	d.gran1G = roundUp(acl.Huge1GPageSize, d.gran)
+	return nil
+}
+
+func versionString(v int32) string { return fmt.Sprintf("%d.%d", v/1000, v%1000/10) }
+
+func roundUp(n, to uintptr) uintptr { return (n + to - 1) / to * to }
+
+// cuProp is the CUmemAllocationProp of every allocation: pinned memory on
+// the driver's device, no shareable handle.
+func (d *Driver) cuProp() memAllocationProp {
+	return memAllocationProp{
+		Type:     cuMemAllocationTypePinned,
+		Location: memLocation{Type: cuMemLocationTypeDevice, ID: int32(d.cfg.Device)},
+	}
+}
+
+// Thread discipline. CUDA's current context belongs to the calling OS
+// thread, and Go moves goroutines between threads. So every call into CUDA
+// runs between bind and unbind: the goroutine is locked to its thread and
+// the device's primary context is made current there, unless it already is
+// (the usual case after the first call on a thread: then binding costs one
+// cuCtxGetCurrent).
+
+// primaryContexts holds every primary context a Driver has retained (a
+// device's primary context is the same CUcontext for the life of the
+// process). bind leaves one of them current on a thread rather than
+// restoring it, like a thread with no context.
+var primaryContexts sync.Map // uintptr → struct{}
+
+// binding is what unbind must undo.
+type binding struct {
+	restore uintptr // a foreign context to make current again, or 0
+}
+
+// bind locks the calling goroutine to its OS thread and makes d's context
+// current on it.
+func (d *Driver) bind() (binding, error) {
+	runtime.LockOSThread()
+	var cur uintptr
+	if r := d.lib.cuCtxGetCurrent(&cur); r != ResultSuccess {
+		runtime.UnlockOSThread()
+		return binding{}, d.lib.newError("cuCtxGetCurrent", r)
+	}
+	if cur == d.ctx {
+		return binding{}, nil
+	}
+	if r := d.lib.cuCtxSetCurrent(d.ctx); r != ResultSuccess {
+		runtime.UnlockOSThread()
+		return binding{}, d.lib.newError("cuCtxSetCurrent", r)
+	}
+	// A thread with no context, or the primary context of another device
+	// this package uses, keeps ours, which saves the next call on it a
+	// cuCtxSetCurrent. A thread that had a context of someone else's (the
+	// caller's own, on a thread it locked) gets it back in unbind.
+	if cur == 0 {
+		return binding{}, nil
+	}
+	if _, ok := primaryContexts.Load(cur); ok {
+		return binding{}, nil
+	}
+	return binding{restore: cur}, nil
+}
+
+// unbind undoes bind.
+func (d *Driver) unbind(b binding) {
+	if b.restore != 0 {
+		// The caller's context was valid a moment ago; if CUDA refuses it
+		// now there is nothing better to leave current than ours.
+		_ = d.lib.cuCtxSetCurrent(b.restore)
+	}
+	runtime.UnlockOSThread()
+}
+
+// begin starts a call: it holds off Close until end, and fails once the
+// driver is closed.
+func (d *Driver) begin(op string) error {
+	d.life.RLock()
+	if d.closed {
+		d.life.RUnlock()
+		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	}
+	return nil
+}
+
+func (d *Driver) end() { d.life.RUnlock() }
+
+// Name returns "cuda:N".
+func (d *Driver) Name() string { return d.name }
+
+// Device returns the CUDA device ordinal, which is the ACL device id.
+func (d *Driver) Device() int32 { return int32(d.cfg.Device) }
+
+// DriverVersion returns the CUDA version the driver supports, as
+// cuDriverGetVersion reports it (e.g. 12060 for 12.6).
+func (d *Driver) DriverVersion() int { return int(d.version) }
+
+// Live counts what the driver holds on its callers' behalf.
+func (d *Driver) Live() acl.LiveCounts {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return d.live
+}
+
+// checkProp runs the ACL layer's checks of a PhysicalMemProp (acl-api.md
+// §6.2) with the host driver's codes, then the ones CUDA adds: only device
+// memory, on this device.
+func (d *Driver) checkProp(op string, prop *acl.PhysicalMemProp) error {
+	switch {
+	case prop == nil:
+		return fail(op, acl.ErrCodeInvalidParam, "prop is NULL")
+	case prop.HandleType != acl.MemHandleTypeNone:
+		return fail(op, acl.ErrCodeInvalidParam, "handleType %d: only ACL_MEM_HANDLE_TYPE_NONE is supported", prop.HandleType)
+	case prop.AllocationType != acl.MemAllocationTypePinned:
+		return fail(op, acl.ErrCodeInvalidParam, "allocationType %d: only ACL_MEM_ALLOCATION_TYPE_PINNED is supported", prop.AllocationType)
+	case prop.Location.Type == acl.MemLocationTypeUnregistered || prop.Location.Type == acl.MemLocationTypeManaged:
+		return fail(op, acl.ErrCodeInvalidParam, "location type %d is not allowed", prop.Location.Type)
+	case prop.Location.Type == acl.MemLocationTypeDevice && prop.MemAttr.DDR():
+		return fail(op, acl.ErrCodeInvalidParam, "memAttr %d is DDR memory, not allowed on a device location", prop.MemAttr)
+	case !prop.MemAttr.PhysicalSupported():
+		return fail(op, acl.ErrCodeInvalidParam, "memAttr %d is not supported for physical allocation", prop.MemAttr)
+	case prop.Location.Type != acl.MemLocationTypeDevice:
+		return fail(op, acl.ErrCodeRTFeatureNotSupport, "location type %d: the CUDA driver allocates device memory only", prop.Location.Type)
+	case int64(prop.Location.ID) != int64(d.cfg.Device):
+		return fail(op, acl.ErrCodeRTInvalidDeviceID, "device %d: this driver is device %d", prop.Location.ID, d.cfg.Device)
+	}
+	return nil
+}
+
+// pageOf returns the granularity of memory with attr: the device's minimum,
+// or for the HUGE1G attributes 1 GiB rounded up to a multiple of it.
+func (d *Driver) pageOf(attr acl.MemAttr) uintptr {
+	if attr.Huge1G() {
+		return d.gran1G
+	}
+	return d.gran
+}
+
+// MemGetAllocationGranularity returns the granularity the device reported
+// at Open (cuMemGetAllocationGranularity, minimum or recommended), or 1 GiB
+// for the HUGE1G attributes.
+func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option acl.MemGranularityOptions) (uintptr, error) {
+	const op = "aclrtMemGetAllocationGranularity"
+	if err := d.checkProp(op, prop); err != nil {
+		return 0, err
+	}
+	if option != acl.GranularityMinimum && option != acl.GranularityRecommended {
+		return 0, fail(op, acl.ErrCodeRTFeatureNotSupport, "granularity option %d", option)
+	}
+	if err := d.begin(op); err != nil {
+		return 0, err
+	}
+	defer d.end()
+	switch {
+	case prop.MemAttr.Huge1G():
+		return d.gran1G, nil
+	case option == acl.GranularityRecommended:
+		return d.granRec, nil
+	}
+	return d.gran, nil
+}
+
+// MallocPhysical is cuMemCreate of pinned device memory. Sizes must be
+// multiples of the granularity (HUGE1G sizes are rounded up to 1 GiB).
+func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
+	const op = "aclrtMallocPhysical"
+	switch {
+	case prop == nil:
+		return 0, fail(op, acl.ErrCodeInvalidParam, "prop is NULL")
+	case size == 0:
+		return 0, fail(op, acl.ErrCodeInvalidParam, "size is 0")
+	case flags != 0:
+		return 0, fail(op, acl.ErrCodeInvalidParam, "flags %#x: must be 0", flags)
+	}
+	if err := d.checkProp(op, prop); err != nil {
+		return 0, err
+	}
+	if prop.Reserve != 0 {
+		return 0, fail(op, acl.ErrCodeRTParamInvalid, "prop reserve should be zero")
+	}
+	if err := d.begin(op); err != nil {
+		return 0, err
+	}
+	defer d.end()
+	page := d.pageOf(prop.MemAttr)
+	if prop.MemAttr.Huge1G() {
+		size = roundUp(size, page)
+	} else if size%page != 0 {
+		return 0, fail(op, acl.ErrCodeRTParamInvalid, "size %d is not a multiple of the granularity %d", size, page)
+	}
+
+	// cuMemCreate depends on no state of ours: it runs without the lock.
+	b, err := d.bind()
+	if err != nil {
+		return 0, err
+	}
+	cuprop := d.cuProp()
+	var cu uint64
+	r := d.lib.cuMemCreate(&cu, size, &cuprop, 0)
+	d.unbind(b)
+	if r != ResultSuccess {
+		return 0, d.lib.newError("cuMemCreate", r)
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.nextID++
+	h := &handle{id: d.nextID, cu: cu, size: size, page: page, refs: 1}
+	d.handles[h.id] = h
+	d.live.Handles++
+	d.live.PhysicalBytes += size
+	return h.id, nil
+}
+
+// FreePhysical is cuMemRelease: it drops the owner's reference. As in ACL
+// (and CUDA), memory still mapped is freed when its last mapping goes.
+// Freeing twice is an error.
+func (d *Driver) FreePhysical(id acl.PhysicalHandle) error {
+	const op = "aclrtFreePhysical"
+	if id == 0 {
+		return fail(op, acl.ErrCodeInvalidParam, "handle is NULL")
+	}
+	if err := d.begin(op); err != nil {
+		return err
+	}
+	defer d.end()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	h, ok := d.handles[id]
+	switch {
+	case !ok:
+		return fail(op, acl.ErrCodeRTInvalidHandle, "handle %#x is not a live physical allocation", uintptr(id))
+	case h.freed:
+		return fail(op, acl.ErrCodeRTParamInvalid, "handle %#x freed too many times (it is still mapped)", uintptr(id))
+	}
+	b, err := d.bind()
+	if err != nil {
+		return err
+	}
+	r := d.lib.cuMemRelease(h.cu)
+	d.unbind(b)
+	if r != ResultSuccess {
+		return d.lib.newError("cuMemRelease", r)
+	}
+	h.freed = true
+	d.live.Handles--
+	d.unrefLocked(h)
+	return nil
+}
+
+// unrefLocked drops one reference to h; the last one forgets it (CUDA has
+// freed the memory by then).
+func (d *Driver) unrefLocked(h *handle) {
+	h.refs--
+	if h.refs > 0 {
+		return
+	}
+	delete(d.handles, h.id)
+	d.live.PhysicalBytes -= h.size
+}
+
+// ReserveMemAddress is cuMemAddressReserve of size bytes rounded up to the
+// granularity, aligned to the granularity, or to 1 GiB when size is at least
+// 1 GiB.
+func (d *Driver) ReserveMemAddress(size, alignment uintptr, expect acl.DevicePtr, flags uint64) (acl.DevicePtr, error) {
+	const op = "aclrtReserveMemAddress"
+	switch {
+	case size == 0:
+		return 0, fail(op, acl.ErrCodeInvalidParam, "size is 0")
+	case flags > 1:
+		return 0, fail(op, acl.ErrCodeInvalidParam, "flags %#x: must be 0 or 1", flags)
+	case alignment != 0:
+		return 0, fail(op, acl.ErrCodeRTParamInvalid, "alignment %d: must be 0", alignment)
+	case expect != 0:
+		return 0, fail(op, acl.ErrCodeRTFeatureNotSupport, "expectPtr %v: a chosen address is not supported", expect)
+	case size > d.cfg.MaxReserve:
+		return 0, fail(op, acl.ErrCodeRTParamInvalid, "size %d exceeds the per-call limit of %d bytes", size, d.cfg.MaxReserve)
+	}
+	if err := d.begin(op); err != nil {
+		return 0, err
+	}
+	defer d.end()
+	size = roundUp(size, d.gran)
+	align := d.gran
+	if size >= d.gran1G {
+		align = d.gran1G
+	}
+	b, err := d.bind()
+	if err != nil {
+		return 0, err
+	}
+	var p uint64
+	r := d.lib.cuMemAddressReserve(&p, size, align, 0, 0)
+	d.unbind(b)
+	if r != ResultSuccess {
+		return 0, d.lib.newError("cuMemAddressReserve", r)
+	}
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	res := &reservation{base: uintptr(p), size: size}
+	i := sort.Search(len(d.resv), func(i int) bool { return d.resv[i].base > res.base })
+	d.resv = append(d.resv, nil)
+	copy(d.resv[i+1:], d.resv[i:])
+	d.resv[i] = res
+	d.live.Reservations++
+	d.live.ReservedBytes += size
+	return acl.DevicePtr(res.base), nil
+}
+
+// ReleaseMemAddress is cuMemAddressFree of the reservation at base (CUDA
+// needs its size too; the driver remembers it). No mapping may remain.
+func (d *Driver) ReleaseMemAddress(base acl.DevicePtr) error {
+	const op = "aclrtReleaseMemAddress"
+	if base == 0 {
+		return fail(op, acl.ErrCodeInvalidParam, "virPtr is NULL")
+	}
+	if err := d.begin(op); err != nil {
+		return err
+	}
+	defer d.end()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	i, r := d.findLocked(uintptr(base))
+	if r == nil || r.base != uintptr(base) {
+		return fail(op, acl.ErrCodeRTParamInvalid, "%v is not the base of a reservation", base)
+	}
+	if len(r.maps) > 0 {
+		return fail(op, acl.ErrCodeRTParamInvalid, "reservation %v still has %d mappings: unmap them first", base, len(r.maps))
+	}
+	b, err := d.bind()
+	if err != nil {
+		return err
+	}
+	res := d.lib.cuMemAddressFree(uint64(r.base), r.size)
+	d.unbind(b)
+	if res != ResultSuccess {
+		return d.lib.newError("cuMemAddressFree", res)
+	}
+	d.resv = append(d.resv[:i], d.resv[i+1:]...)
+	d.live.Reservations--
+	d.live.ReservedBytes -= r.size
+	return nil
+}
+
+// findLocked returns the reservation containing addr, and its index.
+func (d *Driver) findLocked(addr uintptr) (int, *reservation) {
+	i := sort.Search(len(d.resv), func(i int) bool { return d.resv[i].base > addr }) - 1
+	if i < 0 || addr-d.resv[i].base >= d.resv[i].size {
+		return -1, nil
+	}
+	return i, d.resv[i]
+}
+
+// mapIndex returns the index of the first mapping of r that ends after addr.
+func (r *reservation) mapIndex(addr uintptr) int {
+	return sort.Search(len(r.maps), func(i int) bool { return r.maps[i].addr+r.maps[i].size > addr })
+}
+
+// mappingLocked returns the mapping that starts exactly at addr, its
+// reservation and its index there.
+func (d *Driver) mappingLocked(addr uintptr) (*reservation, int, *mapping) {
+	_, r := d.findLocked(addr)
+	if r == nil {
+		return nil, 0, nil
+	}
+	i := r.mapIndex(addr)
+	if i == len(r.maps) || r.maps[i].addr != addr {
+		return nil, 0, nil
+	}
+	return r, i, r.maps[i]
+}
+
+// MapMem is cuMemMap of the whole allocation h at ptr, which must lie in one
+// reservation, aligned to h's granularity, over no other mapping. The
+// mapping has no access until MemSetAccess.
+func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.PhysicalHandle, flags uint64) error {
+	const op = "aclrtMapMem"
+	switch {
+	case ptr == 0:
+		return fail(op, acl.ErrCodeInvalidParam, "virPtr is NULL")
+	case id == 0:
+		return fail(op, acl.ErrCodeInvalidParam, "handle is NULL")
+	case size == 0:
+		return fail(op, acl.ErrCodeInvalidParam, "size is 0")
+	case flags != 0:
+		return fail(op, acl.ErrCodeInvalidParam, "flags %#x: must be 0", flags)
+	case offset != 0:
+		return fail(op, acl.ErrCodeRTParamInvalid, "offset %d: must be 0", offset)
+	}
+	if err := d.begin(op); err != nil {
+		return err
+	}
+	defer d.end()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	h, ok := d.handles[id]
+	if !ok || h.freed {
+		return fail(op, acl.ErrCodeRTInvalidHandle, "handle %#x is not a live physical allocation", uintptr(id))
+	}
+	addr := uintptr(ptr)
+	switch {
+	case size != h.size:
+		return fail(op, acl.ErrCodeRTParamInvalid, "size %d differs from the physical allocation's %d", size, h.size)
+	case addr%h.page != 0:
+		return fail(op, acl.ErrCodeRTParamInvalid, "virPtr %v is not aligned to the page size %d", ptr, h.page)
+	}
+	_, r := d.findLocked(addr)
+	if r == nil || size > r.base+r.size-addr {
+		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not inside one reservation", ptr, size)
+	}
+	i := r.mapIndex(addr)
+	if i < len(r.maps) && r.maps[i].addr < addr+size {
+		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) overlaps the mapping at %#x", ptr, size, r.maps[i].addr)
+	}
+	b, err := d.bind()
+	if err != nil {
+		return err
+	}
+	res := d.lib.cuMemMap(uint64(addr), size, 0, h.cu, 0)
+	d.unbind(b)
+	if res != ResultSuccess {
+		return d.lib.newError("cuMemMap", res)
+	}
+	r.maps = append(r.maps, nil)
+	copy(r.maps[i+1:], r.maps[i:])
+	r.maps[i] = &mapping{addr: addr, size: size, h: h}
+	h.refs++
+	d.live.Mappings++
+	d.live.MappedBytes += size
+	return nil
+}
+
+// UnmapMem is cuMemUnmap of the mapping that starts at ptr (CUDA needs its
+// size too; the driver remembers it). Unless Config.SkipUnmapSync is set it
+// first waits for the context's work with cuCtxSynchronize. If the
+// allocation was freed, this last mapping frees its memory.
+func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
+	const op = "aclrtUnmapMem"
+	if ptr == 0 {
+		return fail(op, acl.ErrCodeInvalidParam, "virPtr is NULL")
+	}
+	if err := d.begin(op); err != nil {
+		return err
+	}
+	defer d.end()
+	notMapped := func() error { return fail(op, acl.ErrCodeRTDrvInternal, "%v is not the start of a mapping", ptr) }
+	d.mu.RLock()
+	_, _, m := d.mappingLocked(uintptr(ptr))
+	d.mu.RUnlock()
+	if m == nil {
+		return notMapped()
+	}
+	b, err := d.bind()
+	if err != nil {
+		return err
+	}
+	defer d.unbind(b)
+	if !d.cfg.SkipUnmapSync {
+		// Outside the lock: draining the GPU must not stall other calls.
+		if r := d.lib.cuCtxSynchronize(); r != ResultSuccess {
+			return d.lib.newError("cuCtxSynchronize", r)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, i, m := d.mappingLocked(uintptr(ptr)) // again: another call may have unmapped it meanwhile
+	if m == nil {
+		return notMapped()
+	}
+	if res := d.lib.cuMemUnmap(uint64(m.addr), m.size); res != ResultSuccess {
+		return d.lib.newError("cuMemUnmap", res)
+	}
+	r.maps = append(r.maps[:i], r.maps[i+1:]...)
+	d.live.Mappings--
+	d.live.MappedBytes -= m.size
+	d.unrefLocked(m.h)
+	return nil
+}
+
+// MemSetAccess is cuMemSetAccess of [ptr, ptr+size), which must be exactly
+// one mapping, granting its device read-write access. desc must name this
+// device with MemAccessReadWrite; CUDA cannot grant the host access to
+// device memory, so a host location is refused (with 100000, not with
+// ErrNotSupported, which would tell the caller access is not needed).
+// Granting access again is a no-op.
+func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
+	const op = "aclrtMemSetAccess"
+	switch {
+	case ptr == 0:
+		return fail(op, acl.ErrCodeInvalidParam, "virPtr is NULL")
+	case size == 0:
+		return fail(op, acl.ErrCodeInvalidParam, "size is 0")
+	case len(desc) == 0:
+		return fail(op, acl.ErrCodeInvalidParam, "no access descriptor")
+	}
+	for _, ds := range desc {
+		switch {
+		case ds.Flags != acl.MemAccessReadWrite:
+			return fail(op, acl.ErrCodeInvalidParam, "access flags %#x: only READWRITE is supported", ds.Flags)
+		case ds.Rsv != [12]byte{}:
+			return fail(op, acl.ErrCodeInvalidParam, "reserved bytes of the descriptor must be 0")
+		case ds.Location.Type == acl.MemLocationTypeHost:
+			return fail(op, acl.ErrCodeInvalidParam, "host location: CUDA grants access to device memory to devices only")
+		case ds.Location.Type == acl.MemLocationTypeDevice && int64(ds.Location.ID) != int64(d.cfg.Device):
+			return fail(op, acl.ErrCodeRTInvalidDeviceID, "device %d: this driver is device %d", ds.Location.ID, d.cfg.Device)
+		case ds.Location.Type != acl.MemLocationTypeDevice:
+			return fail(op, acl.ErrCodeInvalidParam, "location type %d", ds.Location.Type)
+		}
+	}
+	if err := d.begin(op); err != nil {
+		return err
+	}
+	defer d.end()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	_, _, m := d.mappingLocked(uintptr(ptr))
+	if m == nil || m.size != size {
+		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not exactly one mapping", ptr, size)
+	}
+	if m.access {
+		return nil
+	}
+	cudesc := memAccessDesc{
+		Location: memLocation{Type: cuMemLocationTypeDevice, ID: int32(d.cfg.Device)},
+		Flags:    cuMemAccessProtReadWrite,
+	}
+	b, err := d.bind()
+	if err != nil {
+		return err
+	}
+	r := d.lib.cuMemSetAccess(uint64(m.addr), m.size, &cudesc, 1)
+	d.unbind(b)
+	if r != ResultSuccess {
+		return d.lib.newError("cuMemSetAccess", r)
+	}
+	m.access = true
+	return nil
+}
+
+// checkRangeLocked fails unless [ptr, ptr+n) is mapped with access
+// throughout (possibly across adjacent mappings), the ACL rule for copies.
+// Checking here keeps a bad copy from reaching the GPU, where it would fault
+// and poison the context.
+func (d *Driver) checkRangeLocked(op string, ptr acl.DevicePtr, n uintptr) error {
+	addr := uintptr(ptr)
+	_, r := d.findLocked(addr)
+	if r == nil || n > r.base+r.size-addr {
+		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not inside one reservation", ptr, n)
+	}
+	at := addr
+	for i := r.mapIndex(addr); at < addr+n; i++ {
+		if i == len(r.maps) || r.maps[i].addr > at {
+			return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not mapped at %#x", ptr, n, at)
+		}
+		if !r.maps[i].access {
+			return fail(op, acl.ErrCodeRTParamInvalid, "mapping at %#x has no access (call aclrtMemSetAccess)", r.maps[i].addr)
+		}
+		at = r.maps[i].addr + r.maps[i].size
+	}
+	return nil
+}
+
+// copyCall runs one copy or memset: with the state read-locked (so the
+// ranges stay mapped) after checking every range [p, p+n), on a bound thread.
+// CUDA runs device-to-device copies and memsets of device memory
+// asynchronously; with wait set, copyCall waits for them (cuCtxSynchronize),
+// since the ACL calls they stand for are synchronous.
+func (d *Driver) copyCall(op, fn string, n uintptr, wait bool, call func() Result, ranges ...acl.DevicePtr) error {
+	if err := d.begin(op); err != nil {
+		return err
+	}
+	defer d.end()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for _, p := range ranges {
+		if err := d.checkRangeLocked(op, p, n); err != nil {
+			return err
+		}
+	}
+	b, err := d.bind()
+	if err != nil {
+		return err
+	}
+	defer d.unbind(b)
+	if r := call(); r != ResultSuccess {
+		return d.lib.newError(fn, r)
+	}
+	if wait {
+		return d.lib.newError("cuCtxSynchronize", d.lib.cuCtxSynchronize())
+	}
+	return nil
+}
+
+// MemcpyHtoD is cuMemcpyHtoD_v2 (synchronous).
+func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	n := uintptr(len(src))
+	return d.copyCall("aclrtMemcpy", "cuMemcpyHtoD_v2", n, false, func() Result {
+		return d.lib.cuMemcpyHtoD(uint64(dst), src, n)
+	}, dst)
+}
+
+// MemcpyDtoH is cuMemcpyDtoH_v2 (synchronous).
+func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	n := uintptr(len(dst))
+	return d.copyCall("aclrtMemcpy", "cuMemcpyDtoH_v2", n, false, func() Result {
+		return d.lib.cuMemcpyDtoH(dst, uint64(src), n)
+	}, src)
+}
+
+// MemcpyDtoD is cuMemcpyDtoD_v2, then cuCtxSynchronize: it returns when the
+// copy is done.
+func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
+	if n == 0 {
+		return nil
+	}
+	return d.copyCall("aclrtMemcpy", "cuMemcpyDtoD_v2", n, true, func() Result {
+		return d.lib.cuMemcpyDtoD(uint64(dst), uint64(src), n)
+	}, src, dst)
+}
+
+// Memset is cuMemsetD8_v2, then cuCtxSynchronize: it returns when the
+// memory is set.
+func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
+	if n == 0 {
+		return nil
+	}
+	return d.copyCall("aclrtMemset", "cuMemsetD8_v2", n, true, func() Result {
+		return d.lib.cuMemsetD8(uint64(ptr), value, n)
+	}, ptr)
+}
+
+// GetMemInfo is cuMemGetInfo_v2: the device's free and total memory, for
+// every attr (a GPU has one kind of device memory). Other users of the GPU
+// move free too.
+func (d *Driver) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
+	const op = "aclrtGetMemInfo"
+	if attr < acl.DDRMem || attr > acl.MemP2PHuge1G {
+		return 0, 0, fail(op, acl.ErrCodeInvalidParam, "attr %d", attr)
+	}
+	if err := d.begin(op); err != nil {
+		return 0, 0, err
+	}
+	defer d.end()
+	b, err := d.bind()
+	if err != nil {
+		return 0, 0, err
+	}
+	r := d.lib.cuMemGetInfo(&free, &total)
+	d.unbind(b)
+	if r != ResultSuccess {
+		return 0, 0, d.lib.newError("cuMemGetInfo_v2", r)
+	}
+	return free, total, nil
+}
+
+// Close gives everything back: it unmaps what is still mapped (after
+// cuCtxSynchronize), releases the allocations and reservations, then
+// releases the primary context (cuDevicePrimaryCtxRelease_v2). Anything
+// still live is a leak in the caller and is reported in the error. Close
+// waits for calls in flight; calls after it fail with 107002. It is safe to
+// call more than once and on a nil *Driver.
+func (d *Driver) Close() error {
+	if d == nil {
+		return nil
+	}
+	d.life.Lock()
+	defer d.life.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var errs []error
+	if !d.live.Zero() {
+		errs = append(errs, fmt.Errorf("cuda driver %s: closed with objects still live: %+v", d.name, d.live))
+		errs = append(errs, d.releaseAllLocked()...)
+	}
+	d.resv, d.handles, d.live = nil, nil, acl.LiveCounts{}
+	if r := d.lib.cuDevicePrimaryCtxRelease(d.dev); r != ResultSuccess {
+		errs = append(errs, d.lib.newError("cuDevicePrimaryCtxRelease_v2", r))
+	}
+	return errors.Join(errs...)
+}
+
+// releaseAllLocked unmaps every mapping and releases every allocation and
+// reservation still held.
+func (d *Driver) releaseAllLocked() []error {
+	b, err := d.bind()
+	if err != nil {
+		return []error{err}
+	}
+	defer d.unbind(b)
+	var errs []error
+	check := func(fn string, r Result) {
+		if r != ResultSuccess {
+			errs = append(errs, d.lib.newError(fn, r))
+		}
+	}
+	if d.live.Mappings > 0 && !d.cfg.SkipUnmapSync {
+		check("cuCtxSynchronize", d.lib.cuCtxSynchronize())
+	}
+	for _, r := range d.resv {
+		for _, m := range r.maps {
+			check("cuMemUnmap", d.lib.cuMemUnmap(uint64(m.addr), m.size))
+		}
+	}
+	for _, h := range d.handles {
+		if !h.freed {
+			check("cuMemRelease", d.lib.cuMemRelease(h.cu))
+		}
+	}
+	for _, r := range d.resv {
+		check("cuMemAddressFree", d.lib.cuMemAddressFree(uint64(r.base), r.size))
+	}
+	return errs
+}

@@ -1,0 +1,756 @@
+package cuda
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/acltest"
+	"github.com/vmarena/vmarena/arena/arenatest"
+)
+
+const g = acl.HugePageSize
+
+func prop() *acl.PhysicalMemProp { p := acl.DeviceProp(0, 0); return &p }
+
+// The whole acl conformance suite, with the host driver's exact codes, on the
+// binding over the double.
+func TestConformance(t *testing.T) {
+	acltest.Run(t, acltest.Factory{
+		Open: func(t testing.TB) acl.Driver {
+			d, _ := openFake(t, 0, Config{})
+			return d
+		},
+		OpenCapacity: func(t testing.TB, c uintptr) acl.Driver {
+			d, _ := openFake(t, c, Config{})
+			return d
+		},
+		ExactCodes: true,
+	})
+}
+
+func TestConformanceSkipUnmapSync(t *testing.T) {
+	acltest.Run(t, acltest.Factory{
+		Open: func(t testing.TB) acl.Driver {
+			d, _ := openFake(t, 0, Config{SkipUnmapSync: true})
+			return d
+		},
+		ExactCodes: true,
+	})
+}
+
+// The arena-level suite, over the binding over the double.
+func TestArenaConformance(t *testing.T) {
+	arenatest.Run(t, func(t testing.TB, c uintptr) acl.Driver {
+		d, _ := openFake(t, c, Config{})
+		return d
+	})
+}
+
+// Where CUDA is laxer than ACL, the double is laxer too, so these prove the
+// binding refuses by itself, before calling CUDA.
+func TestACLRulesEnforcedOverCUDA(t *testing.T) {
+	d, f := openFake(t, 0, Config{})
+	base, err := d.ReserveMemAddress(8*g, 0, 0, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.ReleaseMemAddress(base)) }()
+	h, err := d.MallocPhysical(2*g, prop(), 0)
+	require.NoError(t, err)
+
+	maps := f.calls(t, "cuMemMap")
+	// CUDA would map part of an allocation; ACL maps whole ones.
+	acltest.RequireCode(t, d.MapMem(base, g, 0, h, 0), acl.ErrCodeRTParamInvalid)
+	require.Equal(t, maps, f.calls(t, "cuMemMap"), "refused before CUDA was called")
+
+	h2, err := d.MallocPhysical(2*g, prop(), 0)
+	require.NoError(t, err)
+	require.NoError(t, d.MapMem(base, 2*g, 0, h, 0))
+	require.NoError(t, d.MapMem(base+2*g, 2*g, 0, h2, 0))
+	unmaps := f.calls(t, "cuMemUnmap")
+	// ACL unmaps exactly one mapping, given its start.
+	acltest.RequireCode(t, d.UnmapMem(base+g), acl.ErrCodeRTDrvInternal)
+	require.Equal(t, unmaps, f.calls(t, "cuMemUnmap"))
+	// Release with mappings left: refused in Go.
+	acltest.RequireCode(t, d.ReleaseMemAddress(base), acl.ErrCodeRTParamInvalid)
+
+	// Free while mapped is legal (cuMemRelease), and the memory stays until
+	// the last unmap.
+	require.NoError(t, d.FreePhysical(h))
+	assert.Equal(t, int64(2), f.live().Allocations, "a released but mapped allocation lives on")
+	releases := f.calls(t, "cuMemRelease")
+	acltest.RequireCode(t, d.FreePhysical(h), acl.ErrCodeRTParamInvalid)
+	require.Equal(t, releases, f.calls(t, "cuMemRelease"), "a second free never reaches CUDA")
+	require.NoError(t, d.UnmapMem(base))
+	assert.Equal(t, int64(1), f.live().Allocations, "the last unmap freed it")
+	acltest.RequireCode(t, d.FreePhysical(h), acl.ErrCodeRTInvalidHandle)
+
+	require.NoError(t, d.UnmapMem(base+2*g))
+	require.NoError(t, d.FreePhysical(h2))
+	require.Equal(t, acl.LiveCounts{Reservations: 1, ReservedBytes: 8 * g}, d.Live())
+}
+
+// CUDA may hand a released handle's value out again while its memory is
+// still mapped; the ACL handles the binding gives out stay distinct.
+func TestHandleValuesReusedByCUDA(t *testing.T) {
+	d, _ := openFake(t, 0, Config{})
+	base, err := d.ReserveMemAddress(4*g, 0, 0, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.ReleaseMemAddress(base)) }()
+	h1, err := d.MallocPhysical(g, prop(), 0)
+	require.NoError(t, err)
+	require.NoError(t, d.MapMem(base, g, 0, h1, 0))
+	require.NoError(t, d.FreePhysical(h1)) // CUDA handle released; mapping lives
+	h2, err := d.MallocPhysical(g, prop(), 0)
+	require.NoError(t, err)
+	require.NotEqual(t, h1, h2)
+	require.NoError(t, d.MapMem(base+g, g, 0, h2, 0))
+	require.NoError(t, d.UnmapMem(base)) // frees h1's memory, not h2's
+	require.NoError(t, d.MemSetAccess(base+g, g, acl.ReadWrite(0)))
+	require.NoError(t, d.MemcpyHtoD(base+g, []byte("h2")))
+	require.NoError(t, d.UnmapMem(base+g))
+	require.NoError(t, d.FreePhysical(h2))
+}
+
+// A copy into a mapping without access fails, as on CUDA, and succeeds
+// after MemSetAccess; calling MemSetAccess per mapping, or twice, is fine.
+func TestAccessAfterEveryMap(t *testing.T) {
+	d, f := openFake(t, 0, Config{})
+	base, err := d.ReserveMemAddress(4*g, 0, 0, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.ReleaseMemAddress(base)) }()
+	h, err := d.MallocPhysical(g, prop(), 0)
+	require.NoError(t, err)
+	for round := range 2 {
+		at := base + acl.DevicePtr(round)*g
+		require.NoError(t, d.MapMem(at, g, 0, h, 0))
+		copies := f.calls(t, "cuMemcpyHtoD_v2")
+		acltest.RequireCode(t, d.MemcpyHtoD(at, []byte{1}), acl.ErrCodeRTParamInvalid)
+		require.Equal(t, copies, f.calls(t, "cuMemcpyHtoD_v2"), "refused before it reached the GPU")
+		require.NoError(t, d.MemSetAccess(at, g, acl.ReadWrite(0)))
+		n := f.calls(t, "cuMemSetAccess")
+		require.NoError(t, d.MemSetAccess(at, g, acl.ReadWrite(0)), "again")
+		require.Equal(t, n, f.calls(t, "cuMemSetAccess"), "a second grant calls nothing")
+		require.NoError(t, d.MemcpyHtoD(at, []byte{byte(round)}))
+		require.NoError(t, d.UnmapMem(at))
+	}
+	require.NoError(t, d.FreePhysical(h))
+
+	// The binding refuses what CUDA cannot do.
+	hostDesc := []acl.MemAccessDesc{{Flags: acl.MemAccessReadWrite, Location: acl.MemLocation{Type: acl.MemLocationTypeHost}}}
+	acltest.RequireCode(t, d.MemSetAccess(base, g, hostDesc), acl.ErrCodeInvalidParam)
+	acltest.RequireCode(t, d.MemSetAccess(base, g, acl.ReadWrite(1)), acl.ErrCodeRTInvalidDeviceID)
+}
+
+// UnmapMem waits for the context's work first, unless told not to.
+func TestUnmapSynchronizes(t *testing.T) {
+	for _, skip := range []bool{false, true} {
+		t.Run(fmt.Sprintf("SkipUnmapSync=%v", skip), func(t *testing.T) {
+			d, f := openFake(t, 0, Config{SkipUnmapSync: skip})
+			base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+			require.NoError(t, err)
+			h, err := d.MallocPhysical(g, prop(), 0)
+			require.NoError(t, err)
+			require.NoError(t, d.MapMem(base, g, 0, h, 0))
+			before := f.calls(t, "cuCtxSynchronize")
+			require.NoError(t, d.UnmapMem(base))
+			want := int64(1)
+			if skip {
+				want = 0
+			}
+			require.Equal(t, want, f.calls(t, "cuCtxSynchronize")-before)
+			require.NoError(t, d.FreePhysical(h))
+			require.NoError(t, d.ReleaseMemAddress(base))
+		})
+	}
+}
+
+// The granularity is the device's, not a constant.
+func TestGranularityQueriedPerDevice(t *testing.T) {
+	f := newFake(t)
+	f.set(t, "granularity", 4<<20)
+	d, err := Open(Config{Library: f.path})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.Close()); f.requireClean(t) }()
+	for _, opt := range []acl.MemGranularityOptions{acl.GranularityMinimum, acl.GranularityRecommended} {
+		gr, err := d.MemGetAllocationGranularity(prop(), opt)
+		require.NoError(t, err)
+		require.Equal(t, uintptr(4<<20), gr)
+	}
+	huge := acl.DeviceProp(0, acl.HBMMemHuge1G)
+	gr, err := d.MemGetAllocationGranularity(&huge, acl.GranularityMinimum)
+	require.NoError(t, err)
+	require.Equal(t, uintptr(1<<30), gr)
+	_, err = d.MallocPhysical(2<<20, prop(), 0)
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid)
+	base, err := d.ReserveMemAddress(5<<20, 0, 0, 0)
+	require.NoError(t, err)
+	require.Zero(t, uintptr(base)%(4<<20))
+	require.Equal(t, uintptr(8<<20), d.Live().ReservedBytes, "rounded up to the granularity")
+	h, err := d.MallocPhysical(4<<20, prop(), 0)
+	require.NoError(t, err)
+	require.NoError(t, d.MapMem(base, 4<<20, 0, h, 0))
+	require.NoError(t, d.UnmapMem(base))
+	require.NoError(t, d.FreePhysical(h))
+	require.NoError(t, d.ReleaseMemAddress(base))
+}
+
+// A HUGE1G allocation is rounded up to 1 GiB and maps on 1 GiB boundaries.
+func TestHuge1G(t *testing.T) {
+	d, _ := openFake(t, 2<<30, Config{})
+	p := acl.DeviceProp(0, acl.HBMMemHuge1G)
+	base, err := d.ReserveMemAddress(2<<30, 0, 0, 0)
+	require.NoError(t, err)
+	require.Zero(t, uintptr(base)%(1<<30))
+	h, err := d.MallocPhysical(g, &p, 0)
+	require.NoError(t, err)
+	require.Equal(t, uintptr(1<<30), d.Live().PhysicalBytes)
+	acltest.RequireCode(t, d.MapMem(base+g, 1<<30, 0, h, 0), acl.ErrCodeRTParamInvalid)
+	require.NoError(t, d.MapMem(base, 1<<30, 0, h, 0))
+	require.NoError(t, d.UnmapMem(base))
+	require.NoError(t, d.FreePhysical(h))
+	require.NoError(t, d.ReleaseMemAddress(base))
+}
+
+// CUDA failures become *cuda.Error values that unwrap to the *acl.Error of
+// the contract, with the CUDA function as Op and the driver's name and
+// description of the result in Msg.
+func TestErrorMapping(t *testing.T) {
+	cases := []struct {
+		r        Result
+		code     int32
+		sentinel error
+		name     string
+	}{
+		{ResultInvalidValue, acl.ErrCodeRTParamInvalid, acl.ErrInvalidParam, "CUDA_ERROR_INVALID_VALUE"},
+		{ResultOutOfMemory, acl.ErrCodeRTMemoryAllocation, acl.ErrOutOfMemory, "CUDA_ERROR_OUT_OF_MEMORY"},
+		{ResultStubLibrary, acl.ErrCodeRTFeatureNotSupport, acl.ErrNotSupported, "CUDA_ERROR_STUB_LIBRARY"},
+		{ResultNotSupported, acl.ErrCodeRTFeatureNotSupport, acl.ErrNotSupported, "CUDA_ERROR_NOT_SUPPORTED"},
+		{ResultInvalidContext, acl.ErrCodeRTContextNull, acl.ErrNoContext, "CUDA_ERROR_INVALID_CONTEXT"},
+		{ResultInvalidDevice, acl.ErrCodeRTInvalidDeviceID, acl.ErrNoDevice, "CUDA_ERROR_INVALID_DEVICE"},
+		{ResultNoDevice, acl.ErrCodeRTNoDevice, acl.ErrNoDevice, "CUDA_ERROR_NO_DEVICE"},
+		{ResultInvalidHandle, acl.ErrCodeRTInvalidHandle, acl.ErrInvalidHandle, "CUDA_ERROR_INVALID_HANDLE"},
+		{ResultIllegalAddress, acl.ErrCodeRTDrvInternal, nil, "CUDA_ERROR_ILLEGAL_ADDRESS"},
+		{ResultUnknown, acl.ErrCodeRTDrvInternal, nil, "CUDA_ERROR_UNKNOWN"},
+		{12345, acl.ErrCodeRTDrvInternal, nil, "CUresult(12345)"}, // the driver does not name it
+	}
+	d, f := openFake(t, 0, Config{})
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f.fail(t, "cuMemCreate", 1, tc.r)
+			h, err := d.MallocPhysical(g, prop(), 0)
+			require.Error(t, err)
+			require.Zero(t, h)
+			acltest.RequireCode(t, err, tc.code)
+			var ae *acl.Error
+			require.ErrorAs(t, err, &ae)
+			require.Equal(t, "cuMemCreate", ae.Op)
+			require.Contains(t, ae.Msg, fmt.Sprintf("%s (%d)", tc.name, int32(tc.r)))
+			if tc.sentinel != nil {
+				require.ErrorIs(t, err, tc.sentinel)
+			}
+			var ce *Error
+			require.ErrorAs(t, err, &ce)
+			require.Equal(t, tc.r, ce.Result)
+			require.Equal(t, "cuMemCreate", ce.Func)
+			require.Equal(t, ce.ACL().Error(), err.Error())
+			require.Zero(t, d.Live().Handles, "a failed call leaves nothing behind")
+		})
+	}
+	// The driver's own description is kept.
+	f.fail(t, "cuMemCreate", 1, ResultOutOfMemory)
+	_, err := d.MallocPhysical(g, prop(), 0)
+	require.EqualError(t, err, "cuMemCreate: ACL_ERROR_RT_MEMORY_ALLOCATION (207001): CUDA_ERROR_OUT_OF_MEMORY (2): out of memory")
+}
+
+// A CUDA call that fails leaves the driver's state as it was, and the
+// operation can be retried.
+func TestFailedCallsChangeNothing(t *testing.T) {
+	d, f := openFake(t, 0, Config{})
+	base, err := d.ReserveMemAddress(4*g, 0, 0, 0)
+	require.NoError(t, err)
+	h, err := d.MallocPhysical(g, prop(), 0)
+	require.NoError(t, err)
+	steps := []struct {
+		fn    string
+		do    func() error
+		setup func() error
+	}{
+		{fn: "cuMemMap", do: func() error { return d.MapMem(base, g, 0, h, 0) }},
+		{fn: "cuMemSetAccess", do: func() error { return d.MemSetAccess(base, g, acl.ReadWrite(0)) }},
+		{fn: "cuMemcpyHtoD_v2", do: func() error { return d.MemcpyHtoD(base, []byte("x")) }},
+		{fn: "cuMemcpyDtoH_v2", do: func() error { return d.MemcpyDtoH(make([]byte, 1), base) }},
+		{fn: "cuMemcpyDtoD_v2", do: func() error { return d.MemcpyDtoD(base+1, base, 1) }},
+		{fn: "cuMemsetD8_v2", do: func() error { return d.Memset(base, 1, 1) }},
+		{fn: "cuCtxSynchronize", do: func() error { return d.UnmapMem(base) }},
+		{fn: "cuMemUnmap", do: func() error { return d.UnmapMem(base) }, setup: func() error { return d.MapMem(base, g, 0, h, 0) }},
+		{fn: "cuMemRelease", do: func() error { return d.FreePhysical(h) }},
+		{fn: "cuMemAddressFree", do: func() error { return d.ReleaseMemAddress(base) }},
+	}
+	for _, s := range steps {
+		if s.setup != nil {
+			require.NoError(t, s.setup())
+		}
+		before := d.Live()
+		f.fail(t, s.fn, 1, ResultUnknown)
+		err := s.do()
+		require.Error(t, err, s.fn)
+		require.Equal(t, ResultUnknown, resultOf(err), "%s: %v", s.fn, err)
+		var ae *acl.Error
+		require.ErrorAs(t, err, &ae)
+		require.Equal(t, s.fn, ae.Op)
+		require.Equal(t, before, d.Live(), "%s failed but changed the state", s.fn)
+		require.NoError(t, s.do(), "%s retried", s.fn)
+	}
+	require.True(t, d.Live().Zero(), "%+v", d.Live())
+	_, err = d.ReserveMemAddress(g, 0, 0, 0)
+	require.NoError(t, err)
+	f.fail(t, "cuMemAddressReserve", 1, ResultOutOfMemory)
+	_, err = d.ReserveMemAddress(g, 0, 0, 0)
+	require.ErrorIs(t, err, acl.ErrOutOfMemory)
+	require.Equal(t, 1, d.Live().Reservations)
+	f.fail(t, "cuMemGetInfo_v2", 1, ResultUnknown)
+	_, _, err = d.GetMemInfo(acl.HBMMem)
+	require.Equal(t, ResultUnknown, resultOf(err))
+	// Leave one reservation for Close to find.
+	err = d.Close()
+	require.ErrorContains(t, err, "still live")
+}
+
+// Every CUDA call runs with the device's context current on its thread: the
+// double fails calls without one (CUDA_ERROR_INVALID_CONTEXT), which the
+// binding reports as acl.ErrNoContext.
+func TestContextPerThread(t *testing.T) {
+	f := newFake(t)
+	f.set(t, "devices", 4)
+	d, err := Open(Config{Library: f.path})
+	require.NoError(t, err)
+	t.Cleanup(func() { f.requireClean(t) })
+
+	// Without the discipline, a fresh thread has no context.
+	done := make(chan Result)
+	go func() {
+		runtime.LockOSThread() // a goroutine locked and never unlocked ends its thread
+		f.setCurrent(0)        // as on a thread CUDA never saw
+		var free, total uintptr
+		done <- d.lib.cuMemGetInfo(&free, &total)
+	}()
+	r := <-done
+	require.Equal(t, ResultInvalidContext, r)
+	require.ErrorIs(t, d.lib.newError("cuMemGetInfo_v2", r), acl.ErrNoContext)
+
+	// With it, calls on new threads work, and a thread with no context keeps
+	// ours.
+	go func() {
+		runtime.LockOSThread()
+		f.setCurrent(0)
+		_, _, err := d.GetMemInfo(acl.HBMMem)
+		if err != nil {
+			done <- resultOf(err)
+			return
+		}
+		if f.current() != d.ctx {
+			done <- -2
+			return
+		}
+		done <- ResultSuccess
+	}()
+	require.Equal(t, ResultSuccess, <-done)
+
+	// A caller's own context, on a thread it locked, is put back.
+	foreign := f.primary(3) // any context that is not ours
+	go func() {
+		runtime.LockOSThread()
+		f.setCurrent(foreign)
+		_, _, err := d.GetMemInfo(acl.HBMMem)
+		if err != nil || f.current() != foreign {
+			done <- -3
+			return
+		}
+		done <- ResultSuccess
+	}()
+	require.Equal(t, ResultSuccess, <-done)
+
+	// After Close, the context is released: a thread that still has it
+	// current cannot call CUDA any more, and the driver refuses to.
+	require.NoError(t, d.Close())
+	go func() {
+		runtime.LockOSThread()
+		f.setCurrent(d.ctx)
+		var free, total uintptr
+		done <- d.lib.cuMemGetInfo(&free, &total)
+	}()
+	require.Equal(t, ResultInvalidContext, <-done)
+	_, _, err = d.GetMemInfo(acl.HBMMem)
+	acltest.RequireCode(t, err, acl.ErrCodeRTContextNull)
+}
+
+// Many goroutines, more than threads, on two devices at once: every call
+// binds the right context wherever it runs.
+func TestConcurrentTwoDevices(t *testing.T) {
+	f := newFake(t)
+	f.set(t, "devices", 2)
+	var ds []*Driver
+	for dev := range 2 {
+		d, err := Open(Config{Library: f.path, Device: dev})
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprintf("cuda:%d", dev), d.Name())
+		ds = append(ds, d)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for w := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := ds[w%2]
+			p := acl.DeviceProp(d.Device(), 0)
+			for r := range 10 {
+				base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+				if err != nil {
+					errs <- err
+					return
+				}
+				h, err := d.MallocPhysical(g, &p, 0)
+				if err != nil {
+					errs <- err
+					return
+				}
+				err = errors.Join(d.MapMem(base, g, 0, h, 0), d.MemSetAccess(base, g, acl.ReadWrite(d.Device())))
+				msg := []byte(fmt.Sprintf("w%d r%d", w, r))
+				got := make([]byte, len(msg))
+				err = errors.Join(err, d.MemcpyHtoD(base+100, msg), d.MemcpyDtoH(got, base+100))
+				if err == nil && !bytes.Equal(got, msg) {
+					err = fmt.Errorf("read %q, want %q", got, msg)
+				}
+				err = errors.Join(err, d.UnmapMem(base), d.FreePhysical(h), d.ReleaseMemAddress(base))
+				if err != nil {
+					errs <- err
+					return
+				}
+				runtime.Gosched()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	for _, d := range ds {
+		require.True(t, d.Live().Zero())
+		require.NoError(t, d.Close())
+	}
+	f.requireClean(t)
+}
+
+// Copies run in parallel with mapping changes elsewhere, and an unmap waits
+// for copies of its range.
+func TestCopiesRaceMapping(t *testing.T) {
+	d, _ := openFake(t, 0, Config{})
+	base, err := d.ReserveMemAddress(16*g, 0, 0, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.ReleaseMemAddress(base)) }()
+	h, err := d.MallocPhysical(g, prop(), 0)
+	require.NoError(t, err)
+	require.NoError(t, d.MapMem(base, g, 0, h, 0))
+	require.NoError(t, d.MemSetAccess(base, g, acl.ReadWrite(0)))
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	errs := make(chan error, 8)
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := bytes.Repeat([]byte{byte(w)}, 64<<10)
+			got := make([]byte, len(buf))
+			at := base + acl.DevicePtr(w)*(128<<10)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := errors.Join(d.MemcpyHtoD(at, buf), d.MemcpyDtoH(got, at)); err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(buf, got) {
+					errs <- fmt.Errorf("worker %d read back other bytes", w)
+					return
+				}
+			}
+		}()
+	}
+	for i := range 50 {
+		at := base + acl.DevicePtr(1+i%15)*g
+		h2, err := d.MallocPhysical(g, prop(), 0)
+		require.NoError(t, err)
+		require.NoError(t, d.MapMem(at, g, 0, h2, 0))
+		require.NoError(t, d.MemSetAccess(at, g, acl.ReadWrite(0)))
+		require.NoError(t, d.Memset(at, 7, g))
+		require.NoError(t, d.UnmapMem(at))
+		require.NoError(t, d.FreePhysical(h2))
+	}
+	close(stop)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.NoError(t, d.UnmapMem(base))
+	require.NoError(t, d.FreePhysical(h))
+}
+
+func TestCloseReleasesLeaks(t *testing.T) {
+	f := newFake(t)
+	d, err := Open(Config{Library: f.path})
+	require.NoError(t, err)
+	base, err := d.ReserveMemAddress(4*g, 0, 0, 0)
+	require.NoError(t, err)
+	h, err := d.MallocPhysical(g, prop(), 0)
+	require.NoError(t, err)
+	require.NoError(t, d.MapMem(base, g, 0, h, 0))
+	_, err = d.MallocPhysical(g, prop(), 0) // never mapped
+	require.NoError(t, err)
+	h3, err := d.MallocPhysical(g, prop(), 0)
+	require.NoError(t, err)
+	require.NoError(t, d.MapMem(base+g, g, 0, h3, 0))
+	require.NoError(t, d.FreePhysical(h3)) // freed, still mapped
+	err = d.Close()
+	require.ErrorContains(t, err, "still live")
+	f.requireClean(t)
+	require.True(t, d.Live().Zero())
+	require.NoError(t, d.Close(), "second Close")
+	var nilDriver *Driver
+	require.NoError(t, nilDriver.Close())
+	_, err = d.MallocPhysical(g, prop(), 0)
+	acltest.RequireCode(t, err, acl.ErrCodeRTContextNull)
+	require.ErrorIs(t, err, acl.ErrNoContext)
+}
+
+// Close waits for calls in flight.
+func TestCloseWhileCalling(t *testing.T) {
+	f := newFake(t)
+	d, err := Open(Config{Library: f.path})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				if _, _, err := d.GetMemInfo(acl.HBMMem); err != nil {
+					if c, _ := acl.CodeOf(err); c != acl.ErrCodeRTContextNull {
+						t.Errorf("GetMemInfo: %v", err)
+					}
+					return
+				}
+			}
+		}()
+	}
+	require.NoError(t, d.Close())
+	wg.Wait()
+	f.requireClean(t)
+}
+
+func TestOpenErrors(t *testing.T) {
+	t.Run("NoLibrary", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "libcuda.so.1")
+		_, err := Open(Config{Library: path})
+		require.ErrorIs(t, err, acl.ErrNotSupported)
+		require.ErrorContains(t, err, path)
+	})
+	t.Run("MissingSymbol", func(t *testing.T) {
+		builtDouble(t) // skips without a C compiler
+		cc := os.Getenv("CC")
+		if cc == "" {
+			cc = "gcc"
+		}
+		dir := t.TempDir()
+		src := filepath.Join(dir, "partial.c")
+		require.NoError(t, os.WriteFile(src, []byte("int cuInit(unsigned f) { return (int)f; }\n"), 0o644))
+		lib := filepath.Join(dir, "libcuda.so.1")
+		out, err := exec.Command(cc, "-shared", "-fPIC", "-o", lib, src).CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		_, err = Open(Config{Library: lib})
+		require.ErrorIs(t, err, acl.ErrNotSupported)
+		require.ErrorContains(t, err, "cuDriverGetVersion")
+		require.ErrorContains(t, err, lib)
+	})
+	t.Run("StubLibrary", func(t *testing.T) {
+		f := newFake(t, "FAKECUDA_STUB", "1")
+		_, err := Open(Config{Library: f.path})
+		require.ErrorIs(t, err, acl.ErrNotSupported)
+		require.Equal(t, ResultStubLibrary, resultOf(err))
+		require.ErrorContains(t, err, "cuInit")
+		f.requireClean(t)
+	})
+	t.Run("NoDevice", func(t *testing.T) {
+		f := newFake(t, "FAKECUDA_DEVICES", "0")
+		_, err := Open(Config{Library: f.path})
+		require.ErrorIs(t, err, acl.ErrNoDevice)
+		require.Equal(t, ResultNoDevice, resultOf(err))
+	})
+	t.Run("DeviceOutOfRange", func(t *testing.T) {
+		f := newFake(t)
+		_, err := Open(Config{Library: f.path, Device: 1})
+		require.ErrorIs(t, err, acl.ErrNoDevice)
+		_, err = Open(Config{Library: f.path, Device: -1})
+		require.ErrorIs(t, err, acl.ErrInvalidParam)
+		f.requireClean(t)
+	})
+	t.Run("NoVMM", func(t *testing.T) {
+		f := newFake(t)
+		f.set(t, "vmm", 0)
+		_, err := Open(Config{Library: f.path})
+		require.ErrorIs(t, err, acl.ErrNotSupported)
+		require.ErrorContains(t, err, "VIRTUAL_MEMORY_MANAGEMENT")
+		f.requireClean(t)
+	})
+	t.Run("OldDriver", func(t *testing.T) {
+		f := newFake(t)
+		f.set(t, "version", 10010)
+		_, err := Open(Config{Library: f.path})
+		require.ErrorIs(t, err, acl.ErrNotSupported)
+		require.ErrorContains(t, err, "10.1")
+	})
+	t.Run("GranularityFails", func(t *testing.T) {
+		f := newFake(t)
+		f.fail(t, "cuMemGetAllocationGranularity", 1, ResultNotSupported)
+		_, err := Open(Config{Library: f.path})
+		require.ErrorIs(t, err, acl.ErrNotSupported)
+		f.requireClean(t) // the primary context was released again
+	})
+	t.Run("RetainFails", func(t *testing.T) {
+		f := newFake(t)
+		f.fail(t, "cuDevicePrimaryCtxRetain", 1, ResultOutOfMemory)
+		_, err := Open(Config{Library: f.path})
+		require.ErrorIs(t, err, acl.ErrOutOfMemory)
+		require.ErrorContains(t, err, "cuDevicePrimaryCtxRetain")
+	})
+}
+
+// $VMARENA_CUDA_LIB names the library when the Config does not.
+func TestLibraryFromEnv(t *testing.T) {
+	f := newFake(t)
+	t.Setenv(EnvLibrary, f.path)
+	d, err := Open(Config{})
+	require.NoError(t, err)
+	require.Equal(t, f.path, d.lib.path)
+	require.NoError(t, d.Close())
+	// An explicit path wins over the variable, and is the only one tried.
+	missing := filepath.Join(t.TempDir(), "nothing.so")
+	_, err = Open(Config{Library: missing})
+	require.ErrorContains(t, err, missing)
+	f.requireClean(t)
+}
+
+func TestMemInfoAndCapacity(t *testing.T) {
+	d, _ := openFake(t, 64<<20, Config{})
+	free, total, err := d.GetMemInfo(acl.HBMMem)
+	require.NoError(t, err)
+	require.Equal(t, uintptr(64<<20), total)
+	require.Equal(t, total, free)
+	_, _, err = d.GetMemInfo(acl.MemAttr(99))
+	acltest.RequireCode(t, err, acl.ErrCodeInvalidParam)
+	require.Equal(t, "cuda:0", d.Name())
+	require.Equal(t, int32(0), d.Device())
+	require.Equal(t, 12060, d.DriverVersion())
+}
+
+func TestResultString(t *testing.T) {
+	require.Equal(t, "CUDA_ERROR_OUT_OF_MEMORY", ResultOutOfMemory.String())
+	require.Equal(t, "CUresult(77)", Result(77).String())
+	require.Equal(t, acl.Success, ACLCode(ResultSuccess))
+	e := &Error{Func: "cuMemMap", Result: ResultInvalidValue} // no driver names
+	require.Equal(t, "cuMemMap: ACL_ERROR_RT_PARAM_INVALID (107000): CUDA_ERROR_INVALID_VALUE (1)", e.Error())
+}
+
+// Every method binds the context itself: run each on a thread that has no
+// context current, as a thread CUDA never saw.
+func TestEveryCallBindsContext(t *testing.T) {
+	d, f := openFake(t, 0, Config{})
+	fresh := func(fn func() error) error {
+		errc := make(chan error)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+			f.setCurrent(0)
+			errc <- fn()
+		}()
+		return <-errc
+	}
+	var base acl.DevicePtr
+	var h acl.PhysicalHandle
+	steps := []struct {
+		name string
+		fn   func() error
+	}{
+		{"ReserveMemAddress", func() (err error) { base, err = d.ReserveMemAddress(2*g, 0, 0, 0); return err }},
+		{"MallocPhysical", func() (err error) { h, err = d.MallocPhysical(g, prop(), 0); return err }},
+		{"MapMem", func() error { return d.MapMem(base, g, 0, h, 0) }},
+		{"MemSetAccess", func() error { return d.MemSetAccess(base, g, acl.ReadWrite(0)) }},
+		{"MemcpyHtoD", func() error { return d.MemcpyHtoD(base, []byte("abc")) }},
+		{"MemcpyDtoD", func() error { return d.MemcpyDtoD(base+8, base, 3) }},
+		{"Memset", func() error { return d.Memset(base+1, 'x', 1) }},
+		{"MemcpyDtoH", func() error {
+			got := make([]byte, 11)
+			if err := d.MemcpyDtoH(got, base); err != nil {
+				return err
+			}
+			if string(got) != "axc\x00\x00\x00\x00\x00abc" {
+				return fmt.Errorf("read %q", got)
+			}
+			return nil
+		}},
+		{"GetMemInfo", func() error { _, _, err := d.GetMemInfo(acl.HBMMem); return err }},
+		{"UnmapMem", func() error { return d.UnmapMem(base) }},
+		{"FreePhysical", func() error { return d.FreePhysical(h) }},
+		{"ReleaseMemAddress", func() error { return d.ReleaseMemAddress(base) }},
+		{"Close", d.Close},
+	}
+	for _, s := range steps {
+		require.NoError(t, fresh(s.fn), s.name)
+	}
+}
+
+// cuMemcpyDtoD and cuMemsetD8 return before the GPU is done; the driver
+// waits for them, as the synchronous ACL calls do. Host copies need no wait.
+func TestAsyncCallsWait(t *testing.T) {
+	d, f := openFake(t, 0, Config{})
+	base, err := d.ReserveMemAddress(g, 0, 0, 0)
+	require.NoError(t, err)
+	h, err := d.MallocPhysical(g, prop(), 0)
+	require.NoError(t, err)
+	require.NoError(t, d.MapMem(base, g, 0, h, 0))
+	require.NoError(t, d.MemSetAccess(base, g, acl.ReadWrite(0)))
+	for _, c := range []struct {
+		name  string
+		waits int64
+		fn    func() error
+	}{
+		{"Memset", 1, func() error { return d.Memset(base, 1, 10) }},
+		{"MemcpyDtoD", 1, func() error { return d.MemcpyDtoD(base+10, base, 10) }},
+		{"MemcpyHtoD", 0, func() error { return d.MemcpyHtoD(base, []byte{1}) }},
+		{"MemcpyDtoH", 0, func() error { return d.MemcpyDtoH(make([]byte, 1), base) }},
+	} {
+		before := f.calls(t, "cuCtxSynchronize")
+		require.NoError(t, c.fn(), c.name)
+		require.Equal(t, c.waits, f.calls(t, "cuCtxSynchronize")-before, c.name)
+	}
+	f.fail(t, "cuCtxSynchronize", 1, ResultIllegalAddress)
+	err = d.Memset(base, 1, 10)
+	require.Equal(t, ResultIllegalAddress, resultOf(err), "a fault reported at the wait is returned")
+	require.NoError(t, d.UnmapMem(base))
+	require.NoError(t, d.FreePhysical(h))
+	require.NoError(t, d.ReleaseMemAddress(base))
+}

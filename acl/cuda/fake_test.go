@@ -1,0 +1,228 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ebitengine/purego"
+	"github.com/stretchr/testify/require"
+)
+
+// The test double of libcuda (testdata/fakecuda.c) is compiled once per test
+// binary, into a temporary folder TestMain removes, and copied into each
+// test's t.TempDir() under a name of its own. dlopen of a new path loads a
+// new instance, so every driver a test opens has a fresh double: its own
+// capacity, counters, contexts and faults.
+
+var double struct {
+	once sync.Once
+	dir  string // removed by TestMain
+	lib  string
+	skip string // why the double cannot be used here
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if double.dir != "" {
+		os.RemoveAll(double.dir)
+	}
+	os.Exit(code)
+}
+
+// builtDouble returns the path of the compiled double, building it on first
+// use. It skips the test when there is no C compiler.
+func builtDouble(t testing.TB) string {
+	t.Helper()
+	double.once.Do(func() {
+		if !supported {
+			double.skip = fmt.Sprintf("the CUDA binding does not load libraries on %s/%s", runtime.GOOS, runtime.GOARCH)
+			return
+		}
+		src := filepath.Join("testdata", "fakecuda.c")
+		if _, err := os.Stat(src); err != nil {
+			double.skip = fmt.Sprintf("the libcuda test double's source is not here (a test binary run outside acl/cuda?): %v", err)
+			return
+		}
+		cc := os.Getenv("CC")
+		if cc == "" {
+			cc = "gcc"
+		}
+		if _, err := exec.LookPath(cc); err != nil {
+			double.skip = fmt.Sprintf("no C compiler (%s) to build the libcuda test double: %v", cc, err)
+			return
+		}
+		dir, err := os.MkdirTemp("", "vmarena-fakecuda-")
+		if err != nil {
+			double.err = err
+			return
+		}
+		double.dir = dir
+		lib := filepath.Join(dir, "libfakecuda.so")
+		out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread",
+			"-o", lib, src).CombinedOutput()
+		if err != nil {
+			double.err = fmt.Errorf("build the libcuda test double: %v\n%s", err, out)
+			return
+		}
+		double.lib = lib
+	})
+	if double.skip != "" {
+		t.Skip(double.skip)
+	}
+	require.NoError(t, double.err)
+	return double.lib
+}
+
+// fake is one loaded instance of the double, with its test controls.
+type fake struct {
+	path string
+
+	failFn     func(fn string, nth int64, result int32) int32
+	callsFn    func(fn string) int64
+	liveFn     func(allocs, maps, resv *int64, bytes *uintptr, refs *int64)
+	setFn      func(knob string, value uintptr) int32
+	current    func() uintptr
+	setCurrent func(ctx uintptr)
+	primary    func(dev int32) uintptr
+}
+
+// newFake copies the double to a new path in t.TempDir() and loads it.
+// env holds FAKECUDA_* settings the double reads as it loads.
+func newFake(t testing.TB, env ...string) *fake {
+	t.Helper()
+	src := builtDouble(t)
+	path := filepath.Join(t.TempDir(), "libcuda.so.1")
+	require.NoError(t, copyFile(path, src))
+	for i := 0; i+1 < len(env); i += 2 {
+		t.Setenv(env[i], env[i+1])
+	}
+	runtime.LockOSThread()
+	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	runtime.UnlockOSThread()
+	require.NoError(t, err)
+	f := &fake{path: path}
+	for name, fn := range map[string]any{
+		"fakecuda_fail":        &f.failFn,
+		"fakecuda_calls":       &f.callsFn,
+		"fakecuda_live":        &f.liveFn,
+		"fakecuda_set":         &f.setFn,
+		"fakecuda_current":     &f.current,
+		"fakecuda_set_current": &f.setCurrent,
+		"fakecuda_primary":     &f.primary,
+	} {
+		sym, err := purego.Dlsym(h, name)
+		require.NoError(t, err)
+		purego.RegisterFunc(fn, sym)
+	}
+	return f
+}
+
+func copyFile(dst, src string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	return errors.Join(err, out.Close())
+}
+
+// fail makes the nth next call of fn fail with r.
+func (f *fake) fail(t testing.TB, fn string, nth int64, r Result) {
+	t.Helper()
+	require.Zero(t, f.failFn(fn, nth, int32(r)), "the double has no function %s", fn)
+}
+
+// calls returns how often fn was called.
+func (f *fake) calls(t testing.TB, fn string) int64 {
+	t.Helper()
+	n := f.callsFn(fn)
+	require.GreaterOrEqual(t, n, int64(0), "the double has no function %s", fn)
+	return n
+}
+
+func (f *fake) set(t testing.TB, knob string, v uintptr) {
+	t.Helper()
+	require.Zero(t, f.setFn(knob, v), "the double has no knob %s", knob)
+}
+
+// fakeLive is what the double holds.
+type fakeLive struct {
+	Allocations, Mappings, Reservations int64
+	Bytes                               uintptr
+	ContextRefs                         int64
+}
+
+func (f *fake) live() fakeLive {
+	var l fakeLive
+	f.liveFn(&l.Allocations, &l.Mappings, &l.Reservations, &l.Bytes, &l.ContextRefs)
+	return l
+}
+
+// requireClean asserts the double holds nothing: no allocation, mapping,
+// reservation or context reference.
+func (f *fake) requireClean(t testing.TB) {
+	t.Helper()
+	require.Equal(t, fakeLive{}, f.live(), "the libcuda double still holds objects")
+}
+
+// openFake opens a driver over a fresh double whose device holds capacity
+// bytes (0: the double's 1 GiB). The test's cleanup closes the driver and
+// asserts that the double holds nothing afterwards.
+func openFake(t testing.TB, capacity uintptr, cfg Config) (*Driver, *fake) {
+	t.Helper()
+	f := newFake(t)
+	if capacity != 0 {
+		f.set(t, "capacity", capacity)
+	}
+	cfg.Library = f.path
+	d, err := Open(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, d.Close())
+		f.requireClean(t)
+	})
+	return d, f
+}
+
+// resultOf returns the CUresult carried by err, or -1.
+func resultOf(err error) Result {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Result
+	}
+	return -1
+}
+
+func TestDoubleSymbolsAreTheBindingsSymbols(t *testing.T) {
+	src := builtDouble(t)
+	out, err := exec.Command("nm", "-D", "--defined-only", src).Output()
+	if err != nil {
+		t.Skipf("nm: %v", err)
+	}
+	var exported []string
+	for _, line := range strings.Split(string(out), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 3 && fields[1] == "T" && strings.HasPrefix(fields[2], "cu") {
+			exported = append(exported, fields[2])
+		}
+	}
+	var want []string
+	for _, s := range new(library).symbols() {
+		want = append(want, s.name)
+	}
+	require.ElementsMatch(t, want, exported, "the double exports exactly the symbols the binding resolves")
+}

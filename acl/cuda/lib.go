@@ -1,0 +1,169 @@
+package cuda
+
+import (
+	"os"
+	"sync"
+)
+
+// Library names.
+const (
+	// EnvLibrary is the environment variable naming the CUDA driver library
+	// to load when Config.Library is empty (tests point it at the test
+	// double).
+	EnvLibrary = "VMARENA_CUDA_LIB"
+	// DefaultLibrary is the soname of the CUDA driver library, found by the
+	// dynamic loader's search path. The unversioned libcuda.so is usually a
+	// development link or the toolkit's stub, so it is never tried.
+	DefaultLibrary = "libcuda.so.1"
+)
+
+// minDriverVersion is CUDA 10.2, the first driver with the VMM API
+// (cudaTypedefs.h names every cuMem* VMM call _v10020).
+const minDriverVersion = 10020
+
+// CUDA enum values (cuda.h, backends.md §B).
+const (
+	cuMemAllocationTypePinned  = 1   // CU_MEM_ALLOCATION_TYPE_PINNED
+	cuMemLocationTypeDevice    = 1   // CU_MEM_LOCATION_TYPE_DEVICE
+	cuMemAccessProtReadWrite   = 3   // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+	cuGranularityMinimum       = 0   // CU_MEM_ALLOC_GRANULARITY_MINIMUM
+	cuGranularityRecommended   = 1   // CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+	cuDevAttrVirtualMemorySupp = 102 // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+)
+
+// memLocation is CUmemLocation (8 bytes).
+type memLocation struct {
+	Type int32 // CUmemLocationType
+	ID   int32 // device ordinal for CU_MEM_LOCATION_TYPE_DEVICE
+}
+
+// memAllocationProp is CUmemAllocationProp (32 bytes, align 8). purego adds
+// no padding, so every byte of the C layout is spelled out; unsafe.go checks
+// the size and offsets at compile time.
+type memAllocationProp struct {
+	Type                 int32       // @0  CUmemAllocationType
+	RequestedHandleTypes int32       // @4  CUmemAllocationHandleType; 0 = none
+	Location             memLocation // @8
+	Win32HandleMetaData  uint64      // @16 void*, NULL on Linux
+	CompressionType      uint8       // @24 allocFlags.compressionType
+	GPUDirectRDMACapable uint8       // @25 allocFlags.gpuDirectRDMACapable
+	Usage                uint16      // @26 allocFlags.usage
+	Reserved             [4]uint8    // @28 allocFlags.reserved
+}
+
+// memAccessDesc is CUmemAccessDesc (12 bytes).
+type memAccessDesc struct {
+	Location memLocation // @0
+	Flags    int32       // @8 CUmemAccess_flags
+}
+
+// library is one loaded CUDA driver library: the functions the binding calls,
+// resolved by their exact exported names (the _v2 ones where cuda.h renames
+// the API, backends.md §B). C types: CUresult, CUdevice and enums are int32;
+// CUdeviceptr and CUmemGenericAllocationHandle are uint64; size_t is
+// uintptr; a CUcontext is an opaque C pointer, held as a uintptr.
+type library struct {
+	path string
+
+	cuInit                        func(flags uint32) Result
+	cuDriverGetVersion            func(v *int32) Result
+	cuDeviceGetCount              func(n *int32) Result
+	cuDeviceGet                   func(dev *int32, ordinal int32) Result
+	cuDeviceGetAttribute          func(v *int32, attr int32, dev int32) Result
+	cuDevicePrimaryCtxRetain      func(ctx *uintptr, dev int32) Result
+	cuDevicePrimaryCtxRelease     func(dev int32) Result // cuDevicePrimaryCtxRelease_v2
+	cuCtxSetCurrent               func(ctx uintptr) Result
+	cuCtxGetCurrent               func(ctx *uintptr) Result
+	cuCtxSynchronize              func() Result
+	cuMemGetAllocationGranularity func(gran *uintptr, prop *memAllocationProp, option int32) Result
+	cuMemCreate                   func(h *uint64, size uintptr, prop *memAllocationProp, flags uint64) Result
+	cuMemRelease                  func(h uint64) Result
+	cuMemAddressReserve           func(ptr *uint64, size, alignment uintptr, addr uint64, flags uint64) Result
+	cuMemAddressFree              func(ptr uint64, size uintptr) Result
+	cuMemMap                      func(ptr uint64, size, offset uintptr, h uint64, flags uint64) Result
+	cuMemUnmap                    func(ptr uint64, size uintptr) Result
+	cuMemSetAccess                func(ptr uint64, size uintptr, desc *memAccessDesc, count uintptr) Result
+	cuMemcpyHtoD                  func(dst uint64, src []byte, n uintptr) Result  // cuMemcpyHtoD_v2
+	cuMemcpyDtoH                  func(dst []byte, src uint64, n uintptr) Result  // cuMemcpyDtoH_v2
+	cuMemcpyDtoD                  func(dst, src uint64, n uintptr) Result         // cuMemcpyDtoD_v2
+	cuMemsetD8                    func(dst uint64, value uint8, n uintptr) Result // cuMemsetD8_v2
+	cuMemGetInfo                  func(free, total *uintptr) Result               // cuMemGetInfo_v2
+	cuGetErrorName                func(r Result, s **byte) Result
+	cuGetErrorString              func(r Result, s **byte) Result
+}
+
+// symbols lists every symbol the binding resolves, with the field it fills.
+// A test double of the library exports exactly these.
+func (l *library) symbols() []symbol {
+	return []symbol{
+		{"cuInit", &l.cuInit},
+		{"cuDriverGetVersion", &l.cuDriverGetVersion},
+		{"cuDeviceGetCount", &l.cuDeviceGetCount},
+		{"cuDeviceGet", &l.cuDeviceGet},
+		{"cuDeviceGetAttribute", &l.cuDeviceGetAttribute},
+		{"cuDevicePrimaryCtxRetain", &l.cuDevicePrimaryCtxRetain},
+		{"cuDevicePrimaryCtxRelease_v2", &l.cuDevicePrimaryCtxRelease},
+		{"cuCtxSetCurrent", &l.cuCtxSetCurrent},
+		{"cuCtxGetCurrent", &l.cuCtxGetCurrent},
+		{"cuCtxSynchronize", &l.cuCtxSynchronize},
+		{"cuMemGetAllocationGranularity", &l.cuMemGetAllocationGranularity},
+		{"cuMemCreate", &l.cuMemCreate},
+		{"cuMemRelease", &l.cuMemRelease},
+		{"cuMemAddressReserve", &l.cuMemAddressReserve},
+		{"cuMemAddressFree", &l.cuMemAddressFree},
+		{"cuMemMap", &l.cuMemMap},
+		{"cuMemUnmap", &l.cuMemUnmap},
+		{"cuMemSetAccess", &l.cuMemSetAccess},
+		{"cuMemcpyHtoD_v2", &l.cuMemcpyHtoD},
+		{"cuMemcpyDtoH_v2", &l.cuMemcpyDtoH},
+		{"cuMemcpyDtoD_v2", &l.cuMemcpyDtoD},
+		{"cuMemsetD8_v2", &l.cuMemsetD8},
+		{"cuMemGetInfo_v2", &l.cuMemGetInfo},
+		{"cuGetErrorName", &l.cuGetErrorName},
+		{"cuGetErrorString", &l.cuGetErrorString},
+	}
+}
+
+type symbol struct {
+	name string
+	fn   any // pointer to a func field of library
+}
+
+// libraryPath returns the library Open loads for cfg: Config.Library, else
+// $VMARENA_CUDA_LIB, else DefaultLibrary. The first one set is the only one
+// tried, so an explicit choice never silently loads another driver.
+func libraryPath(cfg Config) string {
+	if cfg.Library != "" {
+		return cfg.Library
+	}
+	if p := os.Getenv(EnvLibrary); p != "" {
+		return p
+	}
+	return DefaultLibrary
+}
+
+// libs caches loaded libraries by path, for the life of the process. The CUDA
+// driver starts threads of its own in cuInit and does not survive being
+// unloaded under them, so a library is never closed.
+var libs struct {
+	sync.Mutex
+	m map[string]*library
+}
+
+// loadLibrary returns the library at path, loading it on first use.
+func loadLibrary(path string) (*library, error) {
+	libs.Lock()
+	defer libs.Unlock()
+	if l, ok := libs.m[path]; ok {
+		return l, nil
+	}
+	l := &library{path: path}
+	if err := l.load(); err != nil {
+		return nil, err
+	}
+	if libs.m == nil {
+		libs.m = make(map[string]*library)
+	}
+	libs.m[path] = l
+	return l, nil
+}

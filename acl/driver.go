@@ -43,11 +43,15 @@ type Driver interface {
 	// accessible to their device without it.
 	MemSetAccess(ptr DevicePtr, size uintptr, desc []MemAccessDesc) error
 
+	// The copies and Memset are synchronous: they return when the bytes are
+	// in place. Every byte of a device range must be mapped with access.
+	//
 	// MemcpyHtoD is aclrtMemcpy(dst, len(src), src, len(src), ACL_MEMCPY_HOST_TO_DEVICE).
 	MemcpyHtoD(dst DevicePtr, src []byte) error
 	// MemcpyDtoH is aclrtMemcpy(dst, len(dst), src, len(dst), ACL_MEMCPY_DEVICE_TO_HOST).
 	MemcpyDtoH(dst []byte, src DevicePtr) error
 	// MemcpyDtoD is aclrtMemcpy(dst, n, src, n, ACL_MEMCPY_DEVICE_TO_DEVICE).
+	// The ranges must not overlap (the devices leave that undefined).
 	MemcpyDtoD(dst, src DevicePtr, n uintptr) error
 	// Memset is aclrtMemset(ptr, n, value, n).
 	Memset(ptr DevicePtr, value byte, n uintptr) error

@@ -216,6 +216,12 @@ func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option a
 	if err := d.checkProp(op, prop); err != nil {
 		return 0, err
 	}
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	}
 	if option != acl.GranularityMinimum && option != acl.GranularityRecommended {
 		return 0, fail(op, acl.ErrCodeRTFeatureNotSupport, "granularity option %d", option)
 	}
@@ -707,8 +713,8 @@ func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	return nil
 }
 
-// MemcpyDtoD copies n bytes of device memory from src to dst; the ranges may
-// overlap.
+// MemcpyDtoD copies n bytes of device memory from src to dst. (Overlapping
+// ranges copy as memmove would; the contract leaves them undefined.)
 func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
 	if n == 0 {
 		return nil

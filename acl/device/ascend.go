@@ -2,11 +2,22 @@ package device
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/ascend"
 )
 
-// openAscend opens Ascend device n. (Replaced by the ACL binding.)
+// openAscend opens Ascend NPU n through the ACL runtime, found as package
+// ascend describes ($VMARENA_ASCEND_LIBRARY, $ASCEND_HOME_PATH, …). Without a
+// runtime or an NPU the error wraps acl.ErrNotSupported.
 func openAscend(n int) (acl.Driver, error) {
-	return nil, fmt.Errorf("ascend:%d: %w: the ACL binding is not built yet", n, acl.ErrNotSupported)
+	if n > math.MaxInt32 {
+		return nil, fmt.Errorf("ascend:%d: %w: device id out of range", n, acl.ErrInvalidParam)
+	}
+	d, err := ascend.Open(ascend.Config{Device: int32(n)})
+	if err != nil {
+		return nil, err // not a typed nil in the interface
+	}
+	return d, nil
 }

@@ -1,0 +1,380 @@
+package ascend
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// Config configures Open. The zero value opens NPU 0 through the runtime the
+// default search finds.
+type Config struct {
+	// Device is the ACL device id to open. 0 is the first NPU the runtime
+	// shows (after ASCEND_RT_VISIBLE_DEVICES).
+	Device int32
+	// Library is the ACL runtime to load: the path of libascendcl.so (or of
+	// libacl_rt.so), or a directory holding it. "" means $VMARENA_ASCEND_LIBRARY,
+	// and when that is empty too, the search described in the package doc.
+	// An explicit library is the only one tried.
+	Library string
+	// ACLConfig is the path of the JSON configuration passed to aclInit.
+	// "" passes NULL. It matters only to the Open that initialises ACL.
+	ACLConfig string
+	// SkipUnmapSync makes UnmapMem unmap at once. By default UnmapMem first
+	// waits until the device has finished the work this process queued on it
+	// (aclrtSynchronizeDevice), since unmapping memory that queued work still
+	// reads makes the device fault. Set it only if you synchronise the streams
+	// that use a range yourself before unmapping it.
+	SkipUnmapSync bool
+}
+
+// Driver is the acl.Driver of one Ascend NPU, calling the ACL runtime loaded
+// at run time. It is safe for concurrent use: every call runs on a locked OS
+// thread with the device's context made current (see the package doc).
+type Driver struct {
+	lib  *library
+	dev  *device
+	cfg  Config
+	name string
+
+	mu     sync.RWMutex // shared by calls, exclusive in Close
+	closed bool
+}
+
+var _ acl.Driver = (*Driver)(nil)
+
+// Open loads the ACL runtime (once per process), initialises it (aclInit)
+// unless that is done, sets the device (aclrtSetDevice, once per device and
+// process) and checks that it supports virtual memory management.
+//
+// When no runtime can be loaded, it lacks a required function, it sees no
+// NPU, or the NPU has no VMM support, the error wraps acl.ErrNotSupported and
+// says what was looked for and where. Any other error (a runtime that loads
+// but fails) is an *acl.Error with the failing call, or wraps one.
+func Open(cfg Config) (*Driver, error) {
+	name := fmt.Sprintf("ascend:%d", cfg.Device)
+	if cfg.Device < 0 {
+		return nil, fmt.Errorf("%s: %w: negative device id", name, acl.ErrInvalidParam)
+	}
+	lib, err := load(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	dev, err := lib.acquire(cfg.Device, cfg.ACLConfig)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	d := &Driver{lib: lib, dev: dev, cfg: cfg, name: name}
+	// The probe ggml-cann uses: a device whose granularity query fails has no
+	// VMM (310P on CANN 7.0, drivers without the hal* VMM calls: 207000).
+	prop := acl.DeviceProp(cfg.Device, acl.HBMMemHuge)
+	if _, err := d.MemGetAllocationGranularity(&prop, acl.GranularityMinimum); err != nil {
+		if errors.Is(err, acl.ErrNotSupported) {
+			err = fmt.Errorf("no virtual memory management on this NPU or driver: %w", err)
+		}
+		return nil, errors.Join(fmt.Errorf("%s: %w", name, err), d.Close())
+	}
+	return d, nil
+}
+
+// Name returns "ascend:N".
+func (d *Driver) Name() string { return d.name }
+
+// Device returns the ACL device id.
+func (d *Driver) Device() int32 { return d.cfg.Device }
+
+// Library returns the runtime library the driver calls, and libacl_rt.so
+// after it when symbols came from there.
+func (d *Driver) Library() string {
+	d.lib.dlMu.Lock()
+	defer d.lib.dlMu.Unlock()
+	return strings.Join(d.lib.files, " + ")
+}
+
+// SocName returns the chip's name (aclrtGetSocName), such as "Ascend910B3",
+// or "" when the runtime cannot tell.
+func (d *Driver) SocName() string {
+	fn, err := d.lib.socName.get(d.lib, "aclrtGetSocName")
+	if err != nil {
+		return ""
+	}
+	var s string
+	_ = d.on("aclrtGetSocName", func() error { s = fn(); return nil })
+	return s
+}
+
+// on runs fn on a locked OS thread whose current context is the device's
+// default context, and holds the driver open meanwhile. fn reads the error
+// message of a failed call on that same thread (errors are per thread).
+func (d *Driver) on(op string, fn func() error) error {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if d.closed {
+		return acl.NewError(op, acl.ErrCodeRTContextNull, "driver closed")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if code := d.lib.setContext(d.dev.ctx); code != acl.Success {
+		return fmt.Errorf("%s on %s: making the device's context current: %w", op, d.name, d.lib.fail("aclrtSetCurrentContext", code))
+	}
+	return fn()
+}
+
+// check turns the code of a call made inside on into an error.
+func (d *Driver) check(op string, code int32) error { return d.lib.check(op, code) }
+
+// MemGetAllocationGranularity is aclrtMemGetAllocationGranularity.
+func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option acl.MemGranularityOptions) (uintptr, error) {
+	const op = "aclrtMemGetAllocationGranularity"
+	var g uintptr
+	err := d.on(op, func() error {
+		return d.check(op, d.lib.fns.memGetAllocationGranularity(prop, option, &g))
+	})
+	if err != nil {
+		return 0, err
+	}
+	return g, nil
+}
+
+// MallocPhysical is aclrtMallocPhysical. The memory is not zeroed: the
+// runtime does not promise it (acl-api.md §6.2), so a caller that needs zeros
+// writes them (Memset).
+func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
+	const op = "aclrtMallocPhysical"
+	var h acl.PhysicalHandle
+	err := d.on(op, func() error {
+		d.dev.vmm.Lock()
+		defer d.dev.vmm.Unlock()
+		return d.check(op, d.lib.fns.mallocPhysical(&h, size, prop, flags))
+	})
+	if err != nil {
+		return 0, err
+	}
+	return h, nil
+}
+
+// FreePhysical is aclrtFreePhysical.
+func (d *Driver) FreePhysical(h acl.PhysicalHandle) error {
+	const op = "aclrtFreePhysical"
+	return d.on(op, func() error {
+		d.dev.vmm.Lock()
+		defer d.dev.vmm.Unlock()
+		return d.check(op, d.lib.fns.freePhysical(h))
+	})
+}
+
+// ReserveMemAddress is aclrtReserveMemAddress.
+func (d *Driver) ReserveMemAddress(size, alignment uintptr, expect acl.DevicePtr, flags uint64) (acl.DevicePtr, error) {
+	const op = "aclrtReserveMemAddress"
+	var p acl.DevicePtr
+	err := d.on(op, func() error {
+		d.dev.vmm.Lock()
+		defer d.dev.vmm.Unlock()
+		return d.check(op, d.lib.fns.reserveMemAddress(&p, size, alignment, expect, flags))
+	})
+	if err != nil {
+		return 0, err
+	}
+	return p, nil
+}
+
+// ReleaseMemAddress is aclrtReleaseMemAddress.
+func (d *Driver) ReleaseMemAddress(base acl.DevicePtr) error {
+	const op = "aclrtReleaseMemAddress"
+	return d.on(op, func() error {
+		d.dev.vmm.Lock()
+		defer d.dev.vmm.Unlock()
+		return d.check(op, d.lib.fns.releaseMemAddress(base))
+	})
+}
+
+// MapMem is aclrtMapMem. The owning device can use the mapping at once
+// (acl-api.md §6.4); MemSetAccess is not needed for it.
+func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, h acl.PhysicalHandle, flags uint64) error {
+	const op = "aclrtMapMem"
+	return d.on(op, func() error {
+		d.dev.vmm.Lock()
+		defer d.dev.vmm.Unlock()
+		return d.check(op, d.lib.fns.mapMem(ptr, size, offset, h, flags))
+	})
+}
+
+// UnmapMem is aclrtUnmapMem, preceded (unless Config.SkipUnmapSync) by
+// aclrtSynchronizeDevice: it waits until the device has finished all work
+// this process queued on it, on every stream, so that no kernel or copy still
+// reads the range when it goes. Work of other processes is not waited for. If
+// the wait fails, the range stays mapped and the error says so.
+func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
+	const op = "aclrtUnmapMem"
+	return d.on(op, func() error {
+		if !d.cfg.SkipUnmapSync {
+			if code := d.lib.fns.synchronizeDevice(); code != acl.Success {
+				return fmt.Errorf("%s %v: not unmapped, waiting for the device's work failed: %w", op, ptr,
+					d.lib.fail("aclrtSynchronizeDevice", code))
+			}
+		}
+		d.dev.vmm.Lock()
+		defer d.dev.vmm.Unlock()
+		return d.check(op, d.lib.fns.unmapMem(ptr))
+	})
+}
+
+// MemSetAccess is aclrtMemSetAccess, which is optional: the runtime has it
+// from CANN 8.5 on. Without it the call fails with code 207000 (matching
+// acl.ErrNotSupported), and mappings are usable by their device anyway.
+func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
+	const op = "aclrtMemSetAccess"
+	return d.on(op, func() error {
+		fn, err := d.lib.setAccess.get(d.lib, op)
+		if err != nil {
+			return acl.Errorf(op, acl.ErrCodeRTFeatureNotSupport,
+				"the runtime has no aclrtMemSetAccess (%v); mappings are accessible to their device without it", err)
+		}
+		var p *acl.MemAccessDesc
+		if len(desc) > 0 {
+			p = &desc[0]
+		}
+		d.dev.vmm.Lock()
+		defer d.dev.vmm.Unlock()
+		return d.check(op, fn(ptr, size, p, uintptr(len(desc))))
+	})
+}
+
+// MemcpyHtoD is aclrtMemcpy from host to device, synchronous.
+func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
+	if len(src) == 0 {
+		return nil
+	}
+	const op = "aclrtMemcpy"
+	n := uintptr(len(src))
+	return d.on(op, func() error {
+		return d.check(op, d.lib.fns.memcpyHtoD(dst, n, &src[0], n, acl.MemcpyHostToDevice))
+	})
+}
+
+// MemcpyDtoH is aclrtMemcpy from device to host, synchronous.
+func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	const op = "aclrtMemcpy"
+	n := uintptr(len(dst))
+	return d.on(op, func() error {
+		return d.check(op, d.lib.fns.memcpyDtoH(&dst[0], n, src, n, acl.MemcpyDeviceToHost))
+	})
+}
+
+// bounceSize is the host buffer a device-to-device copy goes through when the
+// device cannot copy it directly.
+const bounceSize = 4 << 20
+
+// MemcpyDtoD copies n bytes of device memory; the ranges may overlap. Inside
+// one process, reserved memory copies device to device only with
+// aclrtMemcpyAsync, and only between 64-byte aligned addresses (acl-api.md
+// §6.3, §6.11): an aligned, non-overlapping copy is aclrtMemcpyAsync on the
+// device's copy stream followed by aclrtSynchronizeStream; any other goes
+// through host memory, bounceSize bytes at a time.
+func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
+	if n == 0 {
+		return nil
+	}
+	if (dst|src)%64 != 0 || (dst < src+acl.DevicePtr(n) && src < dst+acl.DevicePtr(n)) {
+		return d.bounce(dst, src, n)
+	}
+	const op = "aclrtMemcpyAsync"
+	return d.on(op, func() error {
+		s, err := d.copyStream()
+		if err != nil {
+			return err
+		}
+		if err := d.check(op, d.lib.fns.memcpyAsync(dst, n, src, n, acl.MemcpyDeviceToDevice, s)); err != nil {
+			return err
+		}
+		return d.check("aclrtSynchronizeStream", d.lib.fns.synchronizeStream(s))
+	})
+}
+
+// copyStream returns the device's stream for copies, creating it on first
+// use. It runs inside on.
+func (d *Driver) copyStream() (uintptr, error) {
+	d.dev.streamMu.Lock()
+	defer d.dev.streamMu.Unlock()
+	if d.dev.stream == 0 {
+		var s uintptr
+		if err := d.check("aclrtCreateStream", d.lib.fns.createStream(&s)); err != nil {
+			return 0, err
+		}
+		d.dev.stream = s
+	}
+	return d.dev.stream, nil
+}
+
+// bounce copies device to device through host memory, in the direction that
+// keeps overlapping ranges intact (like memmove).
+func (d *Driver) bounce(dst, src acl.DevicePtr, n uintptr) error {
+	buf := make([]byte, min(n, bounceSize))
+	for done := uintptr(0); done < n; {
+		k := min(n-done, bounceSize)
+		off := done
+		if dst > src {
+			off = n - done - k // copy from the end
+		}
+		if err := d.MemcpyDtoH(buf[:k], src+acl.DevicePtr(off)); err != nil {
+			return err
+		}
+		if err := d.MemcpyHtoD(dst+acl.DevicePtr(off), buf[:k]); err != nil {
+			return err
+		}
+		done += k
+	}
+	return nil
+}
+
+// Memset is aclrtMemset(ptr, n, value, n), synchronous.
+func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
+	if n == 0 {
+		return nil
+	}
+	const op = "aclrtMemset"
+	return d.on(op, func() error {
+		return d.check(op, d.lib.fns.memset(ptr, n, int32(value), n))
+	})
+}
+
+// GetMemInfo is aclrtGetMemInfo: free and total bytes of attr memory on the
+// device, not counting what the system reserves. Other processes move free.
+func (d *Driver) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
+	const op = "aclrtGetMemInfo"
+	err = d.on(op, func() error {
+		return d.check(op, d.lib.fns.getMemInfo(attr, &free, &total))
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	return free, total, nil
+}
+
+// Close gives the device back: the last Driver of a device destroys its copy
+// stream and resets it (aclrtResetDevice), which frees its default context.
+// It does not free memory the caller still holds. Close waits for calls in
+// progress; calls after it fail with code 107002. Close is safe to call more
+// than once and on a nil *Driver. It does not finalise ACL (see Finalize).
+func (d *Driver) Close() error {
+	if d == nil {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	if err := d.lib.release(d.dev); err != nil {
+		return fmt.Errorf("%s: close: %w", d.name, err)
+	}
+	return nil
+}

@@ -1,0 +1,251 @@
+//go:build linux && (amd64 || arm64)
+
+package ascend_test
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ebitengine/purego"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/ascend"
+)
+
+// The test double of the ACL runtime, testdata/fakeacl.c, is built with the C
+// compiler ($CC, else gcc) once per test binary, in these variants.
+var variants = map[string]struct {
+	flags []string
+	file  string
+}{
+	"full":        {nil, "libascendcl.so"},
+	"nosetaccess": {[]string{"-DFAKEACL_NO_SETACCESS"}, "libascendcl.so"},
+	"broken":      {[]string{"-DFAKEACL_NO_MAPMEM"}, "libascendcl.so"},
+	"compat":      {[]string{"-DFAKEACL_COMPAT_ONLY"}, "libascendcl.so"},
+}
+
+var built struct {
+	dir  string // variant/<file> lives under it
+	skip string // why the double could not be built
+}
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		dir, err := os.MkdirTemp("", "fakeacl")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		built.dir = dir
+		if err := buildDouble(dir); err != nil {
+			built.skip = err.Error()
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+func buildDouble(dir string) error {
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "gcc"
+	}
+	if _, err := exec.LookPath(cc); err != nil {
+		return fmt.Errorf("no C compiler to build the ACL test double (%s: %v); install gcc or set CC", cc, err)
+	}
+	src, err := filepath.Abs(filepath.Join("testdata", "fakeacl.c"))
+	if err != nil {
+		return err
+	}
+	for name, v := range variants {
+		out := filepath.Join(dir, name, v.file)
+		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+			return err
+		}
+		args := append([]string{"-shared", "-fPIC", "-O1", "-Wall", "-pthread", "-o", out, src}, v.flags...)
+		if b, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("building the ACL test double with %s failed: %v\n%s", cc, err, b)
+		}
+	}
+	return nil
+}
+
+// variantPath returns the built library of a variant, skipping the test when
+// there is no C compiler.
+func variantPath(t testing.TB, name string) string {
+	t.Helper()
+	if built.skip != "" {
+		t.Skip(built.skip)
+	}
+	return filepath.Join(built.dir, name, variants[name].file)
+}
+
+// freshCopy copies a variant's library to a new file: loaded, it is a new
+// instance of the runtime with a state of its own.
+func freshCopy(t testing.TB, name, dir, file string) string {
+	t.Helper()
+	src := variantPath(t, name)
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	dst := filepath.Join(dir, file)
+	require.NoError(t, os.MkdirAll(filepath.Dir(dst), 0o755))
+	copyFile(t, src, dst)
+	return dst
+}
+
+func copyFile(t testing.TB, src, dst string) {
+	t.Helper()
+	in, err := os.Open(src)
+	require.NoError(t, err)
+	defer in.Close()
+	out, err := os.Create(dst)
+	require.NoError(t, err)
+	_, err = io.Copy(out, in)
+	require.NoError(t, err)
+	require.NoError(t, out.Close())
+}
+
+// stats mirrors fakeacl_stats_t.
+type stats struct {
+	Initialised, InitCalls, FinalizeCalls, DeviceRefs, ContextsAlive, StreamsAlive int64
+	SyncDeviceCalls, PendingWork, Faults, NoContextErrors, SetContextCalls         int64
+	ThreadsSeen                                                                    int64
+}
+
+// double is the control panel of one loaded instance of the test double: its
+// test-only functions and a few raw ACL calls, through purego.
+type double struct {
+	path string
+	h    uintptr
+
+	setDeviceCount func(n uint32)
+	setCapacity    func(dev int32, bytes uintptr)
+	setNoSetAccess func(on int32)
+	inject         func(fn string, nth, code int32) int32
+	submitRead     func(dev int32, addr acl.DevicePtr, n uintptr)
+	live           func(out *acl.LiveCounts)
+	stats          func(out *stats)
+	layout         func(out *uint64, n uintptr) uintptr
+	lastProp       func(out *[6]uint64)
+	lastDesc       func(i uintptr, out *[5]uint64) uintptr
+	clearContext   func()
+	drain          func()
+
+	// Raw ACL calls, for the tests that bypass the driver.
+	aclInit           func(path *byte) int32
+	setDevice         func(id int32) int32
+	resetDevice       func(id int32) int32
+	getCurrentContext func(ctx *uintptr) int32
+	setCurrentContext func(ctx uintptr) int32
+	getMemInfo        func(attr acl.MemAttr, free, total *uintptr) int32
+	getRecentErrMsg   func() string
+}
+
+var doubles sync.Map // path → *double
+
+// control returns the control panel of the instance loaded from path (the
+// same instance the driver loads: dlopen of one path gives one handle).
+func control(t testing.TB, path string) *double {
+	t.Helper()
+	if d, ok := doubles.Load(path); ok {
+		return d.(*double)
+	}
+	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
+	require.NoError(t, err)
+	d := &double{path: path, h: h}
+	for name, fn := range map[string]any{
+		"fakeacl_set_device_count": &d.setDeviceCount,
+		"fakeacl_set_capacity":     &d.setCapacity,
+		"fakeacl_set_no_setaccess": &d.setNoSetAccess,
+		"fakeacl_inject":           &d.inject,
+		"fakeacl_submit_read":      &d.submitRead,
+		"fakeacl_live":             &d.live,
+		"fakeacl_stats":            &d.stats,
+		"fakeacl_layout":           &d.layout,
+		"fakeacl_last_prop":        &d.lastProp,
+		"fakeacl_last_desc":        &d.lastDesc,
+		"fakeacl_clear_context":    &d.clearContext,
+		"fakeacl_drain":            &d.drain,
+		"aclInit":                  &d.aclInit,
+		"aclrtSetDevice":           &d.setDevice,
+		"aclrtResetDevice":         &d.resetDevice,
+		"aclrtGetCurrentContext":   &d.getCurrentContext,
+		"aclrtSetCurrentContext":   &d.setCurrentContext,
+		"aclrtGetMemInfo":          &d.getMemInfo,
+		"aclGetRecentErrMsg":       &d.getRecentErrMsg,
+	} {
+		sym, err := purego.Dlsym(h, name)
+		require.NoError(t, err, name)
+		purego.RegisterFunc(fn, sym)
+	}
+	actual, _ := doubles.LoadOrStore(path, d)
+	return actual.(*double)
+}
+
+// Live reports the double's live objects.
+func (d *double) Live() acl.LiveCounts {
+	var c acl.LiveCounts
+	d.live(&c)
+	return c
+}
+
+// Stats reports the double's other state.
+func (d *double) Stats() stats {
+	var s stats
+	d.stats(&s)
+	return s
+}
+
+// Inject makes the nth next call of fn fail with code.
+func (d *double) Inject(t testing.TB, fn string, nth int, code int32) {
+	t.Helper()
+	require.Zero(t, d.inject(fn, int32(nth), code), "fakeacl_inject(%s)", fn)
+	t.Cleanup(func() { d.inject(fn, 0, 0) })
+}
+
+// counted is a Driver over the double that reports the double's live
+// objects, so that the conformance suites check for leaks.
+type counted struct {
+	*ascend.Driver
+	dbl *double
+}
+
+func (c counted) Live() acl.LiveCounts { return c.dbl.Live() }
+
+// openDouble opens the driver over the library at path, with capacity bytes
+// of device memory (0 leaves it as it is), and closes it when the test ends.
+func openDouble(t testing.TB, path string, capacity uintptr, cfg ascend.Config) (*ascend.Driver, *double) {
+	t.Helper()
+	dbl := control(t, path)
+	if capacity != 0 {
+		dbl.setCapacity(cfg.Device, capacity)
+	}
+	cfg.Library = path
+	d, err := ascend.Open(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, d.Close()) })
+	return d, dbl
+}
+
+// requireACLError asserts err is (or wraps) an *acl.Error of op with code
+// and a message from the runtime, and returns it.
+func requireACLError(t testing.TB, err error, op string, code int32) *acl.Error {
+	t.Helper()
+	require.Error(t, err)
+	var e *acl.Error
+	require.True(t, errors.As(err, &e), "%v is not an *acl.Error", err)
+	require.Equal(t, op, e.Op, "%v", err)
+	require.Equal(t, acl.CodeName(code), acl.CodeName(e.Code), "%v", err)
+	require.True(t, strings.HasPrefix(e.Msg, "fakeacl "+op), "message %q is the runtime's, for %s", e.Msg, op)
+	return e
+}

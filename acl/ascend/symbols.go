@@ -1,0 +1,94 @@
+package ascend
+
+import "github.com/vmarena/vmarena/acl"
+
+// symbols are the ACL functions the driver calls, with Go signatures that
+// match acl_rt.h under the LP64 mapping of acl-api.md §1: aclError and every
+// enum are int32; size_t is uintptr; device addresses, physical handles,
+// contexts and streams (void*) are integers; host memory and out-parameters
+// are Go pointers, which the runtime uses only during the call. Structs go by
+// pointer, in the exact C layouts of the acl types (checked in layout.go).
+type symbols struct {
+	aclInit         func(configPath *byte) int32
+	getRecentErrMsg func() string // NULL reads as ""
+
+	getDeviceCount    func(count *uint32) int32
+	setDevice         func(id int32) int32
+	resetDevice       func(id int32) int32
+	getCurrentContext func(ctx *uintptr) int32
+	setCurrentContext uintptr // the address: called with purego.SyscallN (library.setContext)
+	synchronizeDevice func() int32
+	createStream      func(stream *uintptr) int32
+	destroyStream     func(stream uintptr) int32
+	synchronizeStream func(stream uintptr) int32
+
+	memGetAllocationGranularity func(prop *acl.PhysicalMemProp, option acl.MemGranularityOptions, granularity *uintptr) int32
+	mallocPhysical              func(handle *acl.PhysicalHandle, size uintptr, prop *acl.PhysicalMemProp, flags uint64) int32
+	freePhysical                func(handle acl.PhysicalHandle) int32
+	reserveMemAddress           func(virPtr *acl.DevicePtr, size, alignment uintptr, expectPtr acl.DevicePtr, flags uint64) int32
+	releaseMemAddress           func(virPtr acl.DevicePtr) int32
+	mapMem                      func(virPtr acl.DevicePtr, size, offset uintptr, handle acl.PhysicalHandle, flags uint64) int32
+	unmapMem                    func(virPtr acl.DevicePtr) int32
+
+	// aclrtMemcpy, typed once per direction so that host memory is a Go
+	// pointer and device memory an integer.
+	memcpyHtoD  func(dst acl.DevicePtr, destMax uintptr, src *byte, count uintptr, kind acl.MemcpyKind) int32
+	memcpyDtoH  func(dst *byte, destMax uintptr, src acl.DevicePtr, count uintptr, kind acl.MemcpyKind) int32
+	memcpyAsync func(dst acl.DevicePtr, destMax uintptr, src acl.DevicePtr, count uintptr, kind acl.MemcpyKind, stream uintptr) int32
+	memset      func(devPtr acl.DevicePtr, maxCount uintptr, value int32, count uintptr) int32
+	getMemInfo  func(attr acl.MemAttr, free, total *uintptr) int32
+}
+
+// symbol is one entry of the table resolved when a library loads.
+type symbol struct {
+	name     string
+	fn       any  // pointer to the func field to fill, or to a uintptr for the bare address
+	required bool // Open fails without it
+}
+
+// table lists the symbols resolved at load. Newer or optional calls are not
+// here: they are resolved on first use (library.setAccess and friends).
+func (s *symbols) table() []symbol {
+	return []symbol{
+		{"aclInit", &s.aclInit, true},
+		{"aclGetRecentErrMsg", &s.getRecentErrMsg, false}, // without it errors carry no message
+		{"aclrtGetDeviceCount", &s.getDeviceCount, true},
+		{"aclrtSetDevice", &s.setDevice, true},
+		{"aclrtResetDevice", &s.resetDevice, true},
+		{"aclrtGetCurrentContext", &s.getCurrentContext, true},
+		{"aclrtSetCurrentContext", &s.setCurrentContext, true},
+		{"aclrtSynchronizeDevice", &s.synchronizeDevice, true},
+		{"aclrtCreateStream", &s.createStream, true},
+		{"aclrtDestroyStream", &s.destroyStream, true},
+		{"aclrtSynchronizeStream", &s.synchronizeStream, true},
+		{"aclrtMemGetAllocationGranularity", &s.memGetAllocationGranularity, true},
+		{"aclrtMallocPhysical", &s.mallocPhysical, true},
+		{"aclrtFreePhysical", &s.freePhysical, true},
+		{"aclrtReserveMemAddress", &s.reserveMemAddress, true},
+		{"aclrtReleaseMemAddress", &s.releaseMemAddress, true},
+		{"aclrtMapMem", &s.mapMem, true},
+		{"aclrtUnmapMem", &s.unmapMem, true},
+		{"aclrtMemcpy", &s.memcpyHtoD, true},
+		{"aclrtMemcpy", &s.memcpyDtoH, true},
+		{"aclrtMemcpyAsync", &s.memcpyAsync, true},
+		{"aclrtMemset", &s.memset, true},
+		{"aclrtGetMemInfo", &s.getMemInfo, true},
+	}
+}
+
+// Functions resolved on first use, with their Go signatures.
+type (
+	memSetAccessFunc = func(virPtr acl.DevicePtr, size uintptr, desc *acl.MemAccessDesc, count uintptr) int32
+	finalizeFunc     = func() int32
+	socNameFunc      = func() string
+)
+
+// cString returns s as a NUL-terminated C string, or nil for "".
+func cString(s string) *byte {
+	if s == "" {
+		return nil
+	}
+	b := make([]byte, len(s)+1)
+	copy(b, s)
+	return &b[0]
+}

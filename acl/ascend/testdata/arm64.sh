@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# arm64.sh: build vmarena for linux/arm64 (Ascend hosts are often aarch64) and
+# run the ACL binding's tests there, under qemu-user emulation: the test
+# binary is cross-compiled with GOARCH=arm64, and the tests build their C test
+# double of the ACL runtime with the aarch64 cross compiler.
+#
+# Self-contained: it installs qemu-user and gcc-aarch64-linux-gnu with apt-get
+# when they are missing (as root, as in CI; Debian or Ubuntu). From anywhere:
+#
+#	acl/ascend/testdata/arm64.sh
+#
+# Environment:
+#	ARM64_CGO       CGO_ENABLED values to test with (default "0 1")
+#	ARM64_PKGS      packages to build and vet for arm64 (default ./...)
+#	ARM64_TESTFLAGS flags for the test binary (default -test.count=1)
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/../../.." && pwd)
+cd "$root"
+start=$SECONDS
+
+need=()
+command -v qemu-aarch64 >/dev/null || command -v qemu-aarch64-static >/dev/null || need+=(qemu-user)
+command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+if ((${#need[@]})); then
+	echo "== installing ${need[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	echo "   ($((SECONDS - start)) s)"
+fi
+qemu=$(command -v qemu-aarch64 || command -v qemu-aarch64-static)
+sysroot=/usr/aarch64-linux-gnu
+pkgs=${ARM64_PKGS:-./...}
+
+echo "== build and vet for linux/arm64, CGO_ENABLED=0"
+GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go build $pkgs
+GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go vet $pkgs
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for cgo in ${ARM64_CGO:-0 1}; do
+	echo "== acl/ascend tests on linux/arm64 under $(basename "$qemu"), CGO_ENABLED=$cgo"
+	t0=$SECONDS
+	GOOS=linux GOARCH=arm64 CGO_ENABLED=$cgo CC=aarch64-linux-gnu-gcc \
+		go test -c -o "$work/ascend-cgo$cgo.test" ./acl/ascend
+	# The tests run in their package directory (they read testdata/) and
+	# build the double with $CC: qemu-user runs that x86 compiler natively.
+	(cd acl/ascend && CC=aarch64-linux-gnu-gcc "$qemu" -L "$sysroot" \
+		"$work/ascend-cgo$cgo.test" ${ARM64_TESTFLAGS:--test.count=1})
+	echo "   ($((SECONDS - t0)) s)"
+done
+echo "== arm64 done in $((SECONDS - start)) s"

@@ -1,0 +1,1040 @@
+// fakeacl.c: a test double of the Huawei Ascend ACL runtime (libascendcl.so /
+// libacl_rt.so), for testing the purego binding in package acl/ascend without
+// an NPU. It exports the aclrt* functions the binding uses, with the
+// prototypes of acl_rt.h, and implements the simulator rules of acl-api.md
+// §11 with the error codes the host driver (acl/host) chose where ACL's are
+// UNCONFIRMED, so the conformance suite can run with ExactCodes.
+//
+// What it simulates:
+//   - aclInit / aclFinalize, with 100002 on a repeated aclInit;
+//   - devices (2 by default) with a reference-counted aclrtSetDevice /
+//     aclrtResetDevice and one default context per device;
+//   - a per-thread current context: every call that needs one fails with
+//     107002 on a thread that has none, as the real runtime does;
+//   - a per-thread aclGetRecentErrMsg that is cleared when read;
+//   - the VMM calls: 2 MiB / 1 GiB granularity, exact map and unmap rules,
+//     reference-counted physical memory, OOM (207001) at a per-device
+//     capacity, device addresses that the host cannot dereference (they lie in
+//     the SVM window at 16 TB, as on the device); physical memory is not zeroed;
+//   - aclrtMemcpy / aclrtMemcpyAsync / aclrtMemset through the mappings, with
+//     the VMM rule that device-to-device copies of reserved memory go through
+//     aclrtMemcpyAsync only, 64-byte aligned;
+//   - device work that reads memory (fakeacl_submit_read), finished by
+//     aclrtSynchronizeDevice; unmapping memory that pending work reads counts
+//     an illegal-address fault.
+//
+// Test-only functions (fakeacl_*) configure it, inject faults, report live
+// objects and expose the C struct layouts. Build variants:
+//   -DFAKEACL_NO_SETACCESS  no aclrtMemSetAccess symbol (CANN before 8.5)
+//   -DFAKEACL_NO_MAPMEM     no aclrtMapMem symbol (a broken install)
+//   -DFAKEACL_COMPAT_ONLY   no ACL symbol at all: the libascendcl.so of a
+//                           split install whose aclrt* live in libacl_rt.so
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define API __attribute__((visibility("default")))
+
+#ifdef FAKEACL_COMPAT_ONLY
+API int fakeacl_compat_stub = 1;
+#else
+
+// ---- acl_base_rt.h / acl_rt.h types, with the layouts of acl-api.md §3 ----
+
+typedef int aclError;
+typedef void *aclrtDrvMemHandle;
+typedef void *aclrtContext;
+typedef void *aclrtStream;
+typedef enum { ACL_MEM_HANDLE_TYPE_NONE = 0, ACL_MEM_HANDLE_TYPE_POSIX = 2 } aclrtMemHandleType;
+typedef enum { ACL_MEM_ALLOCATION_TYPE_PINNED = 0 } aclrtMemAllocationType;
+typedef enum {
+    ACL_MEM_LOCATION_TYPE_HOST = 0,
+    ACL_MEM_LOCATION_TYPE_DEVICE = 1,
+    ACL_MEM_LOCATION_TYPE_UNREGISTERED = 2,
+    ACL_MEM_LOCATION_TYPE_MANAGED = 3,
+    ACL_MEM_LOCATION_TYPE_HOST_NUMA = 4,
+} aclrtMemLocationType;
+typedef enum {
+    ACL_DDR_MEM, ACL_HBM_MEM, ACL_DDR_MEM_HUGE, ACL_DDR_MEM_NORMAL, ACL_HBM_MEM_HUGE, ACL_HBM_MEM_NORMAL,
+    ACL_DDR_MEM_P2P_HUGE, ACL_DDR_MEM_P2P_NORMAL, ACL_HBM_MEM_P2P_HUGE, ACL_HBM_MEM_P2P_NORMAL,
+    ACL_HBM_MEM_HUGE1G, ACL_HBM_MEM_P2P_HUGE1G, ACL_MEM_NORMAL, ACL_MEM_HUGE, ACL_MEM_HUGE1G,
+    ACL_MEM_P2P_NORMAL, ACL_MEM_P2P_HUGE, ACL_MEM_P2P_HUGE1G,
+} aclrtMemAttr;
+typedef enum {
+    ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
+    ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1,
+    ACL_RT_MEM_ALLOC_GRANULARITY_UNDEF = 0xFFFF,
+} aclrtMemGranularityOptions;
+typedef enum {
+    ACL_RT_MEM_ACCESS_FLAGS_NONE = 0, ACL_RT_MEM_ACCESS_FLAGS_READ = 1, ACL_RT_MEM_ACCESS_FLAGS_READWRITE = 3,
+} aclrtMemAccessFlags;
+typedef enum {
+    ACL_MEMCPY_HOST_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_DEFAULT, ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE, ACL_MEMCPY_INNER_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_INTER_DEVICE_TO_DEVICE,
+} aclrtMemcpyKind;
+
+typedef struct aclrtMemLocation {
+    uint32_t id;
+    aclrtMemLocationType type;
+} aclrtMemLocation;
+
+typedef struct aclrtPhysicalMemProp {
+    aclrtMemHandleType handleType;
+    aclrtMemAllocationType allocationType;
+    aclrtMemAttr memAttr;
+    aclrtMemLocation location;
+    uint64_t reserve;
+} aclrtPhysicalMemProp;
+
+typedef struct {
+    aclrtMemAccessFlags flags;
+    aclrtMemLocation location;
+    uint8_t rsv[12];
+} aclrtMemAccessDesc;
+
+_Static_assert(sizeof(aclrtMemLocation) == 8, "aclrtMemLocation is 8 bytes");
+_Static_assert(sizeof(aclrtPhysicalMemProp) == 32, "aclrtPhysicalMemProp is 32 bytes");
+_Static_assert(offsetof(aclrtPhysicalMemProp, reserve) == 24, "reserve at 24");
+_Static_assert(sizeof(aclrtMemAccessDesc) == 24, "aclrtMemAccessDesc is 24 bytes");
+
+// ---- error codes (acl-api.md §5) ----
+
+enum {
+    ACL_SUCCESS = 0,
+    ACL_ERROR_INVALID_PARAM = 100000,
+    ACL_ERROR_UNINITIALIZE = 100001,
+    ACL_ERROR_REPEAT_INITIALIZE = 100002,
+    ACL_ERROR_REPEAT_FINALIZE = 100037,
+    ACL_ERROR_RT_PARAM_INVALID = 107000,
+    ACL_ERROR_RT_INVALID_DEVICEID = 107001,
+    ACL_ERROR_RT_CONTEXT_NULL = 107002,
+    ACL_ERROR_RT_INVALID_HANDLE = 107017,
+    ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000,
+    ACL_ERROR_RT_MEMORY_ALLOCATION = 207001,
+    ACL_ERROR_RT_DRV_INTERNAL_ERROR = 507899,
+};
+
+#define MAXDEV 8
+#define MAXSTREAM 256
+#define PAGE_2M ((size_t)2 << 20)
+#define PAGE_1G ((size_t)1 << 30)
+#define MAX_RESERVE ((size_t)128 << 30)
+#define SVM_START ((uintptr_t)0x100000000000ULL) // 16 TB
+#define SVM_SIZE ((uintptr_t)0x80000000000ULL)   // 8 TB
+
+// ---- state; all of it under mu, except the thread-locals ----
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+
+#define CTX_MAGIC 0xacc7acc7acc7acc7ULL
+
+struct ctx {
+    uint64_t magic; // CTX_MAGIC: contexts are never freed, so stale pointers stay checkable
+    int dev;
+    int alive;
+};
+
+struct stream {
+    int dev;
+    int alive;
+};
+
+struct handle {
+    uintptr_t id;
+    size_t size;
+    size_t page;
+    int dev;
+    int refs;  // the owner's reference plus one per mapping
+    int freed; // aclrtFreePhysical dropped the owner's reference
+    unsigned char *mem;
+};
+
+struct mapping {
+    uintptr_t addr;
+    size_t size;
+    struct handle *h;
+};
+
+struct resv {
+    uintptr_t base;
+    size_t size;
+    struct mapping *maps; // sorted by addr
+    int nmaps, capmaps;
+};
+
+struct work {
+    int dev;
+    uintptr_t addr;
+    size_t size;
+};
+
+// The live-object counts, laid out like acl.LiveCounts on LP64.
+typedef struct {
+    int64_t reservations;
+    uint64_t reserved_bytes;
+    int64_t mappings;
+    uint64_t mapped_bytes;
+    int64_t handles;
+    uint64_t physical_bytes;
+} fakeacl_live_t;
+
+// Everything else a test asserts on.
+typedef struct {
+    int64_t initialised;       // aclInit in effect
+    int64_t init_calls;        // successful aclInit calls
+    int64_t finalize_calls;    // successful aclFinalize calls
+    int64_t device_refs;       // sum of the aclrtSetDevice reference counts
+    int64_t contexts_alive;    // default contexts of devices that are set
+    int64_t streams_alive;     // streams created and not destroyed
+    int64_t sync_device_calls; // successful aclrtSynchronizeDevice calls
+    int64_t pending_work;      // submitted reads not yet synchronised
+    int64_t faults;            // unmaps of memory that pending work read
+    int64_t no_context_errors; // calls refused with 107002 for want of a context
+    int64_t set_context_calls; // aclrtSetCurrentContext calls
+    int64_t threads_seen;      // OS threads that made calls needing a context
+} fakeacl_stats_t;
+
+static int initialised;
+static int64_t init_calls, finalize_calls, sync_calls, faults, no_ctx_errors, set_ctx_calls;
+static uint32_t device_count = 2;
+static size_t capacity[MAXDEV];
+static size_t phys[MAXDEV];
+static int dev_refs[MAXDEV];
+static struct ctx *dev_ctx[MAXDEV];
+static struct stream streams[MAXSTREAM];
+static int no_setaccess;
+
+static struct resv **resvs; // sorted by base
+static int nresv, capresv;
+static struct handle **handles;
+static int nhandles, caphandles;
+static uintptr_t next_handle = 0x7e0000000000ULL;
+static struct work *works;
+static int nworks, capworks;
+static fakeacl_live_t live;
+
+static aclrtPhysicalMemProp last_prop;
+static aclrtMemAccessDesc last_desc[4];
+static size_t last_desc_count;
+
+static __thread struct ctx *cur;
+static __thread char errmsg[512];
+static __thread char errout[512];
+static __thread int has_err;
+static __thread int thread_seen;
+static int64_t threads_seen;
+
+#define GROW(arr, n, cap)                                                   \
+    do {                                                                    \
+        if ((n) == (cap)) {                                                 \
+            (cap) = (cap) ? 2 * (cap) : 16;                                 \
+            void *p_ = realloc((arr), (size_t)(cap) * sizeof(*(arr)));      \
+            if (!p_) abort();                                               \
+            (arr) = p_;                                                     \
+        }                                                                   \
+    } while (0)
+
+// fail records the thread's error message and returns code.
+static aclError fail(const char *fn, aclError code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static aclError fail(const char *fn, aclError code, const char *fmt, ...) {
+    int n = snprintf(errmsg, sizeof errmsg, "fakeacl %s: ", fn);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(errmsg + n, sizeof errmsg - (size_t)n, fmt, ap);
+    va_end(ap);
+    has_err = 1;
+    return code;
+}
+
+// ---- fault injection: the nth next call of a function fails with a code ----
+
+struct inject {
+    char fn[64];
+    int countdown;
+    aclError code;
+};
+static struct inject injects[16];
+
+// injected reports the code the current call of fn must fail with, or 0.
+// Caller holds mu.
+static aclError injected(const char *fn) {
+    for (size_t i = 0; i < sizeof injects / sizeof injects[0]; i++) {
+        struct inject *in = &injects[i];
+        if (in->countdown > 0 && strcmp(in->fn, fn) == 0 && --in->countdown == 0) {
+            return in->code;
+        }
+    }
+    return 0;
+}
+
+// enter runs the checks every call that needs a context starts with. It takes
+// mu; a non-zero result means mu was released and the call fails with it.
+static aclError enter(const char *fn) {
+    pthread_mutex_lock(&mu);
+    if (!initialised) {
+        pthread_mutex_unlock(&mu);
+        return fail(fn, ACL_ERROR_UNINITIALIZE, "aclInit has not been called");
+    }
+    if (cur == NULL || !cur->alive) {
+        no_ctx_errors++;
+        pthread_mutex_unlock(&mu);
+        return fail(fn, ACL_ERROR_RT_CONTEXT_NULL,
+                    "this thread has no current context: call aclrtSetDevice or aclrtSetCurrentContext on it first");
+    }
+    if (!thread_seen) {
+        thread_seen = 1;
+        threads_seen++;
+    }
+    aclError c = injected(fn);
+    if (c) {
+        pthread_mutex_unlock(&mu);
+        return fail(fn, c, "injected fault");
+    }
+    return ACL_SUCCESS;
+}
+
+#define ENTER()                              \
+    do {                                     \
+        aclError e_ = enter(__func__);       \
+        if (e_) return e_;                   \
+    } while (0)
+
+// RET releases mu and returns.
+#define RET(x)                               \
+    do {                                     \
+        aclError r_ = (x);                   \
+        pthread_mutex_unlock(&mu);           \
+        return r_;                           \
+    } while (0)
+#define FAIL(code, ...) RET(fail(__func__, (code), __VA_ARGS__))
+
+// ---- init, devices, contexts ----
+
+API aclError aclInit(const char *configPath) {
+    (void)configPath;
+    pthread_mutex_lock(&mu);
+    aclError c = injected(__func__);
+    if (c) FAIL(c, "injected fault");
+    if (initialised) FAIL(ACL_ERROR_REPEAT_INITIALIZE, "aclInit was already called");
+    initialised = 1;
+    init_calls++;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclFinalize(void) {
+    pthread_mutex_lock(&mu);
+    if (!initialised) FAIL(ACL_ERROR_REPEAT_FINALIZE, "aclFinalize without aclInit");
+    initialised = 0;
+    finalize_calls++;
+    RET(ACL_SUCCESS);
+}
+
+API const char *aclGetRecentErrMsg(void) {
+    if (!has_err) return NULL;
+    memcpy(errout, errmsg, sizeof errout);
+    has_err = 0;
+    errmsg[0] = 0;
+    return errout;
+}
+
+API aclError aclrtGetDeviceCount(uint32_t *count) {
+    pthread_mutex_lock(&mu);
+    if (!initialised) FAIL(ACL_ERROR_UNINITIALIZE, "aclInit has not been called");
+    if (count == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "count is NULL");
+    aclError c = injected(__func__);
+    if (c) FAIL(c, "injected fault");
+    *count = device_count;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtSetDevice(int32_t deviceId) {
+    pthread_mutex_lock(&mu);
+    if (!initialised) FAIL(ACL_ERROR_UNINITIALIZE, "aclInit has not been called");
+    if (deviceId < 0 || (uint32_t)deviceId >= device_count)
+        FAIL(ACL_ERROR_RT_INVALID_DEVICEID, "device %d: %u devices", deviceId, device_count);
+    aclError c = injected(__func__);
+    if (c) FAIL(c, "injected fault");
+    if (dev_ctx[deviceId] == NULL) {
+        struct ctx *c = calloc(1, sizeof *c); // never freed: see struct ctx
+        if (c == NULL) abort();
+        c->magic = CTX_MAGIC;
+        c->dev = deviceId;
+        c->alive = 1;
+        dev_ctx[deviceId] = c;
+    }
+    dev_refs[deviceId]++;
+    cur = dev_ctx[deviceId];
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtResetDevice(int32_t deviceId) {
+    pthread_mutex_lock(&mu);
+    if (!initialised) FAIL(ACL_ERROR_UNINITIALIZE, "aclInit has not been called");
+    if (deviceId < 0 || (uint32_t)deviceId >= device_count)
+        FAIL(ACL_ERROR_RT_INVALID_DEVICEID, "device %d: %u devices", deviceId, device_count);
+    if (dev_refs[deviceId] == 0) FAIL(ACL_ERROR_RT_PARAM_INVALID, "device %d was not set", deviceId);
+    if (--dev_refs[deviceId] == 0) {
+        // The default context goes, and with it the device's streams.
+        dev_ctx[deviceId]->alive = 0;
+        if (cur == dev_ctx[deviceId]) cur = NULL;
+        dev_ctx[deviceId] = NULL;
+    }
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtGetDevice(int32_t *deviceId) {
+    ENTER();
+    if (deviceId == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "deviceId is NULL");
+    *deviceId = cur->dev;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtGetCurrentContext(aclrtContext *context) {
+    ENTER();
+    if (context == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "context is NULL");
+    *context = cur;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtSetCurrentContext(aclrtContext context) {
+    pthread_mutex_lock(&mu);
+    set_ctx_calls++;
+    if (!initialised) FAIL(ACL_ERROR_UNINITIALIZE, "aclInit has not been called");
+    struct ctx *c = context;
+    if (c == NULL || c->magic != CTX_MAGIC) FAIL(ACL_ERROR_INVALID_PARAM, "%p is not a context", context);
+    if (!c->alive) FAIL(ACL_ERROR_RT_CONTEXT_NULL, "context %p: its device was reset", context);
+    aclError code = injected(__func__);
+    if (code) FAIL(code, "injected fault");
+    cur = c;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtSynchronizeDevice(void) {
+    ENTER();
+    int j = 0;
+    for (int i = 0; i < nworks; i++) {
+        if (works[i].dev != cur->dev) works[j++] = works[i];
+    }
+    nworks = j;
+    sync_calls++;
+    RET(ACL_SUCCESS);
+}
+
+static struct stream *find_stream(aclrtStream s) {
+    struct stream *st = s;
+    if (st < &streams[0] || st >= &streams[MAXSTREAM] || !st->alive) return NULL;
+    return st;
+}
+
+API aclError aclrtCreateStream(aclrtStream *stream) {
+    ENTER();
+    if (stream == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "stream is NULL");
+    for (int i = 0; i < MAXSTREAM; i++) {
+        if (!streams[i].alive) {
+            streams[i].alive = 1;
+            streams[i].dev = cur->dev;
+            *stream = &streams[i];
+            RET(ACL_SUCCESS);
+        }
+    }
+    FAIL(ACL_ERROR_RT_DRV_INTERNAL_ERROR, "out of streams");
+}
+
+API aclError aclrtDestroyStream(aclrtStream stream) {
+    ENTER();
+    struct stream *st = find_stream(stream);
+    if (st == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "%p is not a stream", stream);
+    st->alive = 0;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtSynchronizeStream(aclrtStream stream) {
+    ENTER();
+    if (find_stream(stream) == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "%p is not a stream", stream);
+    RET(ACL_SUCCESS); // copies run when they are queued
+}
+
+// ---- physical memory ----
+
+static struct handle *find_handle(aclrtDrvMemHandle h) {
+    for (int i = 0; i < nhandles; i++) {
+        if (handles[i]->id == (uintptr_t)h) return handles[i];
+    }
+    return NULL;
+}
+
+static void unref(struct handle *h) {
+    if (--h->refs > 0) return;
+    for (int i = 0; i < nhandles; i++) {
+        if (handles[i] == h) {
+            handles[i] = handles[--nhandles];
+            break;
+        }
+    }
+    phys[h->dev] -= h->size;
+    live.physical_bytes -= h->size;
+    munmap(h->mem, h->size);
+    free(h);
+}
+
+static int is_ddr(aclrtMemAttr a) {
+    return a == ACL_DDR_MEM || a == ACL_DDR_MEM_HUGE || a == ACL_DDR_MEM_NORMAL || a == ACL_DDR_MEM_P2P_HUGE ||
+           a == ACL_DDR_MEM_P2P_NORMAL;
+}
+
+static int is_huge1g(aclrtMemAttr a) {
+    return a == ACL_HBM_MEM_HUGE1G || a == ACL_HBM_MEM_P2P_HUGE1G || a == ACL_MEM_HUGE1G || a == ACL_MEM_P2P_HUGE1G;
+}
+
+static int physical_supported(aclrtMemAttr a) {
+    switch (a) {
+    case ACL_HBM_MEM_HUGE: case ACL_HBM_MEM_NORMAL: case ACL_HBM_MEM_HUGE1G: case ACL_DDR_MEM_HUGE:
+    case ACL_DDR_MEM_NORMAL: case ACL_DDR_MEM_P2P_HUGE: case ACL_DDR_MEM_P2P_NORMAL: case ACL_MEM_NORMAL:
+    case ACL_MEM_HUGE: case ACL_MEM_HUGE1G: case ACL_MEM_P2P_NORMAL: case ACL_MEM_P2P_HUGE: case ACL_MEM_P2P_HUGE1G:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+// check_prop runs the ACL layer's checks of a prop (acl-api.md §6.2), in the
+// host driver's order and with its codes. Caller holds mu.
+static aclError check_prop(const char *fn, const aclrtPhysicalMemProp *p) {
+    if (p == NULL) return fail(fn, ACL_ERROR_INVALID_PARAM, "prop is NULL");
+    last_prop = *p;
+    if (p->handleType != ACL_MEM_HANDLE_TYPE_NONE)
+        return fail(fn, ACL_ERROR_INVALID_PARAM, "handleType %d: only ACL_MEM_HANDLE_TYPE_NONE", p->handleType);
+    if (p->allocationType != ACL_MEM_ALLOCATION_TYPE_PINNED)
+        return fail(fn, ACL_ERROR_INVALID_PARAM, "allocationType %d: only PINNED", p->allocationType);
+    if (p->location.type == ACL_MEM_LOCATION_TYPE_UNREGISTERED || p->location.type == ACL_MEM_LOCATION_TYPE_MANAGED)
+        return fail(fn, ACL_ERROR_INVALID_PARAM, "location type %d is not allowed", p->location.type);
+    if (p->location.type == ACL_MEM_LOCATION_TYPE_DEVICE && is_ddr(p->memAttr))
+        return fail(fn, ACL_ERROR_INVALID_PARAM, "memAttr %d is DDR memory, not on a device location", p->memAttr);
+    if (!physical_supported(p->memAttr))
+        return fail(fn, ACL_ERROR_INVALID_PARAM, "memAttr %d is not supported for physical memory", p->memAttr);
+    if (p->location.type != ACL_MEM_LOCATION_TYPE_DEVICE)
+        return fail(fn, ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "location type %d: the double has device memory only",
+                    p->location.type);
+    if (p->location.id >= device_count)
+        return fail(fn, ACL_ERROR_RT_INVALID_DEVICEID, "device %u: %u devices", p->location.id, device_count);
+    return ACL_SUCCESS;
+}
+
+API aclError aclrtMemGetAllocationGranularity(aclrtPhysicalMemProp *prop, aclrtMemGranularityOptions option,
+                                              size_t *granularity) {
+    ENTER();
+    aclError c = check_prop(__func__, prop);
+    if (c) RET(c);
+    if (granularity == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "granularity is NULL");
+    if (option != ACL_RT_MEM_ALLOC_GRANULARITY_MINIMUM && option != ACL_RT_MEM_ALLOC_GRANULARITY_RECOMMENDED)
+        FAIL(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "granularity option %d", option);
+    *granularity = is_huge1g(prop->memAttr) ? PAGE_1G : PAGE_2M;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtMallocPhysical(aclrtDrvMemHandle *handle, size_t size, const aclrtPhysicalMemProp *prop,
+                                 uint64_t flags) {
+    ENTER();
+    if (handle == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "handle is NULL");
+    if (prop == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "prop is NULL");
+    if (size == 0) FAIL(ACL_ERROR_INVALID_PARAM, "size is 0");
+    if (flags != 0) FAIL(ACL_ERROR_INVALID_PARAM, "flags %#llx: must be 0", (unsigned long long)flags);
+    aclError c = check_prop(__func__, prop);
+    if (c) RET(c);
+    if (prop->reserve != 0) FAIL(ACL_ERROR_RT_PARAM_INVALID, "Prop reserve should be zero.");
+    size_t page = is_huge1g(prop->memAttr) ? PAGE_1G : PAGE_2M;
+    if (page == PAGE_1G) {
+        size = (size + page - 1) & ~(page - 1);
+    } else if (size % page != 0) {
+        FAIL(ACL_ERROR_RT_PARAM_INVALID, "size %zu is not a multiple of the granularity %zu", size, page);
+    }
+    int dev = (int)prop->location.id;
+    if (size > capacity[dev] || phys[dev] > capacity[dev] - size)
+        FAIL(ACL_ERROR_RT_MEMORY_ALLOCATION, "out of memory: %zu bytes asked, %zu of %zu free on device %d", size,
+             capacity[dev] - phys[dev], capacity[dev], dev);
+    unsigned char *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) FAIL(ACL_ERROR_RT_MEMORY_ALLOCATION, "host has no memory for %zu bytes", size);
+    // Physical memory is not zeroed on a device: show it (one page per 2 MiB).
+    for (size_t off = 0; off < size; off += PAGE_2M) memset(mem + off, 0xA5, 4096);
+    struct handle *h = calloc(1, sizeof *h);
+    if (h == NULL) abort();
+    next_handle += 0x40;
+    h->id = next_handle;
+    h->size = size;
+    h->page = page;
+    h->dev = dev;
+    h->refs = 1;
+    h->mem = mem;
+    GROW(handles, nhandles, caphandles);
+    handles[nhandles++] = h;
+    phys[dev] += size;
+    live.handles++;
+    live.physical_bytes += size;
+    *handle = (aclrtDrvMemHandle)h->id;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtFreePhysical(aclrtDrvMemHandle handle) {
+    ENTER();
+    if (handle == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "handle is NULL");
+    struct handle *h = find_handle(handle);
+    if (h == NULL) FAIL(ACL_ERROR_RT_INVALID_HANDLE, "handle %p is not a live physical allocation", handle);
+    if (h->freed) FAIL(ACL_ERROR_RT_PARAM_INVALID, "Call halMemRelease too many times (handle %p is still mapped)", handle);
+    h->freed = 1;
+    live.handles--;
+    unref(h);
+    RET(ACL_SUCCESS);
+}
+
+// ---- address space ----
+
+// find_resv returns the index of the reservation containing addr, or -1.
+static int find_resv(uintptr_t addr) {
+    for (int i = 0; i < nresv; i++) {
+        if (addr >= resvs[i]->base && addr - resvs[i]->base < resvs[i]->size) return i;
+    }
+    return -1;
+}
+
+API aclError aclrtReserveMemAddress(void **virPtr, size_t size, size_t alignment, void *expectPtr, uint64_t flags) {
+    ENTER();
+    if (virPtr == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "virPtr is NULL");
+    if (size == 0) FAIL(ACL_ERROR_INVALID_PARAM, "size is 0");
+    if (flags > 1) FAIL(ACL_ERROR_INVALID_PARAM, "flags %#llx: must be 0 or 1", (unsigned long long)flags);
+    if (alignment != 0) FAIL(ACL_ERROR_RT_PARAM_INVALID, "Alignment should be zero.");
+    if (expectPtr != NULL) FAIL(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "expectPtr %p: a chosen address is not supported", expectPtr);
+    if (size > MAX_RESERVE) FAIL(ACL_ERROR_RT_PARAM_INVALID, "size %zu exceeds the 128 GiB per-call limit", size);
+    size = (size + PAGE_2M - 1) & ~(PAGE_2M - 1);
+    uintptr_t align = size >= PAGE_1G ? PAGE_1G : PAGE_2M;
+    // First fit in the SVM window; resvs is sorted by base.
+    uintptr_t at = SVM_START;
+    int i = 0;
+    for (;; i++) {
+        at = (at + align - 1) & ~(align - 1);
+        uintptr_t end = i < nresv ? resvs[i]->base : SVM_START + SVM_SIZE;
+        if (at <= end && end - at >= size) break;
+        if (i == nresv) FAIL(ACL_ERROR_RT_MEMORY_ALLOCATION, "no address space for %zu bytes", size);
+        at = resvs[i]->base + resvs[i]->size;
+    }
+    struct resv *r = calloc(1, sizeof *r);
+    if (r == NULL) abort();
+    r->base = at;
+    r->size = size;
+    GROW(resvs, nresv, capresv);
+    memmove(&resvs[i + 1], &resvs[i], (size_t)(nresv - i) * sizeof resvs[0]);
+    resvs[i] = r;
+    nresv++;
+    live.reservations++;
+    live.reserved_bytes += size;
+    *virPtr = (void *)at;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtReleaseMemAddress(void *virPtr) {
+    ENTER();
+    if (virPtr == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "virPtr is NULL");
+    int i = find_resv((uintptr_t)virPtr);
+    if (i < 0 || resvs[i]->base != (uintptr_t)virPtr) FAIL(ACL_ERROR_RT_PARAM_INVALID, "%p is not the base of a reservation", virPtr);
+    struct resv *r = resvs[i];
+    if (r->nmaps > 0) FAIL(ACL_ERROR_RT_PARAM_INVALID, "reservation %p still has %d mappings: unmap them first", virPtr, r->nmaps);
+    memmove(&resvs[i], &resvs[i + 1], (size_t)(nresv - i - 1) * sizeof resvs[0]);
+    nresv--;
+    live.reservations--;
+    live.reserved_bytes -= r->size;
+    free(r->maps);
+    free(r);
+    RET(ACL_SUCCESS);
+}
+
+#ifdef FAKEACL_NO_MAPMEM
+#define MAPMEM_API __attribute__((visibility("hidden"))) // not exported: a broken install
+#else
+#define MAPMEM_API API
+#endif
+
+MAPMEM_API aclError aclrtMapMem(void *virPtr, size_t size, size_t offset, aclrtDrvMemHandle handle, uint64_t flags) {
+    ENTER();
+    if (virPtr == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "virPtr is NULL");
+    if (handle == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "handle is NULL");
+    if (size == 0) FAIL(ACL_ERROR_INVALID_PARAM, "size is 0");
+    if (flags != 0) FAIL(ACL_ERROR_INVALID_PARAM, "flags %#llx: must be 0", (unsigned long long)flags);
+    if (offset != 0) FAIL(ACL_ERROR_RT_PARAM_INVALID, "Offset should be zero.");
+    struct handle *h = find_handle(handle);
+    if (h == NULL || h->freed) FAIL(ACL_ERROR_RT_INVALID_HANDLE, "handle %p is not a live physical allocation", handle);
+    uintptr_t addr = (uintptr_t)virPtr;
+    if (size != h->size) FAIL(ACL_ERROR_RT_PARAM_INVALID, "size %zu differs from the physical allocation's %zu", size, h->size);
+    if (addr % h->page != 0) FAIL(ACL_ERROR_RT_PARAM_INVALID, "virPtr %p is not aligned to the page size %zu", virPtr, h->page);
+    int ri = find_resv(addr);
+    if (ri < 0 || size > resvs[ri]->base + resvs[ri]->size - addr)
+        FAIL(ACL_ERROR_RT_PARAM_INVALID, "[%p, +%zu) is not inside one reservation", virPtr, size);
+    struct resv *r = resvs[ri];
+    int i = 0;
+    while (i < r->nmaps && r->maps[i].addr + r->maps[i].size <= addr) i++;
+    if (i < r->nmaps && r->maps[i].addr < addr + size)
+        FAIL(ACL_ERROR_RT_PARAM_INVALID, "[%p, +%zu) overlaps the mapping at %#lx", virPtr, size, (unsigned long)r->maps[i].addr);
+    GROW(r->maps, r->nmaps, r->capmaps);
+    memmove(&r->maps[i + 1], &r->maps[i], (size_t)(r->nmaps - i) * sizeof r->maps[0]);
+    r->maps[i] = (struct mapping){addr, size, h};
+    r->nmaps++;
+    h->refs++;
+    live.mappings++;
+    live.mapped_bytes += size;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtUnmapMem(void *virPtr) {
+    ENTER();
+    if (virPtr == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "virPtr is NULL");
+    uintptr_t addr = (uintptr_t)virPtr;
+    int ri = find_resv(addr);
+    int i = 0;
+    if (ri >= 0) {
+        while (i < resvs[ri]->nmaps && resvs[ri]->maps[i].addr < addr) i++;
+    }
+    if (ri < 0 || i == resvs[ri]->nmaps || resvs[ri]->maps[i].addr != addr)
+        FAIL(ACL_ERROR_RT_DRV_INTERNAL_ERROR, "Addr can not unmap: %p is not the start of a mapping", virPtr);
+    struct resv *r = resvs[ri];
+    struct mapping m = r->maps[i];
+    for (int w = 0; w < nworks; w++) {
+        if (works[w].addr < m.addr + m.size && m.addr < works[w].addr + works[w].size) {
+            faults++; // the device would now read unmapped memory: an illegal-address fault
+            break;
+        }
+    }
+    memmove(&r->maps[i], &r->maps[i + 1], (size_t)(r->nmaps - i - 1) * sizeof r->maps[0]);
+    r->nmaps--;
+    live.mappings--;
+    live.mapped_bytes -= m.size;
+    unref(m.h);
+    RET(ACL_SUCCESS);
+}
+
+#ifndef FAKEACL_NO_SETACCESS
+API aclError aclrtMemSetAccess(void *virPtr, size_t size, aclrtMemAccessDesc *desc, size_t count) {
+    ENTER();
+    if (desc != NULL) {
+        last_desc_count = count;
+        memcpy(last_desc, desc, (count < 4 ? count : 4) * sizeof desc[0]);
+    }
+    if (no_setaccess) FAIL(ACL_ERROR_RT_FEATURE_NOT_SUPPORT, "the driver lacks halMemSetAccess");
+    if (virPtr == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "virPtr is NULL");
+    if (size == 0) FAIL(ACL_ERROR_INVALID_PARAM, "size is 0");
+    if (desc == NULL || count == 0) FAIL(ACL_ERROR_INVALID_PARAM, "no access descriptor");
+    for (size_t k = 0; k < count; k++) {
+        aclrtMemAccessDesc *d = &desc[k];
+        static const uint8_t zero[12];
+        if (d->flags != ACL_RT_MEM_ACCESS_FLAGS_READWRITE)
+            FAIL(ACL_ERROR_INVALID_PARAM, "access flags %#x: only READWRITE is supported", d->flags);
+        if (memcmp(d->rsv, zero, sizeof zero) != 0) FAIL(ACL_ERROR_INVALID_PARAM, "reserved bytes of the descriptor must be 0");
+        if (d->location.type == ACL_MEM_LOCATION_TYPE_HOST && d->location.id != 0)
+            FAIL(ACL_ERROR_INVALID_PARAM, "host location id %u: must be 0", d->location.id);
+        if (d->location.type == ACL_MEM_LOCATION_TYPE_DEVICE && d->location.id >= device_count)
+            FAIL(ACL_ERROR_RT_INVALID_DEVICEID, "device %u: %u devices", d->location.id, device_count);
+        if (d->location.type != ACL_MEM_LOCATION_TYPE_HOST && d->location.type != ACL_MEM_LOCATION_TYPE_DEVICE)
+            FAIL(ACL_ERROR_INVALID_PARAM, "location type %d", d->location.type);
+    }
+    uintptr_t addr = (uintptr_t)virPtr;
+    int ri = find_resv(addr);
+    if (ri >= 0) {
+        struct resv *r = resvs[ri];
+        for (int i = 0; i < r->nmaps; i++) {
+            if (r->maps[i].addr == addr && r->maps[i].size == size) RET(ACL_SUCCESS);
+        }
+    }
+    FAIL(ACL_ERROR_RT_PARAM_INVALID, "halMemSetAccess: ptr and size must be same with halMemMap ([%p, +%zu))", virPtr, size);
+}
+#endif
+
+// ---- copies ----
+
+// is_device reports whether addr lies in a reservation.
+static int is_device(uintptr_t addr) { return find_resv(addr) >= 0; }
+
+// check_mapped reports whether [addr, addr+n) is mapped throughout.
+static int check_mapped(uintptr_t addr, size_t n) {
+    int ri = find_resv(addr);
+    if (ri < 0 || n > resvs[ri]->base + resvs[ri]->size - addr) return 0;
+    struct resv *r = resvs[ri];
+    uintptr_t at = addr;
+    for (int i = 0; i < r->nmaps && at < addr + n; i++) {
+        struct mapping *m = &r->maps[i];
+        if (m->addr + m->size <= at) continue;
+        if (m->addr > at) return 0;
+        at = m->addr + m->size;
+    }
+    return at >= addr + n;
+}
+
+// dev_copy copies n bytes between host memory and the mapped device range at
+// addr (which check_mapped accepted); to_dev gives the direction.
+static void dev_copy(uintptr_t addr, unsigned char *host, size_t n, int to_dev) {
+    struct resv *r = resvs[find_resv(addr)];
+    for (int i = 0; i < r->nmaps && n > 0; i++) {
+        struct mapping *m = &r->maps[i];
+        if (m->addr + m->size <= addr) continue;
+        size_t off = addr - m->addr, k = m->size - off;
+        if (k > n) k = n;
+        if (to_dev) {
+            memmove(m->h->mem + off, host, k);
+        } else {
+            memmove(host, m->h->mem + off, k);
+        }
+        addr += k;
+        host += k;
+        n -= k;
+    }
+}
+
+// do_copy runs one copy whose direction comes from kind. Caller holds mu.
+static aclError do_copy(const char *fn, void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind,
+                        int async) {
+    if (count == 0) return ACL_SUCCESS;
+    if (dst == NULL || src == NULL) return fail(fn, ACL_ERROR_INVALID_PARAM, "NULL pointer");
+    if ((int)kind < 0 || kind > ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE) return fail(fn, ACL_ERROR_INVALID_PARAM, "kind %d", kind);
+    if (count > destMax) return fail(fn, ACL_ERROR_RT_PARAM_INVALID, "count %zu > destMax %zu", count, destMax);
+    int dd = is_device((uintptr_t)dst), sd = is_device((uintptr_t)src);
+    if (kind == ACL_MEMCPY_DEFAULT || kind == ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE) {
+        kind = dd ? (sd ? ACL_MEMCPY_DEVICE_TO_DEVICE : ACL_MEMCPY_HOST_TO_DEVICE)
+                  : (sd ? ACL_MEMCPY_DEVICE_TO_HOST : ACL_MEMCPY_HOST_TO_HOST);
+    }
+    int want_dd = kind == ACL_MEMCPY_HOST_TO_DEVICE || kind == ACL_MEMCPY_DEVICE_TO_DEVICE;
+    int want_sd = kind == ACL_MEMCPY_DEVICE_TO_HOST || kind == ACL_MEMCPY_DEVICE_TO_DEVICE;
+    if (want_dd && !check_mapped((uintptr_t)dst, count))
+        return fail(fn, ACL_ERROR_RT_PARAM_INVALID, "[%p, +%zu) is not mapped device memory", dst, count);
+    if (want_sd && !check_mapped((uintptr_t)src, count))
+        return fail(fn, ACL_ERROR_RT_PARAM_INVALID, "[%p, +%zu) is not mapped device memory", src, count);
+    if (!want_dd && dd) return fail(fn, ACL_ERROR_RT_PARAM_INVALID, "dst %p is device memory, kind %d", dst, kind);
+    if (!want_sd && sd) return fail(fn, ACL_ERROR_RT_PARAM_INVALID, "src %p is device memory, kind %d", src, kind);
+    switch (kind) {
+    case ACL_MEMCPY_HOST_TO_HOST:
+        memmove(dst, src, count);
+        break;
+    case ACL_MEMCPY_HOST_TO_DEVICE:
+        dev_copy((uintptr_t)dst, (unsigned char *)src, count, 1);
+        break;
+    case ACL_MEMCPY_DEVICE_TO_HOST:
+        dev_copy((uintptr_t)src, dst, count, 0);
+        break;
+    default: {
+        // In one process, reserved memory copies device to device only with
+        // aclrtMemcpyAsync, 64-byte aligned (acl-api.md §6.3, §6.11).
+        if (!async)
+            return fail(fn, ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
+                        "reserved memory supports only aclrtMemcpyAsync for device-to-device copies");
+        if (((uintptr_t)dst | (uintptr_t)src) % 64 != 0)
+            return fail(fn, ACL_ERROR_RT_PARAM_INVALID, "device-to-device copy needs 64-byte aligned addresses (%p, %p)", dst, src);
+        unsigned char *tmp = malloc(count);
+        if (tmp == NULL) abort();
+        dev_copy((uintptr_t)src, tmp, count, 0);
+        dev_copy((uintptr_t)dst, tmp, count, 1);
+        free(tmp);
+    }
+    }
+    return ACL_SUCCESS;
+}
+
+API aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind) {
+    ENTER();
+    RET(do_copy(__func__, dst, destMax, src, count, kind, 0));
+}
+
+API aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind,
+                              aclrtStream stream) {
+    ENTER();
+    struct stream *st = find_stream(stream);
+    if (st == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "%p is not a stream", stream);
+    if (st->dev != cur->dev) FAIL(ACL_ERROR_RT_PARAM_INVALID, "stream of device %d used on device %d", st->dev, cur->dev);
+    RET(do_copy(__func__, dst, destMax, src, count, kind, 1));
+}
+
+API aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count) {
+    ENTER();
+    if (count == 0) RET(ACL_SUCCESS);
+    if (devPtr == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "devPtr is NULL");
+    if (count > maxCount) FAIL(ACL_ERROR_RT_PARAM_INVALID, "count %zu > maxCount %zu", count, maxCount);
+    if (!check_mapped((uintptr_t)devPtr, count)) FAIL(ACL_ERROR_RT_PARAM_INVALID, "[%p, +%zu) is not mapped device memory", devPtr, count);
+    unsigned char buf[4096];
+    memset(buf, value, sizeof buf);
+    for (size_t off = 0; off < count; off += sizeof buf) {
+        size_t k = count - off < sizeof buf ? count - off : sizeof buf;
+        dev_copy((uintptr_t)devPtr + off, buf, k, 1);
+    }
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t *free_, size_t *total) {
+    ENTER();
+    if (free_ == NULL || total == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "NULL pointer");
+    if ((int)attr < ACL_DDR_MEM || attr > ACL_MEM_P2P_HUGE1G) FAIL(ACL_ERROR_INVALID_PARAM, "attr %d", attr);
+    *free_ = capacity[cur->dev] - phys[cur->dev];
+    *total = capacity[cur->dev];
+    RET(ACL_SUCCESS);
+}
+
+API const char *aclrtGetSocName(void) { return "FakeAscend910B"; }
+
+// ---- test-only functions ----
+
+__attribute__((constructor)) static void setup(void) {
+    for (int i = 0; i < MAXDEV; i++) capacity[i] = (size_t)1 << 30;
+}
+
+// fakeacl_set_device_count sets how many devices there are (at most 8).
+API void fakeacl_set_device_count(uint32_t n) {
+    pthread_mutex_lock(&mu);
+    device_count = n > MAXDEV ? MAXDEV : n;
+    pthread_mutex_unlock(&mu);
+}
+
+// fakeacl_set_capacity sets the device memory of dev; 207001 past it.
+API void fakeacl_set_capacity(int32_t dev, size_t bytes) {
+    pthread_mutex_lock(&mu);
+    if (dev >= 0 && dev < MAXDEV) capacity[dev] = bytes;
+    pthread_mutex_unlock(&mu);
+}
+
+// fakeacl_set_no_setaccess makes aclrtMemSetAccess return 207000, as with a
+// driver that lacks halMemSetAccess.
+API void fakeacl_set_no_setaccess(int on) {
+    pthread_mutex_lock(&mu);
+    no_setaccess = on;
+    pthread_mutex_unlock(&mu);
+}
+
+// fakeacl_inject makes the nth next call of fn fail with code (nth ≥ 1), for
+// calls that get past the context check. nth 0 disarms fn. It returns 0, or -1
+// when fn is too long or the table is full.
+API int fakeacl_inject(const char *fn, int nth, int code) {
+    if (strlen(fn) >= sizeof injects[0].fn) return -1;
+    pthread_mutex_lock(&mu);
+    struct inject *slot = NULL;
+    for (size_t i = 0; i < sizeof injects / sizeof injects[0]; i++) {
+        if (strcmp(injects[i].fn, fn) == 0 || (slot == NULL && injects[i].countdown == 0)) slot = &injects[i];
+        if (strcmp(injects[i].fn, fn) == 0) break;
+    }
+    if (slot == NULL) {
+        pthread_mutex_unlock(&mu);
+        return -1;
+    }
+    strcpy(slot->fn, fn);
+    slot->countdown = nth;
+    slot->code = code;
+    pthread_mutex_unlock(&mu);
+    return 0;
+}
+
+// fakeacl_clear_context leaves the calling thread with no current context,
+// as a thread that never set one.
+API void fakeacl_clear_context(void) { cur = NULL; }
+
+// fakeacl_submit_read queues device work on dev that reads [addr, addr+n),
+// until the next aclrtSynchronizeDevice on dev.
+API void fakeacl_submit_read(int32_t dev, uintptr_t addr, size_t n) {
+    pthread_mutex_lock(&mu);
+    GROW(works, nworks, capworks);
+    works[nworks++] = (struct work){dev, addr, n};
+    pthread_mutex_unlock(&mu);
+}
+
+// fakeacl_drain finishes all queued device work, as if every device had
+// been synchronised.
+API void fakeacl_drain(void) {
+    pthread_mutex_lock(&mu);
+    nworks = 0;
+    pthread_mutex_unlock(&mu);
+}
+
+// fakeacl_live reports the live reservations, mappings and physical memory.
+API void fakeacl_live(fakeacl_live_t *out) {
+    pthread_mutex_lock(&mu);
+    *out = live;
+    pthread_mutex_unlock(&mu);
+}
+
+// fakeacl_stats reports the runtime's other state.
+API void fakeacl_stats(fakeacl_stats_t *out) {
+    pthread_mutex_lock(&mu);
+    memset(out, 0, sizeof *out);
+    out->initialised = initialised;
+    out->init_calls = init_calls;
+    out->finalize_calls = finalize_calls;
+    for (int i = 0; i < MAXDEV; i++) {
+        out->device_refs += dev_refs[i];
+        out->contexts_alive += dev_ctx[i] != NULL;
+    }
+    for (int i = 0; i < MAXSTREAM; i++) out->streams_alive += streams[i].alive;
+    out->sync_device_calls = sync_calls;
+    out->pending_work = nworks;
+    out->faults = faults;
+    out->no_context_errors = no_ctx_errors;
+    out->set_context_calls = set_ctx_calls;
+    out->threads_seen = threads_seen;
+    pthread_mutex_unlock(&mu);
+}
+
+// fakeacl_layout writes the sizes and offsets of the C structs, in the order
+// the Go test lists them, and returns how many it wrote (at most n).
+API size_t fakeacl_layout(uint64_t *out, size_t n) {
+    const uint64_t v[] = {
+        sizeof(aclrtMemLocation),
+        offsetof(aclrtMemLocation, id),
+        offsetof(aclrtMemLocation, type),
+        sizeof(aclrtPhysicalMemProp),
+        offsetof(aclrtPhysicalMemProp, handleType),
+        offsetof(aclrtPhysicalMemProp, allocationType),
+        offsetof(aclrtPhysicalMemProp, memAttr),
+        offsetof(aclrtPhysicalMemProp, location),
+        offsetof(aclrtPhysicalMemProp, reserve),
+        sizeof(aclrtMemAccessDesc),
+        offsetof(aclrtMemAccessDesc, flags),
+        offsetof(aclrtMemAccessDesc, location),
+        offsetof(aclrtMemAccessDesc, rsv),
+        sizeof(fakeacl_live_t),
+        sizeof(aclrtMemGranularityOptions),
+        sizeof(aclrtMemcpyKind),
+    };
+    size_t k = sizeof v / sizeof v[0];
+    if (k > n) k = n;
+    memcpy(out, v, k * sizeof v[0]);
+    return k;
+}
+
+// fakeacl_last_prop writes the fields of the last aclrtPhysicalMemProp a
+// call was handed, read by name: handleType, allocationType, memAttr,
+// location.id, location.type, reserve.
+API void fakeacl_last_prop(uint64_t out[6]) {
+    pthread_mutex_lock(&mu);
+    out[0] = (uint64_t)(int64_t)last_prop.handleType;
+    out[1] = (uint64_t)(int64_t)last_prop.allocationType;
+    out[2] = (uint64_t)(int64_t)last_prop.memAttr;
+    out[3] = last_prop.location.id;
+    out[4] = (uint64_t)(int64_t)last_prop.location.type;
+    out[5] = last_prop.reserve;
+    pthread_mutex_unlock(&mu);
+}
+
+// fakeacl_last_desc writes the fields of descriptor i of the last
+// aclrtMemSetAccess call (flags, location.id, location.type, rsv[0],
+// rsv[11]) and returns that call's count.
+API size_t fakeacl_last_desc(size_t i, uint64_t out[5]) {
+    pthread_mutex_lock(&mu);
+    size_t n = last_desc_count;
+    if (i < 4) {
+        out[0] = (uint64_t)(int64_t)last_desc[i].flags;
+        out[1] = last_desc[i].location.id;
+        out[2] = (uint64_t)(int64_t)last_desc[i].location.type;
+        out[3] = last_desc[i].rsv[0];
+        out[4] = last_desc[i].rsv[11];
+    }
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+#endif // FAKEACL_COMPAT_ONLY

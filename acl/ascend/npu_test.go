@@ -5,7 +5,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -69,52 +68,6 @@ func TestNPUConformance(t *testing.T) {
 func TestNPUArena(t *testing.T) {
 	openNPU(t)
 	arenatest.Run(t, func(t testing.TB, capacity uintptr) acl.Driver {
-		return &budget{Driver: openNPU(t), capacity: capacity, sizes: map[acl.PhysicalHandle]uintptr{}}
+		return arenatest.Capped(openNPU(t), capacity)
 	})
-}
-
-// budget gives a real device the capacity the arena suite asks for: a
-// MallocPhysical past it fails with 207001, as the device would when full.
-type budget struct {
-	acl.Driver
-	capacity uintptr
-
-	mu    sync.Mutex
-	used  uintptr
-	sizes map[acl.PhysicalHandle]uintptr
-}
-
-func (b *budget) MallocPhysical(size uintptr, p *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.used+size > b.capacity {
-		return 0, acl.Errorf("aclrtMallocPhysical", acl.ErrCodeRTMemoryAllocation, "test budget: %d of %d bytes in use",
-			b.used, b.capacity)
-	}
-	h, err := b.Driver.MallocPhysical(size, p, flags)
-	if err == nil {
-		b.used += size
-		b.sizes[h] = size
-	}
-	return h, err
-}
-
-func (b *budget) FreePhysical(h acl.PhysicalHandle) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	err := b.Driver.FreePhysical(h)
-	if err == nil {
-		b.used -= b.sizes[h]
-		delete(b.sizes, h)
-	}
-	return err
-}
-
-func (b *budget) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
-	if _, _, err := b.Driver.GetMemInfo(attr); err != nil {
-		return 0, 0, err
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.capacity - b.used, b.capacity, nil
 }

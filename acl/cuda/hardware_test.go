@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -65,59 +64,10 @@ func TestHardware(t *testing.T) {
 		// A GPU's memory cannot be shrunk for the out-of-memory tests, so a
 		// budget in front of the driver stands in for the capacity.
 		arenatest.Run(t, func(t testing.TB, capacity uintptr) acl.Driver {
-			return &capped{Driver: openGPU(t), capacity: capacity, sizes: map[acl.PhysicalHandle]uintptr{}}
+			return arenatest.Capped(openGPU(t), capacity)
 		})
 	})
 	t.Run("ChunkCosts", testChunkCosts)
-}
-
-// capped is a Driver whose MallocPhysical fails with 207001, as a full
-// device does, once the live allocations would pass capacity.
-type capped struct {
-	*Driver
-	mu       sync.Mutex
-	capacity uintptr
-	used     uintptr
-	sizes    map[acl.PhysicalHandle]uintptr
-}
-
-func (c *capped) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
-	c.mu.Lock()
-	if size > c.capacity-c.used {
-		c.mu.Unlock()
-		return 0, acl.Errorf("aclrtMallocPhysical", acl.ErrCodeRTMemoryAllocation, "budget of %d bytes spent", c.capacity)
-	}
-	c.used += size
-	c.mu.Unlock()
-	h, err := c.Driver.MallocPhysical(size, prop, flags)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err != nil {
-		c.used -= size
-		return 0, err
-	}
-	c.sizes[h] = size
-	return h, nil
-}
-
-func (c *capped) FreePhysical(h acl.PhysicalHandle) error {
-	err := c.Driver.FreePhysical(h)
-	if err == nil {
-		c.mu.Lock()
-		c.used -= c.sizes[h]
-		delete(c.sizes, h)
-		c.mu.Unlock()
-	}
-	return err
-}
-
-func (c *capped) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
-	if _, _, err := c.Driver.GetMemInfo(attr); err != nil {
-		return 0, 0, err
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.capacity - c.used, c.capacity, nil
 }
 
 // samples collects durations of one call.

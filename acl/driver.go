@@ -50,7 +50,10 @@ type Driver interface {
 	MemcpyHtoD(dst DevicePtr, src []byte) error
 	// MemcpyDtoH is aclrtMemcpy(dst, len(dst), src, len(dst), ACL_MEMCPY_DEVICE_TO_HOST).
 	MemcpyDtoH(dst []byte, src DevicePtr) error
-	// MemcpyDtoD is aclrtMemcpy(dst, n, src, n, ACL_MEMCPY_DEVICE_TO_DEVICE).
+	// MemcpyDtoD copies n bytes from src to dst on the device
+	// (ACL_MEMCPY_DEVICE_TO_DEVICE). ACL copies within reserved memory only
+	// with aclrtMemcpyAsync and 64-byte-aligned ends, so the Ascend binding
+	// does that plus a stream sync, and bounces other copies through the host.
 	// The ranges must not overlap (the devices leave that undefined).
 	MemcpyDtoD(dst, src DevicePtr, n uintptr) error
 	// Memset is aclrtMemset(ptr, n, value, n).

@@ -30,17 +30,31 @@ type Config struct {
 	// memory (at most 128 GiB, ACL's limit per reservation), halved until the
 	// driver grants it.
 	Reserve int64
+	// TrapStale is a debug mode that makes the memory Truncate and Reset drop
+	// unusable at once, so that a stale pointer into it fails loudly instead
+	// of reading or corrupting what the memory holds next. Truncate and Reset
+	// unmap every chunk above the new Len, as Shrink does (Cap becomes Len
+	// rounded up to the chunk size), and fill the dropped bytes of the chunk
+	// they keep in part with PoisonByte. A pointer into an unmapped chunk
+	// faults (on the host driver a Go program reading it through
+	// host.Driver.Bytes gets a fault, see runtime/debug.SetPanicOnFault); one
+	// into the kept chunk reads poison. It costs an unmap per chunk dropped, a
+	// map per chunk when the arena grows again, and a memset.
+	TrapStale bool
 }
 
-// MaxReserve is the largest reservation an arena supports (1 TiB): offsets
-// fit in 40 bits of the allocator's state word.
-const MaxReserve = 1 << lenBits
+// PoisonByte fills the bytes Truncate and Reset drop in TrapStale mode.
+const PoisonByte = 0xA5
 
-// The allocator's state word: the bytes in use (Len) in the low 40 bits, an
-// epoch above them that every Truncate, Shrink and Reset advances, and a
-// frozen bit that stops lock-free Allocs while one of those runs.
+// MaxReserve is the largest reservation an arena supports (1 TiB).
+const MaxReserve = 1 << 40
+
+// The allocator's state word: the bytes in use (Len) in the low 41 bits (room
+// for MaxReserve itself), an epoch above them that every Truncate, Shrink and
+// Reset advances, and a frozen bit that stops lock-free Allocs while one of
+// those runs.
 const (
-	lenBits   = 40
+	lenBits   = 41
 	lenMask   = 1<<lenBits - 1
 	frozen    = 1 << 63
 	epochOne  = 1 << lenBits
@@ -59,14 +73,25 @@ type Arena struct {
 	drv       acl.Driver
 	pool      *chunk.Pool
 	ownPool   bool
+	owner     chunk.Owner // who the pool lends chunks to, for scrubbing
+	trap      bool        // Config.TrapStale
 
 	mu     sync.Mutex    // serialises the slow path and everything that calls the driver
 	closed atomic.Bool   // set under mu; read without it by Buffer checks
-	chunks []chunk.Chunk // mapped chunks, in address order
+	chunks []chunk.Chunk // mapped chunks, in address order: chunk i at base + i×chunkSize
+	strays []stray       // chunks left mapped at or above Cap by a failed undo
 	peak   uint64        // the most bytes in use up to the last freeze
 	maps   uint64
 	unmaps uint64
 	grows  uint64
+}
+
+// A stray is a chunk the arena mapped, failed to use, and then failed to
+// unmap: it lies at or above Cap, outside the arena's bytes. The next Grow,
+// Shrink, Truncate in TrapStale mode, or Close unmaps it first.
+type stray struct {
+	at acl.DevicePtr
+	c  chunk.Chunk
 }
 
 // New reserves the arena's address space. It maps nothing: the first Grow or
@@ -90,13 +115,18 @@ func New(cfg Config) (*Arena, error) {
 		drv = d
 	}
 	if pool == nil {
-		p, err := chunk.New(drv, cfg.Chunk)
+		cc := cfg.Chunk
+		if isHost(drv) {
+			cc.FreshZeroed = true // fallocate hands out zeroed pages
+		}
+		p, err := chunk.New(drv, cc)
 		if err != nil {
 			return nil, fmt.Errorf("arena: %w", err)
 		}
 		pool, own = p, true
 	}
-	a := &Arena{drv: drv, pool: pool, ownPool: own, chunkSize: uint64(pool.ChunkSize())}
+	a := &Arena{drv: drv, pool: pool, ownPool: own, chunkSize: uint64(pool.ChunkSize()),
+		owner: chunk.NewOwner(), trap: cfg.TrapStale}
 	if err := a.reserve(uint64(cfg.Reserve)); err != nil {
 		if own {
 			err = errors.Join(err, pool.Close())
@@ -107,7 +137,43 @@ func New(cfg Config) (*Arena, error) {
 	return a, nil
 }
 
+// isHost reports whether d is the host driver, or a wrapper of it.
+func isHost(d acl.Driver) bool {
+	for {
+		switch x := d.(type) {
+		case *host.Driver:
+			return true
+		case interface{ Unwrap() acl.Driver }:
+			d = x.Unwrap()
+		default:
+			return false
+		}
+	}
+}
+
 func (a *Arena) roundUp(n uint64) uint64 { return (n + a.chunkSize - 1) / a.chunkSize * a.chunkSize }
+
+// at returns the device address of chunk i.
+func (a *Arena) at(i int) acl.DevicePtr { return a.base.Add(uintptr(uint64(i) * a.chunkSize)) }
+
+// errNotMade is returned by the methods of an Arena that New did not make.
+var errNotMade = fmt.Errorf("arena: %w: the Arena was not made by New", ErrInvalid)
+
+// lock takes mu for an operation on an open arena, or returns why it cannot.
+func (a *Arena) lock() error {
+	if a == nil {
+		return ErrClosed
+	}
+	if a.drv == nil {
+		return errNotMade
+	}
+	a.mu.Lock()
+	if a.closed.Load() {
+		a.mu.Unlock()
+		return ErrClosed
+	}
+	return nil
+}
 
 // reserve reserves size bytes, or, when size is 0, the device's memory
 // halved until the driver agrees.
@@ -130,6 +196,10 @@ func (a *Arena) reserve(size uint64) error {
 		return fmt.Errorf("%s: device memory: %w", op, err)
 	}
 	size = min(a.roundUp(uint64(total)), acl.MaxReserve/a.chunkSize*a.chunkSize)
+	if size < a.chunkSize {
+		return fmt.Errorf("%s: %w: chunk size %d exceeds the largest reservation %d", op, ErrInvalid, a.chunkSize,
+			min(a.roundUp(uint64(total)), acl.MaxReserve))
+	}
 	var errs []error
 	for size >= a.chunkSize {
 		p, err := a.drv.ReserveMemAddress(uintptr(size), 0, 0, 0)
@@ -191,6 +261,8 @@ func (a *Arena) Alloc(size, align int) (Buffer, error) {
 
 func (a *Arena) badAlloc(size, align int) error {
 	switch {
+	case a.drv == nil:
+		return errNotMade
 	case size < 0:
 		return fmt.Errorf("arena: alloc: %w: negative size %d", ErrInvalid, size)
 	case align <= 0 || align&(align-1) != 0:
@@ -200,11 +272,10 @@ func (a *Arena) badAlloc(size, align int) error {
 }
 
 func (a *Arena) allocSlow(size, align uint64) (Buffer, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return Buffer{}, ErrClosed
+	if err := a.lock(); err != nil {
+		return Buffer{}, err
 	}
+	defer a.mu.Unlock()
 	for {
 		s := a.state.Load() // never frozen: freezing happens under mu
 		start := (s&lenMask + align - 1) &^ (align - 1)
@@ -231,17 +302,13 @@ func (a *Arena) allocSlow(size, align uint64) (Buffer, error) {
 // budget exhausted), ErrExhausted (beyond the reservation), ErrInvalid
 // (negative n) or ErrClosed.
 func (a *Arena) Grow(n int) error {
-	if a == nil {
-		return ErrClosed
-	}
 	if n < 0 {
 		return fmt.Errorf("arena: grow: %w: negative size %d", ErrInvalid, n)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return ErrClosed
+	if err := a.lock(); err != nil {
+		return err
 	}
+	defer a.mu.Unlock()
 	l := a.state.Load() & lenMask
 	if uint64(n) > a.reserved-l {
 		return fmt.Errorf("arena: grow by %d bytes at %d: %w: %d bytes reserved", n, l, ErrExhausted, a.reserved)
@@ -253,25 +320,33 @@ func (a *Arena) Grow(n int) error {
 }
 
 // growLocked maps chunks until Cap ≥ target (≤ reserved). On failure it
-// unmaps what it mapped and returns the chunks to the pool.
+// unmaps what it mapped and returns the chunks to the pool, leaving Cap as it
+// was; a chunk it cannot unmap is left a stray.
 func (a *Arena) growLocked(target uint64) error {
 	c := a.cap.Load()
 	if target <= c {
 		return nil
 	}
-	newCap := a.roundUp(target)
-	need := int((newCap - c) / a.chunkSize)
+	// Strays lie where growth maps: they must go first.
+	if err := a.unstray(); err != nil {
+		return err
+	}
+	need := int((a.roundUp(target) - c) / a.chunkSize)
 	var err error
 	got := a.chunks
-	for i := range need {
+	for range need {
 		var ch chunk.Chunk
-		ch, err = a.pool.Get()
+		ch, err = a.pool.GetFor(a.owner)
 		if err != nil {
 			break
 		}
-		at := a.base.Add(uintptr(c + uint64(i)*a.chunkSize))
-		if err = a.pool.Map(at, ch); err != nil {
-			err = errors.Join(err, a.pool.Put(ch))
+		if err = a.pool.Map(a.at(len(got)), ch); err != nil {
+			if errors.Is(err, chunk.ErrMapped) {
+				a.maps++
+				got = append(got, ch) // still mapped: the rollback unmaps it
+			} else {
+				err = errors.Join(err, a.pool.Put(ch))
+			}
 			break
 		}
 		a.maps++
@@ -280,24 +355,96 @@ func (a *Arena) growLocked(target uint64) error {
 	if err == nil {
 		a.chunks = got
 		a.grows++
-		a.cap.Store(newCap)
+		a.cap.Store(uint64(len(got)) * a.chunkSize)
 		return nil
 	}
-	// Roll back, top down. Should an unmap fail, keep the chunks below it
-	// (they are mapped and contiguous) rather than leak them.
+	// Roll back, top down.
 	for i := len(got) - 1; i >= len(a.chunks); i-- {
-		at := a.base.Add(uintptr(c + uint64(i-len(a.chunks))*a.chunkSize))
-		if uerr := a.pool.Unmap(at); uerr != nil {
+		if uerr := a.pool.Unmap(a.at(i)); uerr != nil {
 			err = errors.Join(err, uerr)
-			a.cap.Store(c + uint64(i-len(a.chunks)+1)*a.chunkSize)
-			a.chunks = got[:i+1]
-			return err
+			a.strays = append(a.strays, stray{a.at(i), got[i]})
+			continue
 		}
 		a.unmaps++
 		err = errors.Join(err, a.pool.Put(got[i]))
 	}
 	clear(got[len(a.chunks):])
 	return err
+}
+
+// unstray unmaps the strays and gives them back to the pool. Those it cannot
+// unmap stay strays, and it returns the error.
+func (a *Arena) unstray() error {
+	var errs []error
+	kept := a.strays[:0]
+	for _, s := range a.strays {
+		if err := a.pool.Unmap(s.at); err != nil {
+			errs = append(errs, err)
+			kept = append(kept, s)
+			continue
+		}
+		a.unmaps++
+		errs = append(errs, a.pool.Put(s.c))
+	}
+	clear(a.strays[len(kept):])
+	a.strays = kept
+	return errors.Join(errs...)
+}
+
+// detach unmaps chunks keep.. top down, in preparation for giving them back:
+// they stay in a.chunks, and Cap stays, until release (or reattach, to undo).
+// If an unmap fails, it maps back what it unmapped and returns the error.
+// Call with mu held and the state frozen.
+func (a *Arena) detach(keep int) error {
+	n := len(a.chunks)
+	for i := n - 1; i >= keep; i-- {
+		if err := a.pool.Release(a.at(i), a.chunks[i]); err != nil {
+			return errors.Join(err, a.reattach(i+1, n))
+		}
+		a.unmaps++
+	}
+	return nil
+}
+
+// reattach maps back chunks from..n-1, which detach unmapped; their physical
+// memory was kept, so no byte is lost. Should a map fail, the arena ends
+// below that chunk: Cap drops there, the chunks above go back to the pool
+// (the caller's thaw brings Len down to Cap), and it returns the error.
+func (a *Arena) reattach(from, n int) error {
+	for j := from; j < n; j++ {
+		err := a.pool.Map(a.at(j), a.chunks[j])
+		if err == nil {
+			a.maps++
+			continue
+		}
+		k := j
+		if errors.Is(err, chunk.ErrMapped) {
+			a.maps++
+			a.strays = append(a.strays, stray{a.at(j), a.chunks[j]})
+			k++
+		}
+		for ; k < n; k++ {
+			err = errors.Join(err, a.pool.Put(a.chunks[k]))
+		}
+		clear(a.chunks[j:n])
+		a.chunks = a.chunks[:j]
+		a.cap.Store(uint64(j) * a.chunkSize)
+		return err
+	}
+	return nil
+}
+
+// release gives the chunks detach unmapped (keep..) back to the pool and
+// lowers Cap to match.
+func (a *Arena) release(keep int) error {
+	var errs []error
+	for i := keep; i < len(a.chunks); i++ {
+		errs = append(errs, a.pool.Put(a.chunks[i]))
+	}
+	clear(a.chunks[keep:])
+	a.chunks = a.chunks[:keep]
+	a.cap.Store(uint64(keep) * a.chunkSize)
+	return errors.Join(errs...)
 }
 
 // freeze stops lock-free Allocs and returns the state word. Call with mu held.
@@ -311,35 +458,59 @@ func (a *Arena) freeze() uint64 {
 	}
 }
 
-// thaw sets Len to n, advances the epoch (so an Alloc that read the state
-// before the freeze fails its compare-and-swap) and lets Allocs run again.
+// thaw sets Len to n (or Cap, if a failure left Cap below n), advances the
+// epoch (so an Alloc that read the state before the freeze fails its
+// compare-and-swap) and lets Allocs run again. Call with mu held.
 func (a *Arena) thaw(s, n uint64) {
-	a.state.Store((s+epochOne)&epochMask | n)
+	a.state.Store((s+epochOne)&epochMask | min(n, a.cap.Load()))
 }
 
 // Truncate drops every allocation at or above offset n (0 ≤ n ≤ Len), like
-// reslicing s[:n]: Len becomes n, and Cap stays. Buffers above n must not be
-// used afterwards; copies through them fail with ErrRange.
+// reslicing s[:n]: Len becomes n, and Cap stays (in TrapStale mode, Cap drops
+// to n rounded up to the chunk size). Buffers above n must not be used
+// afterwards; copies through them fail with ErrRange.
 func (a *Arena) Truncate(n int) error {
-	if a == nil {
-		return ErrClosed
+	if err := a.lock(); err != nil {
+		return err
 	}
-	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return ErrClosed
-	}
 	s := a.freeze()
-	if n < 0 || uint64(n) > s&lenMask {
-		a.thaw(s, s&lenMask)
-		return fmt.Errorf("arena: truncate to %d: %w: length is %d", n, ErrRange, s&lenMask)
+	l := s & lenMask
+	if n < 0 || uint64(n) > l {
+		a.thaw(s, l)
+		return fmt.Errorf("arena: truncate to %d: %w: length is %d", n, ErrRange, l)
+	}
+	if a.trap {
+		if err := a.trapDropped(uint64(n), l); err != nil {
+			a.thaw(s, l)
+			return fmt.Errorf("arena: truncate to %d: %w", n, err)
+		}
 	}
 	a.thaw(s, uint64(n))
 	return nil
 }
 
+// trapDropped makes the bytes [n, l) that Truncate drops unusable: it unmaps
+// the chunks above n and poisons the rest. Call with mu held and the state
+// frozen.
+func (a *Arena) trapDropped(n, l uint64) error {
+	if err := a.unstray(); err != nil {
+		return err
+	}
+	keep := int(a.roundUp(n) / a.chunkSize)
+	if err := a.detach(keep); err != nil {
+		return err
+	}
+	if end := min(l, uint64(keep)*a.chunkSize); end > n {
+		if err := a.drv.Memset(a.base.Add(uintptr(n)), PoisonByte, uintptr(end-n)); err != nil {
+			return errors.Join(fmt.Errorf("poison: %w", err), a.reattach(keep, len(a.chunks)))
+		}
+	}
+	return a.release(keep)
+}
+
 // Reset drops every allocation: Truncate(0). The memory stays mapped for
-// reuse; Shrink gives it back.
+// reuse (except in TrapStale mode); Shrink gives it back.
 func (a *Arena) Reset() error { return a.Truncate(0) }
 
 // Shrink unmaps the chunks wholly above Len and returns them to the pool
@@ -348,93 +519,71 @@ func (a *Arena) Reset() error { return a.Truncate(0) }
 // back (their physical memory was kept, so no data is lost) and the arena is
 // as it was.
 func (a *Arena) Shrink() error {
-	if a == nil {
-		return ErrClosed
+	if err := a.lock(); err != nil {
+		return err
 	}
-	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return ErrClosed
-	}
 	s := a.freeze()
 	defer a.thaw(s, s&lenMask)
+	if err := a.unstray(); err != nil {
+		return fmt.Errorf("arena: shrink: %w", err)
+	}
 	keep := int(a.roundUp(s&lenMask) / a.chunkSize)
-	if err := a.unmapAbove(keep); err != nil {
+	if err := a.detach(keep); err != nil {
+		return fmt.Errorf("arena: shrink: %w", err)
+	}
+	if err := a.release(keep); err != nil {
 		return fmt.Errorf("arena: shrink: %w", err)
 	}
 	return nil
 }
 
-// unmapAbove unmaps chunks keep.. top down, then returns them to the pool.
-// It undoes the unmaps on failure. Call with mu held and the state frozen.
-func (a *Arena) unmapAbove(keep int) error {
-	n := len(a.chunks)
-	if keep >= n {
-		return nil
-	}
-	at := func(i int) acl.DevicePtr { return a.base.Add(uintptr(uint64(i) * a.chunkSize)) }
-	for i := n - 1; i >= keep; i-- {
-		err := a.pool.Unmap(at(i))
-		if err == nil {
-			a.unmaps++
-			continue
-		}
-		for j := i + 1; j < n; j++ {
-			if rerr := a.pool.Map(at(j), a.chunks[j]); rerr != nil {
-				// Chunks j.. stay unmapped: give them back and keep the
-				// arena consistent below them.
-				for k := j; k < n; k++ {
-					rerr = errors.Join(rerr, a.pool.Put(a.chunks[k]))
-				}
-				a.chunks = a.chunks[:j]
-				a.cap.Store(uint64(j) * a.chunkSize)
-				return errors.Join(err, rerr)
-			}
-			a.maps++
-		}
-		return err
-	}
-	var errs []error
-	for i := keep; i < n; i++ {
-		errs = append(errs, a.pool.Put(a.chunks[i]))
-		a.chunks[i] = chunk.Chunk{}
-	}
-	a.chunks = a.chunks[:keep]
-	a.cap.Store(uint64(keep) * a.chunkSize)
-	return errors.Join(errs...)
-}
-
-// Close unmaps every chunk, returns them to the pool (closing a private
-// pool), and releases the reservation. Buffers must not be used afterwards.
-// Close is safe to call more than once, and on a nil *Arena; later calls
-// return nil.
+// Close unmaps every chunk, releases the reservation, and returns the chunks
+// to the pool (closing a private pool). Buffers must not be used afterwards:
+// copies through them fail with ErrClosed. A failed Close leaves the arena
+// open and as it was, so it can be retried. Close is safe to call more than
+// once, and on a nil *Arena; later calls return nil, unless the private pool
+// failed to free memory, which they try again.
 func (a *Arena) Close() error {
 	if a == nil {
 		return nil
 	}
+	if a.drv == nil {
+		return errNotMade
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed.Load() {
+		if a.ownPool {
+			if err := a.pool.Close(); err != nil {
+				return fmt.Errorf("arena: close: %w", err)
+			}
+		}
 		return nil
 	}
 	s := a.freeze()
-	err := a.unmapAbove(0)
-	if err != nil {
+	fail := func(err error) error {
 		a.thaw(s, s&lenMask)
 		return fmt.Errorf("arena: close: %w", err)
 	}
-	if rerr := a.drv.ReleaseMemAddress(a.base); rerr != nil {
-		a.thaw(s, s&lenMask)
-		return fmt.Errorf("arena: close: %w", rerr)
+	if err := a.unstray(); err != nil {
+		return fail(err)
+	}
+	if err := a.detach(0); err != nil {
+		return fail(err)
+	}
+	if err := a.drv.ReleaseMemAddress(a.base); err != nil {
+		return fail(errors.Join(err, a.reattach(0, len(a.chunks))))
 	}
 	a.closed.Store(true)
-	a.cap.Store(0)
 	// Frozen for good: every Alloc takes the slow path and sees closed.
 	a.state.Store(frozen)
+	err := a.release(0)
 	if a.ownPool {
-		if perr := a.pool.Close(); perr != nil {
-			return fmt.Errorf("arena: close: %w", perr)
-		}
+		err = errors.Join(err, a.pool.Close())
+	}
+	if err != nil {
+		return fmt.Errorf("arena: close: %w", err)
 	}
 	return nil
 }
@@ -450,6 +599,7 @@ type Stats struct {
 	Maps      int64         // chunks mapped (driver MapMem calls)
 	Unmaps    int64         // chunks unmapped (driver UnmapMem calls)
 	Grows     int64         // growths that mapped at least one chunk
+	Strays    int           // chunks a failed undo left mapped above Cap; the next Grow, Shrink or Close unmaps them
 	Closed    bool
 }
 
@@ -468,6 +618,7 @@ func (a *Arena) Stats() Stats {
 		Maps:      int64(a.maps),
 		Unmaps:    int64(a.unmaps),
 		Grows:     int64(a.grows),
+		Strays:    len(a.strays),
 		Closed:    a.closed.Load(),
 	}
 }

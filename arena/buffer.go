@@ -66,6 +66,9 @@ func (b Buffer) check(op string) error {
 	if b.a == nil {
 		return fmt.Errorf("arena: %s: %w: zero Buffer", op, ErrInvalid)
 	}
+	if b.a.drv == nil {
+		return errNotMade
+	}
 	s := b.a.state.Load()
 	if b.a.closed.Load() {
 		return ErrClosed
@@ -117,7 +120,8 @@ func CopyOut[T Element](dst []T, src Buffer) error {
 
 // Copy copies src into the start of dst on the device
 // (aclrtMemcpy DEVICE_TO_DEVICE). The buffers may belong to different arenas
-// of the same driver; src.Len() ≤ dst.Len().
+// of the same driver; src.Len() ≤ dst.Len(). The bytes copied must not
+// overlap (ErrInvalid): device copies do not promise memmove's semantics.
 func Copy(dst, src Buffer) error {
 	if err := dst.check("copy"); err != nil {
 		return err
@@ -130,6 +134,9 @@ func Copy(dst, src Buffer) error {
 	}
 	if src.a.drv != dst.a.drv {
 		return fmt.Errorf("arena: copy: %w: buffers on different drivers", ErrInvalid)
+	}
+	if d, s := dst.Ptr(), src.Ptr(); src.n > 0 && d < s.Add(src.n) && s < d.Add(src.n) {
+		return fmt.Errorf("arena: copy %v to %v: %w: %d bytes overlap", src, dst, ErrInvalid, src.n)
 	}
 	if err := dst.a.drv.MemcpyDtoD(dst.Ptr(), src.Ptr(), src.n); err != nil {
 		return fmt.Errorf("arena: copy: %w", err)

@@ -34,8 +34,36 @@
 // Every operation either succeeds or leaves the arena as it was: a Grow that
 // runs out of device memory in the middle of a multi-chunk growth unmaps what
 // it mapped and returns the chunks before it returns an error matching
-// ErrOutOfMemory. Errors from the driver carry the ACL operation and code
-// (*acl.Error).
+// ErrOutOfMemory; a Shrink or Close whose unmap or release fails maps back
+// what it had unmapped (the physical memory was kept, so no byte is lost), and
+// a failed Close leaves the arena open, to be closed again. Errors from the
+// driver carry the ACL operation and code (*acl.Error).
+//
+// Should the undo itself fail (a second fault in one operation), the arena
+// stays consistent with the driver and loses only what it was undoing: a
+// chunk it cannot unmap is kept as a stray above Cap (Stats.Strays) and
+// unmapped by the next Grow, Shrink or Close; a chunk it cannot map back
+// lowers Cap, and Len with it if need be. Bytes below Len never change.
+//
+// Bad arguments (negative or overflowing sizes, alignments that are not
+// powers of two, ranges outside the bytes in use, overlapping copies, an
+// Arena not made by New) return an error matching ErrInvalid or ErrRange,
+// change nothing and never panic; a closed arena returns ErrClosed, and a nil
+// *Arena behaves as a closed one in every method that returns an error.
+//
+// # Tenants
+//
+// Arenas that share a pool are tenants of it: the pool's budget caps what
+// they hold together (a tenant that hits it gets ErrOutOfMemory, and nobody
+// else is disturbed), and a chunk one arena gives back reaches another only
+// scrubbed (see package chunk). Each arena owns its reservation, so a pointer
+// into another arena's memory, or into a tail Shrink unmapped, faults rather
+// than reading the bytes the chunk holds next.
+//
+// Config.TrapStale is a debug mode that extends this to Truncate and Reset:
+// the chunks they drop are unmapped at once and the dropped bytes of the
+// chunk kept in part are filled with PoisonByte, so a stale pointer faults or
+// reads poison.
 //
 // # Devices
 //

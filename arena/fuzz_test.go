@@ -1,0 +1,45 @@
+package arena_test
+
+import (
+	"testing"
+
+	"github.com/vmarena/vmarena/acl/faultdriver"
+	"github.com/vmarena/vmarena/chunk"
+)
+
+// FuzzModel lets the fuzzer choose the model's operations (see
+// model_test.go). The first byte picks the configuration, the next two a
+// driver call to fail (0: none), and the rest every decision of the
+// sequence. Every step is checked against the model; at the end nothing may
+// be left. The seed corpus is in testdata/fuzz/FuzzModel.
+//
+//	go test -run '^$' -fuzz '^FuzzModel$' -fuzztime=20s ./arena
+func FuzzModel(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9})
+	f.Add([]byte{1, 0, 5, 10, 20, 30, 40, 50, 60, 70, 80, 90, 99, 0, 255})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 3 {
+			return
+		}
+		cfg, pos := data[0], int(data[1])<<8|int(data[2])
+		o := defaultModelOpts()
+		o.ops = 300
+		if cfg&1 != 0 {
+			o.scrub = chunk.ScrubOnRelease
+		}
+		if cfg&2 != 0 {
+			o.byDevice = true
+		}
+		if cfg&4 != 0 {
+			o.maxCached = 1
+		}
+		if cfg&8 != 0 {
+			o.limit = 4
+		}
+		w := newWorld(t, &byteChooser{data[3:]}, o)
+		if pos > 0 {
+			w.fd.FailNth(faultdriver.Any, pos, 0)
+		}
+		w.run()
+	})
+}

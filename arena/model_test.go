@@ -1,0 +1,988 @@
+package arena_test
+
+// Model-based testing: random sequences of operations on several arenas that
+// share a budgeted pool, each checked against a simple reference model after
+// every step. TestModel runs seeded sequences; TestModelFaultEveryCall runs
+// one sequence again and again with a fault injected at each driver call
+// position in turn; TestModelRandomFaults lets faults fall at random, two or
+// more in one operation included; FuzzModel (fuzz_test.go) lets the fuzzer
+// choose the operations.
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/faultdriver"
+	"github.com/vmarena/vmarena/acl/host"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/chunk"
+)
+
+// chooser makes the model's random decisions.
+type chooser interface {
+	intn(n int) int // in [0, n); n ≥ 1
+	done() bool     // no more decisions: end the sequence
+}
+
+type rngChooser struct{ r *rand.Rand }
+
+func (c rngChooser) intn(n int) int { return c.r.IntN(n) }
+func (c rngChooser) done() bool     { return false }
+
+// byteChooser decodes decisions from fuzzer bytes: zeros once they run out.
+type byteChooser struct{ b []byte }
+
+func (c *byteChooser) intn(n int) int {
+	var v uint32
+	for k := n - 1; k > 0 && len(c.b) > 0; k >>= 8 {
+		v = v<<8 | uint32(c.b[0])
+		c.b = c.b[1:]
+	}
+	return int(v % uint32(n))
+}
+
+func (c *byteChooser) done() bool { return len(c.b) == 0 }
+
+// modelOpts configures a world.
+type modelOpts struct {
+	ops       int         // operations to run (a byteChooser may stop sooner)
+	limit     int         // chunks the pool may hold: its budget, or the device's capacity
+	byDevice  bool        // limit is the device's capacity, not a pool budget
+	maxCached int         // pool cache bound
+	maxArenas int         // arenas open at once
+	scrub     chunk.Scrub // pool scrub mode
+	// weak: faults may hit the undo of a failed operation (several faults in
+	// one operation), so a failed operation may lose what it was undoing; the
+	// model then checks only what must survive that: the arenas stay
+	// consistent with the driver, no byte below Len changes, nothing leaks.
+	weak bool
+}
+
+func defaultModelOpts() modelOpts {
+	return modelOpts{ops: 200, limit: 12, maxCached: 6, maxArenas: 4}
+}
+
+// modelCounts is what a run did, for the figures in docs/reliability.md.
+type modelCounts struct {
+	ops, failed, injected, badInputs, checks, bytesChecked, chunksScanned int64
+	faultFailed                                                           int64                // operations an injected fault failed
+	faultAbsorbed                                                         int64                // operations that succeeded despite one (a free the pool retries)
+	byKind                                                                [len(faultOps)]int64 // faults injected, per kind of call
+}
+
+var faultOps = [...]faultdriver.Op{
+	faultdriver.MallocPhysical, faultdriver.FreePhysical, faultdriver.ReserveMemAddress,
+	faultdriver.ReleaseMemAddress, faultdriver.MapMem, faultdriver.UnmapMem, faultdriver.MemSetAccess,
+	faultdriver.MemcpyHtoD, faultdriver.MemcpyDtoH, faultdriver.MemcpyDtoD, faultdriver.Memset,
+}
+
+func (c *modelCounts) add(d modelCounts) {
+	c.ops += d.ops
+	c.failed += d.failed
+	c.faultFailed += d.faultFailed
+	c.faultAbsorbed += d.faultAbsorbed
+	for i := range c.byKind {
+		c.byKind[i] += d.byKind[i]
+	}
+	c.injected += d.injected
+	c.badInputs += d.badInputs
+	c.checks += d.checks
+	c.bytesChecked += d.bytesChecked
+	c.chunksScanned += d.chunksScanned
+}
+
+// kinds lists the faults injected per kind of call.
+func (c *modelCounts) kinds() string {
+	var parts []string
+	for i, n := range c.byKind {
+		if n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", faultOps[i], n))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// world is the system under test beside its model.
+type world struct {
+	t      testing.TB
+	c      chooser
+	o      modelOpts
+	hd     *host.Driver
+	fd     *faultdriver.Driver
+	pool   *chunk.Pool
+	cs     int
+	open   []*marena
+	closed []*marena
+	stale  []mbuf // buffers dropped by Truncate or Reset
+	tags   int
+	n      modelCounts
+	trace  []string
+	inject int64 // fd.Injected(Any) before the current operation
+}
+
+// marena is the model of one arena.
+type marena struct {
+	a        *arena.Arena
+	id       int
+	base     acl.DevicePtr
+	reserved int
+	len, cap int
+	trap     bool
+	tag      byte // high nibble of every byte this arena writes
+	bufs     []mbuf
+	shadow   map[int]byte // bytes known to be at these offsets, all below len
+	seen     [256]bool    // byte values that may be in the arena's memory
+}
+
+type mbuf struct {
+	m    *marena
+	b    arena.Buffer
+	off  int
+	n    int
+	data bool // whether it was ever written (for stale checks)
+}
+
+func newWorld(t testing.TB, c chooser, o modelOpts) *world {
+	const g = acl.HugePageSize
+	capacity := uintptr(o.limit) * g
+	if !o.byDevice || o.limit == 0 {
+		capacity = 256 << 20
+	}
+	hd, err := host.New(host.Config{Capacity: capacity})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{t: t, c: c, o: o, hd: hd, fd: faultdriver.New(hd)}
+	budget := int64(0)
+	if !o.byDevice {
+		budget = int64(o.limit) * g
+	}
+	w.pool, err = chunk.New(w.fd, chunk.Config{Budget: budget, MaxCached: o.maxCached, Scrub: o.scrub, FreshZeroed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.cs = w.pool.ChunkSize()
+	return w
+}
+
+func (w *world) fatalf(format string, args ...any) {
+	w.t.Helper()
+	w.t.Fatalf("%s\nlast operations:\n  %s", fmt.Sprintf(format, args...), strings.Join(w.trace, "\n  "))
+}
+
+func (w *world) logf(format string, args ...any) {
+	s := fmt.Sprintf(format, args...)
+	if len(w.trace) == 12 {
+		copy(w.trace, w.trace[1:])
+		w.trace = w.trace[:11]
+	}
+	w.trace = append(w.trace, s)
+}
+
+func (w *world) roundUp(n int) int { return (n + w.cs - 1) / w.cs * w.cs }
+
+// run runs the operations, then tears everything down and checks that the
+// driver holds nothing.
+func (w *world) run() {
+	w.check()
+	for i := 0; i < w.o.ops && !w.c.done(); i++ {
+		w.inject = w.fd.Injected(faultdriver.Any)
+		w.step()
+		w.n.ops++
+		w.check()
+	}
+	w.teardown()
+}
+
+// faulted reports whether a fault was injected during the current operation.
+func (w *world) faulted() bool { return w.fd.Injected(faultdriver.Any) != w.inject }
+
+func isInjected(err error) bool {
+	var e *acl.Error
+	return errors.As(err, &e) && e.Msg == faultdriver.InjectedMsg
+}
+
+// settle checks an operation's error against the model's prediction (want:
+// nil for success, else a sentinel the error must match) and reports whether
+// the operation took effect. An injected fault may fail any operation.
+func (w *world) settle(op string, err, want error) bool {
+	w.t.Helper()
+	w.logf("%s -> %v", op, err)
+	if err == nil {
+		if w.faulted() {
+			w.n.faultAbsorbed++
+		}
+		if want != nil {
+			w.fatalf("%s succeeded, want an error matching %v (pool %+v)", op, want, w.pool.Stats())
+		}
+		return true
+	}
+	w.n.failed++
+	if w.faulted() && isInjected(err) {
+		w.n.faultFailed++
+		return false
+	}
+	if want == nil || !errors.Is(err, want) {
+		w.fatalf("%s: error %v, want %v", op, err, want)
+	}
+	return false
+}
+
+// afterFailure brings the model in line with an arena whose operation
+// failed. Without double faults a failed operation changes nothing, and the
+// check that follows proves it; with them, it may have lost what it was
+// undoing: Cap (and Len with it) may drop, and strays appear.
+func (w *world) afterFailure(m *marena) {
+	if !w.o.weak || m == nil {
+		return
+	}
+	if l := m.a.Len(); l < m.len {
+		m.dropAbove(l)
+	}
+	m.cap = m.a.Cap()
+}
+
+func (m *marena) dropAbove(n int) {
+	m.len = n
+	kept := m.bufs[:0]
+	for _, b := range m.bufs {
+		if b.off+b.n <= n {
+			kept = append(kept, b)
+		}
+	}
+	m.bufs = kept
+	for off := range m.shadow {
+		if off >= n {
+			delete(m.shadow, off)
+		}
+	}
+}
+
+// check compares every arena, the pool and the driver with the model.
+func (w *world) check() {
+	w.t.Helper()
+	w.n.checks++
+	var sumCap, sumRes, strays int
+	for _, m := range w.open {
+		s := m.a.Stats()
+		switch {
+		case m.a.Base() != m.base:
+			w.fatalf("arena %d: base moved from %v to %v", m.id, m.base, m.a.Base())
+		case s.Used != m.len || s.Mapped != m.cap || s.Reserved != m.reserved:
+			w.fatalf("arena %d: len/cap/reserved %d/%d/%d, model %d/%d/%d", m.id, s.Used, s.Mapped, s.Reserved, m.len, m.cap, m.reserved)
+		case s.Mapped%w.cs != 0 || s.Used > s.Mapped || s.Mapped > s.Reserved:
+			w.fatalf("arena %d: invariants broken: %+v", m.id, s)
+		case s.Strays != 0 && !w.o.weak:
+			w.fatalf("arena %d: %d strays without double faults", m.id, s.Strays)
+		case s.Maps-s.Unmaps != int64(s.Mapped/w.cs+s.Strays):
+			w.fatalf("arena %d: %d maps - %d unmaps, but %d chunks mapped", m.id, s.Maps, s.Unmaps, s.Mapped/w.cs+s.Strays)
+		}
+		sumCap += m.cap
+		sumRes += m.reserved
+		strays += s.Strays
+		if len(m.shadow) > 0 {
+			mem, err := w.hd.Bytes(m.base, uintptr(m.len))
+			if err != nil {
+				w.fatalf("arena %d: bytes in use are not all mapped: %v", m.id, err)
+			}
+			for off, v := range m.shadow {
+				if mem[off] != v {
+					w.fatalf("arena %d: byte at %d is %#x, want %#x", m.id, off, mem[off], v)
+				}
+			}
+			w.n.bytesChecked += int64(len(m.shadow))
+		}
+	}
+	live, ps := w.hd.Live(), w.pool.Stats()
+	mapped := sumCap/w.cs + strays
+	switch {
+	case live.Reservations != len(w.open) || live.ReservedBytes != uintptr(sumRes):
+		w.fatalf("driver holds %d reservations (%d bytes); model %d (%d)", live.Reservations, live.ReservedBytes, len(w.open), sumRes)
+	case live.Mappings != mapped || live.MappedBytes != uintptr(mapped*w.cs):
+		w.fatalf("driver holds %d mappings, arenas %d", live.Mappings, mapped)
+	case ps.InUse != mapped:
+		w.fatalf("pool lends %d chunks, arenas map %d", ps.InUse, mapped)
+	case live.Handles != ps.InUse+ps.Cached || live.PhysicalBytes != uintptr(ps.HeldBytes):
+		w.fatalf("driver holds %d handles (%d bytes), pool %d in use + %d cached (%d bytes)", live.Handles,
+			live.PhysicalBytes, ps.InUse, ps.Cached, ps.HeldBytes)
+	case w.o.limit > 0 && ps.HeldBytes > int64(w.o.limit*w.cs):
+		w.fatalf("pool holds %d bytes, over its limit of %d chunks", ps.HeldBytes, w.o.limit)
+	}
+}
+
+// fits predicts whether the pool can supply need more chunks to m, which
+// first gives back its strays, if any.
+func (w *world) fits(m *marena, need int) bool {
+	if w.o.limit == 0 {
+		return true
+	}
+	ps := w.pool.Stats()
+	misses := need - min(need, ps.Cached+m.a.Stats().Strays)
+	return int(ps.HeldBytes)+misses*w.cs <= w.o.limit*w.cs
+}
+
+var zeroBlock = make([]byte, 4096)
+
+// checkFresh checks the chunks an arena just mapped, [from, to): every byte
+// is zero or one the arena itself may have written. Another tenant's byte
+// there means a chunk changed owner without a scrub.
+func (w *world) checkFresh(m *marena, from, to int) {
+	if to <= from || w.o.scrub == chunk.ScrubNever {
+		return
+	}
+	mem, err := w.hd.Bytes(m.base.Add(uintptr(from)), uintptr(to-from))
+	if err != nil {
+		w.fatalf("arena %d: new chunks not mapped: %v", m.id, err)
+	}
+	w.n.chunksScanned += int64((to - from) / w.cs)
+	for i := 0; i < len(mem); i += len(zeroBlock) {
+		blk := mem[i : i+len(zeroBlock)]
+		if bytes.Equal(blk, zeroBlock) {
+			continue
+		}
+		for j, v := range blk {
+			if !m.seen[v] {
+				w.fatalf("arena %d: byte %#x at %d of a chunk it just mapped was written by another arena", m.id, v, from+i+j)
+			}
+		}
+	}
+}
+
+// pickArena returns an open arena, or nil.
+func (w *world) pickArena() *marena {
+	if len(w.open) == 0 {
+		return nil
+	}
+	return w.open[w.c.intn(len(w.open))]
+}
+
+// pickBuf returns a live buffer with at least one byte, or false.
+func (w *world) pickBuf() (mbuf, bool) {
+	m := w.pickArena()
+	if m == nil || len(m.bufs) == 0 {
+		return mbuf{}, false
+	}
+	b := m.bufs[w.c.intn(len(m.bufs))]
+	return b, b.n > 0
+}
+
+func (w *world) step() {
+	if len(w.open) == 0 {
+		w.newArena()
+		return
+	}
+	switch k := w.c.intn(100); {
+	case k < 5:
+		w.newArena()
+	case k < 25:
+		w.alloc()
+	case k < 34:
+		w.grow()
+	case k < 48:
+		w.write()
+	case k < 56:
+		w.read()
+	case k < 61:
+		w.copyDtoD()
+	case k < 64:
+		w.fill()
+	case k < 68:
+		w.slice()
+	case k < 75:
+		w.truncate(false)
+	case k < 78:
+		w.truncate(true)
+	case k < 85:
+		w.shrink()
+	case k < 88:
+		w.closeArena()
+	case k < 93:
+		w.useDropped()
+	default:
+		w.badInput()
+	}
+}
+
+func (w *world) newArena() {
+	if len(w.open) >= w.o.maxArenas {
+		w.alloc()
+		return
+	}
+	k := 1 + w.c.intn(8)
+	reserve := k*w.cs - w.c.intn(w.cs)
+	trap := w.c.intn(4) == 0
+	a, err := arena.New(arena.Config{Pool: w.pool, Reserve: int64(reserve), TrapStale: trap})
+	if !w.settle(fmt.Sprintf("New(reserve %d, trap %v)", reserve, trap), err, nil) {
+		return
+	}
+	w.tags++
+	tag := byte(w.tags%14 + 1)
+	if tag >= 0xA {
+		tag++ // PoisonByte's nibble is nobody's tag
+	}
+	m := &marena{a: a, id: w.tags, base: a.Base(), reserved: k * w.cs, trap: trap, tag: tag << 4,
+		shadow: make(map[int]byte)}
+	m.seen[0] = true
+	for v := range 16 {
+		m.seen[m.tag|byte(v)] = true
+	}
+	if trap {
+		m.seen[arena.PoisonByte] = true
+	}
+	if m.base%acl.DevicePtr(w.cs) != 0 {
+		w.fatalf("arena %d: base %v is not chunk-aligned", m.id, m.base)
+	}
+	w.open = append(w.open, m)
+}
+
+// grow predicts and checks a Grow.
+func (w *world) grow() {
+	m := w.pickArena()
+	var n int
+	switch w.c.intn(10) {
+	case 0:
+		n = 0
+	case 1:
+		n = m.reserved - m.len + 1 + w.c.intn(w.cs) // past the reservation
+	default:
+		n = w.c.intn(3 * w.cs)
+	}
+	var want error
+	target := m.len + n
+	newCap := max(m.cap, w.roundUp(target))
+	switch {
+	case n > m.reserved-m.len:
+		want = arena.ErrExhausted
+	case !w.fits(m, (newCap-m.cap)/w.cs):
+		want = arena.ErrOutOfMemory
+	}
+	err := m.a.Grow(n)
+	if w.settle(fmt.Sprintf("a%d.Grow(%d) len %d cap %d", m.id, n, m.len, m.cap), err, want) {
+		old := m.cap
+		m.cap = newCap
+		w.checkFresh(m, old, newCap)
+		return
+	}
+	w.afterFailure(m)
+}
+
+func (w *world) alloc() {
+	m := w.pickArena()
+	var size int
+	switch w.c.intn(10) {
+	case 0:
+		size = 0
+	case 1, 2, 3, 4, 5:
+		size = 1 + w.c.intn(4096)
+	case 6, 7, 8:
+		size = 1 + w.c.intn(w.cs/2)
+	default:
+		size = 1 + w.c.intn(2*w.cs+w.cs/2)
+	}
+	align := 1 << w.c.intn(13)
+	start := (m.len + align - 1) &^ (align - 1)
+	end := start + size
+	newCap := max(m.cap, w.roundUp(end))
+	var want error
+	switch {
+	case end > m.reserved:
+		want = arena.ErrExhausted
+	case !w.fits(m, (newCap-m.cap)/w.cs):
+		want = arena.ErrOutOfMemory
+	}
+	b, err := m.a.Alloc(size, align)
+	if !w.settle(fmt.Sprintf("a%d.Alloc(%d, %d) len %d cap %d", m.id, size, align, m.len, m.cap), err, want) {
+		w.afterFailure(m)
+		return
+	}
+	if b.Offset() != start || b.Len() != size || b.Ptr() != m.base.Add(uintptr(start)) || b.Arena() != m.a {
+		w.fatalf("a%d.Alloc(%d, %d) = %v, want offset %d", m.id, size, align, b, start)
+	}
+	old := m.cap
+	m.len, m.cap = end, newCap
+	m.bufs = append(m.bufs, mbuf{m: m, b: b, off: start, n: size})
+	w.checkFresh(m, old, newCap)
+}
+
+// span picks a subrange of at most max bytes of a buffer of n bytes.
+func (w *world) span(n, most int) (int, int) {
+	l := 1 + w.c.intn(min(n, most))
+	i := w.c.intn(n - l + 1)
+	return i, i + l
+}
+
+func (w *world) write() {
+	b, ok := w.pickBuf()
+	if !ok {
+		w.alloc()
+		return
+	}
+	m := b.m
+	i, j := w.span(b.n, 64)
+	if b.n <= 256 && w.c.intn(2) == 0 {
+		i, j = 0, b.n
+	}
+	data := make([]byte, j-i)
+	for k := range data {
+		data[k] = m.tag | byte(w.c.intn(16))
+	}
+	sub, err := b.b.Slice(i, j)
+	if err != nil {
+		w.fatalf("slice [%d:%d] of %v: %v", i, j, b.b, err)
+	}
+	if !w.settle(fmt.Sprintf("a%d.CopyIn(%d bytes at %d)", m.id, len(data), b.off+i), arena.CopyIn(sub, data), nil) {
+		w.afterFailure(m)
+		return
+	}
+	for k, v := range data {
+		m.shadow[b.off+i+k] = v
+	}
+}
+
+func (w *world) read() {
+	b, ok := w.pickBuf()
+	if !ok {
+		w.alloc()
+		return
+	}
+	m := b.m
+	i, j := w.span(b.n, 4096)
+	sub, _ := b.b.Slice(i, j)
+	got := make([]byte, j-i)
+	if !w.settle(fmt.Sprintf("a%d.CopyOut(%d bytes at %d)", m.id, len(got), b.off+i), arena.CopyOut(got, sub), nil) {
+		w.afterFailure(m)
+		return
+	}
+	for k, v := range got {
+		if want, ok := m.shadow[b.off+i+k]; ok && v != want {
+			w.fatalf("a%d: CopyOut byte %d is %#x, want %#x", m.id, b.off+i+k, v, want)
+		}
+	}
+	// A too-long copy is refused whole.
+	err := arena.CopyOut(make([]byte, b.n+1), b.b)
+	w.settle("CopyOut(one byte too many)", err, arena.ErrRange)
+	w.n.badInputs++
+}
+
+func (w *world) copyDtoD() {
+	src, ok1 := w.pickBuf()
+	dst, ok2 := w.pickBuf()
+	if !ok1 || !ok2 {
+		w.alloc()
+		return
+	}
+	n := 1 + w.c.intn(min(src.n, dst.n, 256))
+	si, di := w.c.intn(src.n-n+1), w.c.intn(dst.n-n+1)
+	s, _ := src.b.Slice(si, si+n)
+	d, _ := dst.b.Slice(di, di+n)
+	var want error
+	sp, dp := s.Ptr(), d.Ptr()
+	if dp < sp.Add(uintptr(n)) && sp < dp.Add(uintptr(n)) {
+		want = arena.ErrInvalid
+		w.n.badInputs++
+	}
+	op := fmt.Sprintf("Copy(a%d@%d <- a%d@%d, %d bytes)", dst.m.id, dst.off+di, src.m.id, src.off+si, n)
+	if !w.settle(op, arena.Copy(d, s), want) {
+		w.afterFailure(dst.m)
+		return
+	}
+	vals := make([]int, n) // -1: unknown
+	for k := range n {
+		vals[k] = -1
+		if v, ok := src.m.shadow[src.off+si+k]; ok {
+			vals[k] = int(v)
+		}
+	}
+	for k, v := range vals {
+		if v < 0 {
+			delete(dst.m.shadow, dst.off+di+k)
+		} else {
+			dst.m.shadow[dst.off+di+k] = byte(v)
+		}
+	}
+	if src.m != dst.m {
+		for v, ok := range src.m.seen {
+			dst.m.seen[v] = dst.m.seen[v] || ok
+		}
+	}
+}
+
+func (w *world) fill() {
+	b, ok := w.pickBuf()
+	if !ok {
+		w.alloc()
+		return
+	}
+	m := b.m
+	i, j := w.span(b.n, 512)
+	v := m.tag | byte(w.c.intn(16))
+	sub, _ := b.b.Slice(i, j)
+	if !w.settle(fmt.Sprintf("a%d.Fill(%d bytes at %d, %#x)", m.id, j-i, b.off+i, v), arena.Fill(sub, v), nil) {
+		w.afterFailure(m)
+		return
+	}
+	for k := b.off + i; k < b.off+j; k++ {
+		m.shadow[k] = v
+	}
+}
+
+func (w *world) slice() {
+	m := w.pickArena()
+	off, n := w.c.intn(m.len+2)-1, w.c.intn(m.len+2)-1
+	var want error
+	if off < 0 || n < 0 || off+n > m.len {
+		want = arena.ErrRange
+		w.n.badInputs++
+	}
+	b, err := m.a.Slice(off, n)
+	if w.settle(fmt.Sprintf("a%d.Slice(%d, %d) len %d", m.id, off, n, m.len), err, want) {
+		if b.Ptr() != m.base.Add(uintptr(off)) || b.Len() != n {
+			w.fatalf("a%d.Slice(%d, %d) = %v", m.id, off, n, b)
+		}
+	}
+}
+
+func (w *world) truncate(reset bool) {
+	m := w.pickArena()
+	n := 0
+	var want error
+	switch {
+	case reset:
+	case w.c.intn(10) == 0:
+		n = []int{-1, m.len + 1}[w.c.intn(2)]
+		want = arena.ErrRange
+		w.n.badInputs++
+	default:
+		n = w.c.intn(m.len + 1)
+	}
+	var err error
+	if reset {
+		err = m.a.Reset()
+	} else {
+		err = m.a.Truncate(n)
+	}
+	if !w.settle(fmt.Sprintf("a%d.Truncate(%d) len %d cap %d trap %v", m.id, n, m.len, m.cap, m.trap), err, want) {
+		w.afterFailure(m)
+		if w.o.scrub == chunk.ScrubOnRelease && m.trap && want == nil {
+			m.forgetAbove(n) // scrubbed on release before the failure
+		}
+		return
+	}
+	old := m.len
+	for _, b := range m.bufs {
+		if b.off+b.n > n {
+			w.stale = append(w.stale, b)
+		}
+	}
+	m.dropAbove(n)
+	if !m.trap {
+		return
+	}
+	m.cap = w.roundUp(n)
+	if end := min(old, m.cap); end > n {
+		mem, err := w.hd.Bytes(m.base.Add(uintptr(n)), uintptr(end-n))
+		if err != nil {
+			w.fatalf("a%d: kept chunk unmapped: %v", m.id, err)
+		}
+		for k, v := range mem {
+			if v != arena.PoisonByte {
+				w.fatalf("a%d: dropped byte %d is %#x, not poison", m.id, n+k, v)
+			}
+		}
+	}
+}
+
+// forgetAbove marks the bytes at and above n unknown.
+func (m *marena) forgetAbove(n int) {
+	for off := range m.shadow {
+		if off >= n {
+			delete(m.shadow, off)
+		}
+	}
+}
+
+func (w *world) shrink() {
+	m := w.pickArena()
+	if !w.settle(fmt.Sprintf("a%d.Shrink() len %d cap %d", m.id, m.len, m.cap), m.a.Shrink(), nil) {
+		w.afterFailure(m)
+		return
+	}
+	m.cap = w.roundUp(m.len)
+}
+
+func (w *world) closeArena() {
+	i := w.c.intn(len(w.open))
+	m := w.open[i]
+	if !w.settle(fmt.Sprintf("a%d.Close() len %d cap %d", m.id, m.len, m.cap), m.a.Close(), nil) {
+		w.afterFailure(m)
+		if w.o.scrub == chunk.ScrubOnRelease {
+			m.forgetAbove(0)
+		}
+		return
+	}
+	w.open = append(w.open[:i], w.open[i+1:]...)
+	w.closed = append(w.closed, m)
+}
+
+// useDropped uses what the caller no longer owns: a buffer above Len after
+// a Truncate, or an arena after Close. Each is refused, and changes nothing.
+func (w *world) useDropped() {
+	if len(w.closed) > 0 && w.c.intn(2) == 0 {
+		m := w.closed[w.c.intn(len(w.closed))]
+		w.n.badInputs += 8
+		_, err := m.a.Alloc(1, 1)
+		w.settle("closed.Alloc", err, arena.ErrClosed)
+		w.settle("closed.Grow", m.a.Grow(1), arena.ErrClosed)
+		w.settle("closed.Truncate", m.a.Truncate(0), arena.ErrClosed)
+		w.settle("closed.Shrink", m.a.Shrink(), arena.ErrClosed)
+		_, err = m.a.Slice(0, 0)
+		w.settle("closed.Slice", err, arena.ErrClosed)
+		w.settle("closed.Close", m.a.Close(), nil)
+		if len(m.bufs) > 0 {
+			b := m.bufs[0]
+			w.settle("closed buffer CopyIn", arena.CopyIn(b.b, []byte{m.tag}), arena.ErrClosed)
+			w.settle("closed buffer Fill", arena.Fill(b.b, m.tag), arena.ErrClosed)
+		}
+		return
+	}
+	for k := len(w.stale) - 1; k >= 0; k-- {
+		b := w.stale[k]
+		if b.m.a.Stats().Closed {
+			w.stale = append(w.stale[:k], w.stale[k+1:]...)
+			continue
+		}
+		if b.off+b.n <= b.m.len || b.n == 0 {
+			continue // in use again: a stale Buffer cannot tell (documented)
+		}
+		w.n.badInputs += 2
+		w.settle("stale CopyIn", arena.CopyIn(b.b, []byte{b.m.tag}), arena.ErrRange)
+		w.settle("stale CopyOut", arena.CopyOut(make([]byte, 1), b.b), arena.ErrRange)
+		return
+	}
+}
+
+// badInput makes a call with arguments the API rejects.
+func (w *world) badInput() {
+	m := w.pickArena()
+	w.n.badInputs++
+	const maxInt = int(^uint(0) >> 1)
+	switch w.c.intn(8) {
+	case 0:
+		_, err := m.a.Alloc(-1-w.c.intn(1<<20), 1)
+		w.settle("Alloc(negative)", err, arena.ErrInvalid)
+	case 1:
+		align := []int{0, -1, 3, 6, 1 << 31, -(1 << 62), maxInt}[w.c.intn(7)]
+		_, err := m.a.Alloc(1, align)
+		w.settle(fmt.Sprintf("Alloc(1, %d)", align), err, arena.ErrInvalid)
+	case 2:
+		// size + align wraps around: refused, nothing mapped.
+		_, err := m.a.Alloc(maxInt-w.c.intn(4096), 1<<w.c.intn(13))
+		w.settle("Alloc(huge)", err, arena.ErrExhausted)
+	case 3:
+		w.settle("Grow(negative)", m.a.Grow(-1-w.c.intn(100)), arena.ErrInvalid)
+	case 4:
+		w.settle("Grow(huge)", m.a.Grow(maxInt-w.c.intn(100)), arena.ErrExhausted)
+	case 5:
+		_, err := m.a.Slice(maxInt, maxInt)
+		w.settle("Slice(huge, huge)", err, arena.ErrRange)
+	case 6:
+		b, ok := w.pickBuf()
+		if !ok {
+			return
+		}
+		_, err := b.b.Slice(w.c.intn(b.n+1), b.n+1+w.c.intn(10))
+		w.settle("Buffer.Slice(past end)", err, arena.ErrRange)
+		_, err = b.b.Slice(1, 0)
+		w.settle("Buffer.Slice(j < i)", err, arena.ErrRange)
+	case 7:
+		b, ok := w.pickBuf()
+		if !ok {
+			return
+		}
+		w.settle("CopyIn(too long)", arena.CopyIn(b.b, make([]byte, b.n+1)), arena.ErrRange)
+	}
+}
+
+// teardown closes every arena and the pool, first with the faults still
+// armed (a Close that fails must change nothing), then with them off, and
+// checks that the driver holds nothing.
+func (w *world) teardown() {
+	for len(w.open) > 0 {
+		w.inject = w.fd.Injected(faultdriver.Any)
+		m := w.open[0]
+		err := m.a.Close()
+		if !w.settle(fmt.Sprintf("teardown a%d.Close()", m.id), err, nil) {
+			w.afterFailure(m)
+			if w.o.scrub == chunk.ScrubOnRelease {
+				m.forgetAbove(0)
+			}
+			w.check()
+			w.fd.Clear() // and try again
+			continue
+		}
+		w.open = w.open[1:]
+		w.check()
+	}
+	w.inject = w.fd.Injected(faultdriver.Any)
+	if err := w.pool.Close(); err != nil {
+		if !w.faulted() || !isInjected(err) {
+			w.fatalf("pool.Close: %v", err)
+		}
+		w.n.faultFailed++
+		ps := w.pool.Stats()
+		if l := w.hd.Live(); l.Handles != ps.Cached || ps.InUse != 0 {
+			w.fatalf("pool.Close failed and lost track: driver %+v, pool %+v", l, ps)
+		}
+		w.fd.Clear()
+		if err := w.pool.Close(); err != nil {
+			w.fatalf("second pool.Close: %v", err)
+		}
+	}
+	w.fd.Clear()
+	if l := w.hd.Live(); !l.Zero() {
+		w.fatalf("leaked: %+v", l)
+	}
+	w.n.injected += w.fd.Injected(faultdriver.Any)
+	for i, op := range faultOps {
+		w.n.byKind[i] += w.fd.Injected(op)
+	}
+	if err := w.hd.Close(); err != nil {
+		w.fatalf("driver.Close: %v", err)
+	}
+}
+
+// envInt reads a scale factor from the environment.
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// modelScale returns the sequence length and seed count for this run: the
+// environment variables prefix_OPS and prefix_SEEDS override them; -short
+// and -race cut them down.
+func modelScale(prefix string, ops, seeds int) (int, int) {
+	if testing.Short() || raceEnabled {
+		ops, seeds = ops/2, max(1, seeds/2)
+	}
+	return envInt(prefix+"_OPS", ops), envInt(prefix+"_SEEDS", seeds)
+}
+
+// TestModel runs seeded random sequences in each configuration, without
+// faults, so every outcome is predicted exactly.
+func TestModel(t *testing.T) {
+	ops, seeds := modelScale("VMARENA_MODEL", 300, 4)
+	configs := []struct {
+		name string
+		mod  func(*modelOpts)
+	}{
+		{"budget", func(*modelOpts) {}},
+		{"device-limit", func(o *modelOpts) { o.byDevice = true }},
+		{"no-limit-no-cache", func(o *modelOpts) { o.limit, o.maxCached = 0, -1 }},
+		{"scrub-on-release", func(o *modelOpts) { o.scrub = chunk.ScrubOnRelease }},
+		{"scrub-never", func(o *modelOpts) { o.scrub = chunk.ScrubNever }},
+	}
+	var total modelCounts
+	for _, cfg := range configs {
+		t.Run(cfg.name, func(t *testing.T) {
+			for seed := range seeds {
+				o := defaultModelOpts()
+				o.ops = ops
+				cfg.mod(&o)
+				w := newWorld(t, rngChooser{rand.New(rand.NewPCG(uint64(seed), 1))}, o)
+				w.run()
+				total.add(w.n)
+			}
+		})
+	}
+	t.Logf("model: %d sequences, %d operations (%d failed as predicted, %d bad inputs), %d checks, %d bytes compared, %d new chunks scanned for foreign bytes",
+		len(configs)*seeds, total.ops, total.failed, total.badInputs, total.checks, total.bytesChecked, total.chunksScanned)
+}
+
+// TestModelFaultEveryCall runs one sequence once to count its driver calls,
+// then once more per call position with that call failing, checking after
+// every operation that a failed one changed nothing, and at the end that
+// nothing leaked.
+func TestModelFaultEveryCall(t *testing.T) {
+	ops, seeds := modelScale("VMARENA_FAULT", 100, 1)
+	var (
+		mu        sync.Mutex
+		total     modelCounts
+		positions int
+	)
+	workers := runtime.GOMAXPROCS(0)
+	t.Run("runs", func(t *testing.T) {
+		for seed := range seeds {
+			for _, scrub := range []chunk.Scrub{chunk.ScrubOnReuse, chunk.ScrubOnRelease} {
+				mk := func(t testing.TB) *world {
+					o := defaultModelOpts()
+					o.ops, o.scrub = ops, scrub
+					if scrub == chunk.ScrubOnRelease {
+						o.maxCached = 2 // evictions: frees in the middle of operations
+					}
+					return newWorld(t, rngChooser{rand.New(rand.NewPCG(uint64(seed), 2))}, o)
+				}
+				w := mk(t)
+				before := w.fd.Calls(faultdriver.Any)
+				w.run()
+				calls := int(w.fd.Calls(faultdriver.Any) - before)
+				total.add(w.n)
+				positions += calls
+				// The positions, spread over parallel workers.
+				for i := range workers {
+					t.Run(fmt.Sprintf("seed%d-%v-%d", seed, scrub, i), func(t *testing.T) {
+						t.Parallel()
+						for k := 1 + i; k <= calls; k += workers {
+							w := mk(t)
+							w.fd.FailNth(faultdriver.Any, k, 0)
+							w.run()
+							if w.n.injected != 1 {
+								t.Fatalf("position %d: %d faults injected, want 1", k, w.n.injected)
+							}
+							mu.Lock()
+							total.add(w.n)
+							mu.Unlock()
+						}
+					})
+				}
+			}
+		}
+	})
+	t.Logf("fault at every call: %d call positions (each a run with that call failing; %s), %d operations, %d faults injected: %d operations failed by them and changed nothing, %d absorbed; %d checks, nothing leaked",
+		positions, total.kinds(), total.ops, total.injected, total.faultFailed, total.faultAbsorbed, total.checks)
+}
+
+// TestModelRandomFaults lets every driver call fail with some probability,
+// so faults also hit the undo of a failed operation. The model checks what
+// must survive that: every arena consistent with the driver, no byte below
+// Len changed, nothing leaked once the faults stop.
+func TestModelRandomFaults(t *testing.T) {
+	ops, seeds := modelScale("VMARENA_RANDOM", 300, 8)
+	var total modelCounts
+	for seed := range seeds {
+		o := defaultModelOpts()
+		o.ops, o.weak = ops, true
+		switch seed % 3 { // vary the pool
+		case 1:
+			o.scrub, o.maxCached = chunk.ScrubOnRelease, 2
+		case 2:
+			o.byDevice = true
+		}
+		w := newWorld(t, rngChooser{rand.New(rand.NewPCG(uint64(seed), 3))}, o)
+		w.fd.FailRandom(faultdriver.Any, 0.08, uint64(seed), 0)
+		w.run()
+		total.add(w.n)
+	}
+	t.Logf("random faults: %d sequences, %d operations, %d faults injected (%s): %d operations failed by them, %d absorbed; %d checks, nothing leaked",
+		seeds, total.ops, total.injected, total.kinds(), total.faultFailed, total.faultAbsorbed, total.checks)
+}

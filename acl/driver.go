@@ -92,3 +92,27 @@ type Counter interface {
 func ReadWrite(device int32) []MemAccessDesc {
 	return []MemAccessDesc{{Flags: MemAccessReadWrite, Location: MemLocation{ID: uint32(device), Type: MemLocationTypeDevice}}}
 }
+
+// Zeroing is implemented by drivers whose MallocPhysical always returns
+// zeroed memory, like the host driver (fallocate zeroes the pages it
+// commits). ACL and CUDA promise no such thing.
+type Zeroing interface {
+	PhysicalZeroed() bool
+}
+
+// PhysicalZeroed reports whether d, or the driver it wraps (through an
+// Unwrap() Driver method, as wrappers for tests provide), promises zeroed
+// physical memory.
+func PhysicalZeroed(d Driver) bool {
+	for d != nil {
+		if z, ok := d.(Zeroing); ok {
+			return z.PhysicalZeroed()
+		}
+		u, ok := d.(interface{ Unwrap() Driver })
+		if !ok {
+			return false
+		}
+		d = u.Unwrap()
+	}
+	return false
+}

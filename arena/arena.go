@@ -115,11 +115,7 @@ func New(cfg Config) (*Arena, error) {
 		drv = d
 	}
 	if pool == nil {
-		cc := cfg.Chunk
-		if isHost(drv) {
-			cc.FreshZeroed = true // fallocate hands out zeroed pages
-		}
-		p, err := chunk.New(drv, cc)
+		p, err := chunk.New(drv, cfg.Chunk)
 		if err != nil {
 			return nil, fmt.Errorf("arena: %w", err)
 		}
@@ -135,20 +131,6 @@ func New(cfg Config) (*Arena, error) {
 	}
 	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), 30)
 	return a, nil
-}
-
-// isHost reports whether d is the host driver, or a wrapper of it.
-func isHost(d acl.Driver) bool {
-	for {
-		switch x := d.(type) {
-		case *host.Driver:
-			return true
-		case interface{ Unwrap() acl.Driver }:
-			d = x.Unwrap()
-		default:
-			return false
-		}
-	}
 }
 
 func (a *Arena) roundUp(n uint64) uint64 { return (n + a.chunkSize - 1) / a.chunkSize * a.chunkSize }

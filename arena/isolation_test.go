@@ -201,7 +201,7 @@ func TestFreshChunksScrubbed(t *testing.T) {
 		require.NoError(t, pool.Close())
 		require.NoError(t, d.ReleaseMemAddress(scratch))
 	}
-	// On the host driver arena.New knows fresh memory is zero.
+	// The host driver says its fresh memory is zero (acl.Zeroing); the pool believes it.
 	d := isoDriver(t, 64<<20)
 	a := isoArena(t, arena.Config{Driver: d, Reserve: 8 << 20})
 	require.NoError(t, a.Grow(2*g))

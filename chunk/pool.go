@@ -96,9 +96,8 @@ type Config struct {
 	// FreshZeroed promises that the driver's MallocPhysical returns zeroed
 	// memory, so fresh chunks need no scrub. ACL does not promise it (the
 	// runtime clears memory it maps for itself), so on a device a fresh chunk
-	// may hold data freed by this or another process. The host driver's memory
-	// is zero (fallocate), and arena.New sets this for the private pools it
-	// makes on it.
+	// may hold data freed by this or another process. A driver that
+	// implements acl.Zeroing (the host driver) needs no promise.
 	FreshZeroed bool
 }
 
@@ -193,7 +192,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		fresh:     unknown,
 		out:       make(map[acl.PhysicalHandle]lease),
 	}
-	if cfg.FreshZeroed {
+	if cfg.FreshZeroed || acl.PhysicalZeroed(drv) {
 		p.fresh = zeroed
 	}
 	p.stats.ChunkSize = int(size)

@@ -94,6 +94,7 @@ type mapping struct {
 
 var _ acl.Driver = (*Driver)(nil)
 var _ acl.Counter = (*Driver)(nil)
+var _ acl.Zeroing = (*Driver)(nil)
 
 // New returns a host driver. It fails with an error wrapping
 // acl.ErrNotSupported on systems other than Linux.
@@ -153,6 +154,10 @@ func (d *Driver) Name() string { return "host" }
 
 // Device returns the configured device id.
 func (d *Driver) Device() int32 { return d.cfg.Device }
+
+// PhysicalZeroed reports true: fallocate hands out zeroed pages (see
+// acl.Zeroing), so a chunk pool need not scrub fresh chunks.
+func (d *Driver) PhysicalZeroed() bool { return true }
 
 // Capacity returns the simulated device memory in bytes.
 func (d *Driver) Capacity() uintptr { return d.cfg.Capacity }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/acltest"
+	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/acl/host"
 )
 
@@ -227,4 +228,13 @@ func TestDefault(t *testing.T) {
 func TestBadConfig(t *testing.T) {
 	_, err := host.New(host.Config{MapLimit: -1})
 	require.ErrorIs(t, err, acl.ErrInvalidParam)
+}
+
+func TestPhysicalZeroed(t *testing.T) {
+	d := newHost(t, host.Config{Capacity: 8 << 20})
+	defer d.Close()
+	require.True(t, acl.PhysicalZeroed(d))
+	require.True(t, acl.PhysicalZeroed(faultdriver.New(d)), "seen through a wrapper's Unwrap")
+	require.False(t, acl.PhysicalZeroed(struct{ acl.Driver }{d}), "a wrapper without Unwrap promises nothing")
+	require.False(t, acl.PhysicalZeroed(nil))
 }

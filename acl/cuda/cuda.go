@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/internal/rules"
 )
 
 // Config configures a CUDA driver. The zero value opens GPU 0 through
@@ -301,31 +302,6 @@ func (d *Driver) Live() acl.LiveCounts {
 	return d.live
 }
 
-// checkProp runs the ACL layer's checks of a PhysicalMemProp (acl-api.md
-// §6.2) with the host driver's codes, then the ones CUDA adds: only device
-// memory, on this device.
-func (d *Driver) checkProp(op string, prop *acl.PhysicalMemProp) error {
-	switch {
-	case prop == nil:
-		return fail(op, acl.ErrCodeInvalidParam, "prop is NULL")
-	case prop.HandleType != acl.MemHandleTypeNone:
-		return fail(op, acl.ErrCodeInvalidParam, "handleType %d: only ACL_MEM_HANDLE_TYPE_NONE is supported", prop.HandleType)
-	case prop.AllocationType != acl.MemAllocationTypePinned:
-		return fail(op, acl.ErrCodeInvalidParam, "allocationType %d: only ACL_MEM_ALLOCATION_TYPE_PINNED is supported", prop.AllocationType)
-	case prop.Location.Type == acl.MemLocationTypeUnregistered || prop.Location.Type == acl.MemLocationTypeManaged:
-		return fail(op, acl.ErrCodeInvalidParam, "location type %d is not allowed", prop.Location.Type)
-	case prop.Location.Type == acl.MemLocationTypeDevice && prop.MemAttr.DDR():
-		return fail(op, acl.ErrCodeInvalidParam, "memAttr %d is DDR memory, not allowed on a device location", prop.MemAttr)
-	case !prop.MemAttr.PhysicalSupported():
-		return fail(op, acl.ErrCodeInvalidParam, "memAttr %d is not supported for physical allocation", prop.MemAttr)
-	case prop.Location.Type != acl.MemLocationTypeDevice:
-		return fail(op, acl.ErrCodeRTFeatureNotSupport, "location type %d: the CUDA driver allocates device memory only", prop.Location.Type)
-	case int64(prop.Location.ID) != int64(d.cfg.Device):
-		return fail(op, acl.ErrCodeRTInvalidDeviceID, "device %d: this driver is device %d", prop.Location.ID, d.cfg.Device)
-	}
-	return nil
-}
-
 // pageOf returns the granularity of memory with attr: the device's minimum,
 // or for the HUGE1G attributes 1 GiB rounded up to a multiple of it.
 func (d *Driver) pageOf(attr acl.MemAttr) uintptr {
@@ -340,11 +316,11 @@ func (d *Driver) pageOf(attr acl.MemAttr) uintptr {
 // for the HUGE1G attributes.
 func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option acl.MemGranularityOptions) (uintptr, error) {
 	const op = "aclrtMemGetAllocationGranularity"
-	if err := d.checkProp(op, prop); err != nil {
+	if err := rules.Prop(op, prop, d.Device(), "CUDA"); err != nil {
 		return 0, err
 	}
-	if option != acl.GranularityMinimum && option != acl.GranularityRecommended {
-		return 0, fail(op, acl.ErrCodeRTFeatureNotSupport, "granularity option %d", option)
+	if err := rules.GranularityOption(op, option); err != nil {
+		return 0, err
 	}
 	if err := d.begin(op); err != nil {
 		return 0, err
@@ -363,30 +339,15 @@ func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option a
 // multiples of the granularity (HUGE1G sizes are rounded up to 1 GiB).
 func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
 	const op = "aclrtMallocPhysical"
-	switch {
-	case prop == nil:
-		return 0, fail(op, acl.ErrCodeInvalidParam, "prop is NULL")
-	case size == 0:
-		return 0, fail(op, acl.ErrCodeInvalidParam, "size is 0")
-	case flags != 0:
-		return 0, fail(op, acl.ErrCodeInvalidParam, "flags %#x: must be 0", flags)
-	}
-	if err := d.checkProp(op, prop); err != nil {
+	size, err := rules.Malloc(op, size, prop, flags, d.Device(), "CUDA", d.pageOf)
+	if err != nil {
 		return 0, err
-	}
-	if prop.Reserve != 0 {
-		return 0, fail(op, acl.ErrCodeRTParamInvalid, "prop reserve should be zero")
 	}
 	if err := d.begin(op); err != nil {
 		return 0, err
 	}
 	defer d.end()
 	page := d.pageOf(prop.MemAttr)
-	if prop.MemAttr.Huge1G() {
-		size = roundUp(size, page)
-	} else if size%page != 0 {
-		return 0, fail(op, acl.ErrCodeRTParamInvalid, "size %d is not a multiple of the granularity %d", size, page)
-	}
 
 	// cuMemCreate depends on no state of ours: it runs without the lock.
 	b, err := d.bind()
@@ -463,17 +424,8 @@ func (d *Driver) unrefLocked(h *handle) {
 // 1 GiB.
 func (d *Driver) ReserveMemAddress(size, alignment uintptr, expect acl.DevicePtr, flags uint64) (acl.DevicePtr, error) {
 	const op = "aclrtReserveMemAddress"
-	switch {
-	case size == 0:
-		return 0, fail(op, acl.ErrCodeInvalidParam, "size is 0")
-	case flags > 1:
-		return 0, fail(op, acl.ErrCodeInvalidParam, "flags %#x: must be 0 or 1", flags)
-	case alignment != 0:
-		return 0, fail(op, acl.ErrCodeRTParamInvalid, "alignment %d: must be 0", alignment)
-	case expect != 0:
-		return 0, fail(op, acl.ErrCodeRTFeatureNotSupport, "expectPtr %v: a chosen address is not supported", expect)
-	case size > d.cfg.MaxReserve:
-		return 0, fail(op, acl.ErrCodeRTParamInvalid, "size %d exceeds the per-call limit of %d bytes", size, d.cfg.MaxReserve)
+	if err := rules.Reserve(op, size, alignment, expect, flags, d.cfg.MaxReserve); err != nil {
+		return 0, err
 	}
 	if err := d.begin(op); err != nil {
 		return 0, err
@@ -575,17 +527,8 @@ func (d *Driver) mappingLocked(addr uintptr) (*reservation, int, *mapping) {
 // mapping has no access until MemSetAccess.
 func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.PhysicalHandle, flags uint64) error {
 	const op = "aclrtMapMem"
-	switch {
-	case ptr == 0:
-		return fail(op, acl.ErrCodeInvalidParam, "virPtr is NULL")
-	case id == 0:
-		return fail(op, acl.ErrCodeInvalidParam, "handle is NULL")
-	case size == 0:
-		return fail(op, acl.ErrCodeInvalidParam, "size is 0")
-	case flags != 0:
-		return fail(op, acl.ErrCodeInvalidParam, "flags %#x: must be 0", flags)
-	case offset != 0:
-		return fail(op, acl.ErrCodeRTParamInvalid, "offset %d: must be 0", offset)
+	if err := rules.Map(op, ptr, size, offset, id, flags); err != nil {
+		return err
 	}
 	if err := d.begin(op); err != nil {
 		return err
@@ -685,27 +628,8 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 // Granting access again is a no-op.
 func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
 	const op = "aclrtMemSetAccess"
-	switch {
-	case ptr == 0:
-		return fail(op, acl.ErrCodeInvalidParam, "virPtr is NULL")
-	case size == 0:
-		return fail(op, acl.ErrCodeInvalidParam, "size is 0")
-	case len(desc) == 0:
-		return fail(op, acl.ErrCodeInvalidParam, "no access descriptor")
-	}
-	for _, ds := range desc {
-		switch {
-		case ds.Flags != acl.MemAccessReadWrite:
-			return fail(op, acl.ErrCodeInvalidParam, "access flags %#x: only READWRITE is supported", ds.Flags)
-		case ds.Rsv != [12]byte{}:
-			return fail(op, acl.ErrCodeInvalidParam, "reserved bytes of the descriptor must be 0")
-		case ds.Location.Type == acl.MemLocationTypeHost:
-			return fail(op, acl.ErrCodeInvalidParam, "host location: CUDA grants access to device memory to devices only")
-		case ds.Location.Type == acl.MemLocationTypeDevice && int64(ds.Location.ID) != int64(d.cfg.Device):
-			return fail(op, acl.ErrCodeRTInvalidDeviceID, "device %d: this driver is device %d", ds.Location.ID, d.cfg.Device)
-		case ds.Location.Type != acl.MemLocationTypeDevice:
-			return fail(op, acl.ErrCodeInvalidParam, "location type %d", ds.Location.Type)
-		}
+	if err := rules.Access(op, ptr, size, desc, d.Device(), false); err != nil {
+		return err
 	}
 	if err := d.begin(op); err != nil {
 		return err

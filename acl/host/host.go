@@ -8,6 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/internal/rules"
 )
 
 // Config configures a host driver. The zero value is a strict device with a
@@ -191,34 +192,14 @@ func pageOf(attr acl.MemAttr) uintptr {
 	return acl.HugePageSize
 }
 
-// checkProp runs the ACL layer's checks of a PhysicalMemProp (acl-api.md §6.2).
-func (d *Driver) checkProp(op string, prop *acl.PhysicalMemProp) error {
-	switch {
-	case prop == nil:
-		return fail(op, acl.ErrCodeInvalidParam, "prop is NULL")
-	case prop.HandleType != acl.MemHandleTypeNone:
-		return fail(op, acl.ErrCodeInvalidParam, "handleType %d: only ACL_MEM_HANDLE_TYPE_NONE is supported", prop.HandleType)
-	case prop.AllocationType != acl.MemAllocationTypePinned:
-		return fail(op, acl.ErrCodeInvalidParam, "allocationType %d: only ACL_MEM_ALLOCATION_TYPE_PINNED is supported", prop.AllocationType)
-	case prop.Location.Type == acl.MemLocationTypeUnregistered || prop.Location.Type == acl.MemLocationTypeManaged:
-		return fail(op, acl.ErrCodeInvalidParam, "location type %d is not allowed", prop.Location.Type)
-	case prop.Location.Type == acl.MemLocationTypeDevice && prop.MemAttr.DDR():
-		return fail(op, acl.ErrCodeInvalidParam, "memAttr %d is DDR memory, not allowed on a device location", prop.MemAttr)
-	case !prop.MemAttr.PhysicalSupported():
-		return fail(op, acl.ErrCodeInvalidParam, "memAttr %d is not supported for physical allocation", prop.MemAttr)
-	case prop.Location.Type != acl.MemLocationTypeDevice:
-		return fail(op, acl.ErrCodeRTFeatureNotSupport, "location type %d: the host driver allocates device memory only", prop.Location.Type)
-	case int64(prop.Location.ID) != int64(d.cfg.Device):
-		return fail(op, acl.ErrCodeRTInvalidDeviceID, "device %d: this driver is device %d", prop.Location.ID, d.cfg.Device)
-	}
-	return nil
-}
-
 // MemGetAllocationGranularity returns 2 MiB, or 1 GiB for the HUGE1G
 // attributes, for both options.
 func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option acl.MemGranularityOptions) (uintptr, error) {
 	const op = "aclrtMemGetAllocationGranularity"
-	if err := d.checkProp(op, prop); err != nil {
+	if err := rules.Prop(op, prop, d.cfg.Device, "host"); err != nil {
+		return 0, err
+	}
+	if err := rules.GranularityOption(op, option); err != nil {
 		return 0, err
 	}
 	d.mu.Lock()
@@ -227,9 +208,6 @@ func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option a
 	if closed {
 		return 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
-	if option != acl.GranularityMinimum && option != acl.GranularityRecommended {
-		return 0, fail(op, acl.ErrCodeRTFeatureNotSupport, "granularity option %d", option)
-	}
 	return pageOf(prop.MemAttr), nil
 }
 
@@ -237,26 +215,11 @@ func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option a
 // when the capacity would be exceeded or the kernel has no memory left.
 func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
 	const op = "aclrtMallocPhysical"
-	switch {
-	case prop == nil:
-		return 0, fail(op, acl.ErrCodeInvalidParam, "prop is NULL")
-	case size == 0:
-		return 0, fail(op, acl.ErrCodeInvalidParam, "size is 0")
-	case flags != 0:
-		return 0, fail(op, acl.ErrCodeInvalidParam, "flags %#x: must be 0", flags)
-	}
-	if err := d.checkProp(op, prop); err != nil {
+	size, err := rules.Malloc(op, size, prop, flags, d.cfg.Device, "host", pageOf)
+	if err != nil {
 		return 0, err
 	}
-	if prop.Reserve != 0 {
-		return 0, fail(op, acl.ErrCodeRTParamInvalid, "prop reserve should be zero")
-	}
 	page := pageOf(prop.MemAttr)
-	if prop.MemAttr.Huge1G() {
-		size = (size + page - 1) &^ (page - 1)
-	} else if size%page != 0 {
-		return 0, fail(op, acl.ErrCodeRTParamInvalid, "size %d is not a multiple of the granularity %d", size, page)
-	}
 
 	d.mu.Lock()
 	if d.closed {
@@ -277,7 +240,7 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 	d.mu.Unlock()
 
 	// Commit outside the lock: it zeroes every page and takes ~0.2 ms per MiB.
-	err := sysCommit(d.fd, off, size)
+	err = sysCommit(d.fd, off, size)
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -361,17 +324,8 @@ func (d *Driver) decommit(op string, h *handle) error {
 // address space, 2 MiB-aligned, or 1 GiB-aligned when size is at least 1 GiB.
 func (d *Driver) ReserveMemAddress(size, alignment uintptr, expect acl.DevicePtr, flags uint64) (acl.DevicePtr, error) {
 	const op = "aclrtReserveMemAddress"
-	switch {
-	case size == 0:
-		return 0, fail(op, acl.ErrCodeInvalidParam, "size is 0")
-	case flags > 1:
-		return 0, fail(op, acl.ErrCodeInvalidParam, "flags %#x: must be 0 or 1", flags)
-	case alignment != 0:
-		return 0, fail(op, acl.ErrCodeRTParamInvalid, "alignment %d: must be 0", alignment)
-	case expect != 0:
-		return 0, fail(op, acl.ErrCodeRTFeatureNotSupport, "expectPtr %v: a chosen address is not supported", expect)
-	case size > d.cfg.MaxReserve:
-		return 0, fail(op, acl.ErrCodeRTParamInvalid, "size %d exceeds the per-call limit of %d bytes", size, d.cfg.MaxReserve)
+	if err := rules.Reserve(op, size, alignment, expect, flags, d.cfg.MaxReserve); err != nil {
+		return 0, err
 	}
 	size = (size + acl.HugePageSize - 1) &^ (acl.HugePageSize - 1)
 	align := uintptr(acl.HugePageSize)
@@ -492,17 +446,8 @@ func (r *reservation) neighbours(i int, skip bool) (p, q *mapping) {
 // MapMem maps the whole physical allocation h at ptr.
 func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.PhysicalHandle, flags uint64) error {
 	const op = "aclrtMapMem"
-	switch {
-	case ptr == 0:
-		return fail(op, acl.ErrCodeInvalidParam, "virPtr is NULL")
-	case id == 0:
-		return fail(op, acl.ErrCodeInvalidParam, "handle is NULL")
-	case size == 0:
-		return fail(op, acl.ErrCodeInvalidParam, "size is 0")
-	case flags != 0:
-		return fail(op, acl.ErrCodeInvalidParam, "flags %#x: must be 0", flags)
-	case offset != 0:
-		return fail(op, acl.ErrCodeRTParamInvalid, "offset %d: must be 0", offset)
+	if err := rules.Map(op, ptr, size, offset, id, flags); err != nil {
+		return err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -596,27 +541,8 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 	if d.cfg.NoSetAccess {
 		return fail(op, acl.ErrCodeRTFeatureNotSupport, "this runtime has no aclrtMemSetAccess")
 	}
-	switch {
-	case ptr == 0:
-		return fail(op, acl.ErrCodeInvalidParam, "virPtr is NULL")
-	case size == 0:
-		return fail(op, acl.ErrCodeInvalidParam, "size is 0")
-	case len(desc) == 0:
-		return fail(op, acl.ErrCodeInvalidParam, "no access descriptor")
-	}
-	for _, ds := range desc {
-		switch {
-		case ds.Flags != acl.MemAccessReadWrite:
-			return fail(op, acl.ErrCodeInvalidParam, "access flags %#x: only READWRITE is supported", ds.Flags)
-		case ds.Rsv != [12]byte{}:
-			return fail(op, acl.ErrCodeInvalidParam, "reserved bytes of the descriptor must be 0")
-		case ds.Location.Type == acl.MemLocationTypeHost && ds.Location.ID != 0:
-			return fail(op, acl.ErrCodeInvalidParam, "host location id %d: must be 0", ds.Location.ID)
-		case ds.Location.Type == acl.MemLocationTypeDevice && int64(ds.Location.ID) != int64(d.cfg.Device):
-			return fail(op, acl.ErrCodeRTInvalidDeviceID, "device %d: this driver is device %d", ds.Location.ID, d.cfg.Device)
-		case ds.Location.Type != acl.MemLocationTypeHost && ds.Location.Type != acl.MemLocationTypeDevice:
-			return fail(op, acl.ErrCodeInvalidParam, "location type %d", ds.Location.Type)
-		}
+	if err := rules.Access(op, ptr, size, desc, d.cfg.Device, true); err != nil {
+		return err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()

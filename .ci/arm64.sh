@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # arm64.sh: build vmarena for linux/arm64 (Ascend hosts are often aarch64) and
-# run the ACL binding's tests there, under qemu-user emulation: the test
-# binary is cross-compiled with GOARCH=arm64, and the tests build their C test
-# double of the ACL runtime with the aarch64 cross compiler.
+# run the device bindings' tests there (acl/ascend and acl/cuda), under
+# qemu-user emulation: each test binary is cross-compiled with GOARCH=arm64,
+# and the tests build their C test doubles with the aarch64 cross compiler.
 #
 # Self-contained: it installs qemu-user and gcc-aarch64-linux-gnu with apt-get
 # when they are missing (as root, as in CI; Debian or Ubuntu). From anywhere:
 #
-#	acl/ascend/testdata/arm64.sh
+#	.ci/arm64.sh
 #
 # Environment:
 #	ARM64_CGO       CGO_ENABLED values to test with (default "0 1")
@@ -15,7 +15,7 @@
 #	ARM64_TESTFLAGS flags for the test binary (default -test.count=1)
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/../../.." && pwd)
+root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 start=$SECONDS
 
@@ -40,14 +40,16 @@ GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go vet $pkgs
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for cgo in ${ARM64_CGO:-0 1}; do
-	echo "== acl/ascend tests on linux/arm64 under $(basename "$qemu"), CGO_ENABLED=$cgo"
-	t0=$SECONDS
-	GOOS=linux GOARCH=arm64 CGO_ENABLED=$cgo CC=aarch64-linux-gnu-gcc \
-		go test -c -o "$work/ascend-cgo$cgo.test" ./acl/ascend
-	# The tests run in their package directory (they read testdata/) and
-	# build the double with $CC: qemu-user runs that x86 compiler natively.
-	(cd acl/ascend && CC=aarch64-linux-gnu-gcc "$qemu" -L "$sysroot" \
-		"$work/ascend-cgo$cgo.test" ${ARM64_TESTFLAGS:--test.count=1})
-	echo "   ($((SECONDS - t0)) s)"
+	for pkg in ascend cuda; do
+		echo "== acl/$pkg tests on linux/arm64 under $(basename "$qemu"), CGO_ENABLED=$cgo"
+		t0=$SECONDS
+		GOOS=linux GOARCH=arm64 CGO_ENABLED=$cgo CC=aarch64-linux-gnu-gcc \
+			go test -c -o "$work/$pkg-cgo$cgo.test" ./acl/$pkg
+		# The tests run in their package directory (they read testdata/) and
+		# build their double with $CC: qemu-user runs that x86 compiler natively.
+		(cd acl/$pkg && CC=aarch64-linux-gnu-gcc "$qemu" -L "$sysroot" \
+			"$work/$pkg-cgo$cgo.test" ${ARM64_TESTFLAGS:--test.count=1})
+		echo "   ($((SECONDS - t0)) s)"
+	done
 done
 echo "== arm64 done in $((SECONDS - start)) s"

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/vmarena/vmarena/bench/internal/strategy"
+)
+
+// TestQuick runs the whole suite in quick mode on the host driver, writing
+// and reading back every tensor (-verify), and checks what it prints and
+// writes.
+func TestQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the quick suite takes a few seconds")
+	}
+	dir := t.TempDir()
+	o, err := parseFlags([]string{"-quick", "-verify", "-device", "host", "-progress", "off", "-out", dir}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(o, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	text := out.String()
+	for _, want := range []string{"== kv:", "== scratch:", "== churn:", "== micro:", "== targets"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("output lacks %q:\n%s", want, text)
+		}
+	}
+	for _, name := range strategy.Names {
+		if !strings.Contains(text, name) {
+			t.Errorf("output lacks strategy %q", name)
+		}
+	}
+
+	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Rows []struct {
+			Workload, Strategy string
+			PeakPhysical       int64   `json:"peak_physical"`
+			PeakLive           int64   `json:"peak_live"`
+			WallNS             float64 `json:"wall_ns"`
+		}
+		Targets []struct{ Name string }
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != len(workloadNames)*len(strategy.Names) {
+		t.Errorf("results.json has %d rows, want %d", len(res.Rows), len(workloadNames)*len(strategy.Names))
+	}
+	for _, r := range res.Rows {
+		if r.WallNS <= 0 || r.PeakLive <= 0 || r.PeakPhysical < r.PeakLive {
+			t.Errorf("implausible row %+v", r)
+		}
+	}
+	if len(res.Targets) == 0 {
+		t.Error("no targets checked")
+	}
+
+	// bench.txt is Go benchmark format: a header, then Benchmark lines with
+	// an iteration count and value-unit pairs.
+	f, err := os.Open(filepath.Join(dir, "bench.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	lines := 0
+	for sc := bufio.NewScanner(f); sc.Scan(); {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 0 || !strings.HasPrefix(fields[0], "Benchmark") {
+			continue
+		}
+		if len(fields) < 4 || len(fields)%2 != 0 {
+			t.Errorf("malformed benchmark line %q", sc.Text())
+		}
+		lines++
+	}
+	if want := len(res.Rows) + 3; lines != want {
+		t.Errorf("bench.txt has %d benchmark lines, want %d", lines, want)
+	}
+
+	for _, w := range workloadNames {
+		for _, p := range []string{"mem-" + w + ".png", "grow-" + w + ".png"} {
+			st, err := os.Stat(filepath.Join(dir, p))
+			if err != nil || st.Size() == 0 {
+				t.Errorf("plot %s: %v", p, err)
+			}
+		}
+	}
+}
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"4096": 4096, "256KiB": 256 << 10, "8MiB": 8 << 20, "1.5GiB": 3 << 29, "2m": 2 << 20} {
+		got, err := parseSize(in)
+		if err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	if _, err := parseSize("lots"); err == nil {
+		t.Error("parseSize(lots) did not fail")
+	}
+}
+
+func TestFlags(t *testing.T) {
+	o, err := parseFlags([]string{"-quick", "-kv-slots", "3", "-strategies", "arena,realloc", "-scratch-size", "1MiB:2MiB"}, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.kv.Slots != 3 || o.kv.Requests != 8 {
+		t.Errorf("quick must not override an explicit flag: slots %d, requests %d", o.kv.Slots, o.kv.Requests)
+	}
+	if strings.Join(o.strategies, ",") != "arena,realloc" || o.scratch.MinSize != 1<<20 || o.scratch.MaxSize != 2<<20 {
+		t.Errorf("flags not applied: %+v", o)
+	}
+	for _, bad := range [][]string{{"-strategies", "magic"}, {"-count", "0"}, {"-touch=false", "-verify"}, {"-scrub", "sometimes"}} {
+		if _, err := parseFlags(bad, &bytes.Buffer{}); err == nil {
+			t.Errorf("parseFlags(%q) did not fail", bad)
+		}
+	}
+}

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// sizeFlag is a byte count written as 4096, 256KiB, 8MiB, 1.5GiB.
+type sizeFlag struct{ p *int64 }
+
+func (f sizeFlag) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return formatSize(*f.p)
+}
+
+func (f sizeFlag) Set(s string) error {
+	n, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	*f.p = n
+	return nil
+}
+
+// rangeFlag is an inclusive range lo:hi of ints.
+type rangeFlag struct{ lo, hi *int }
+
+func (f rangeFlag) String() string {
+	if f.lo == nil {
+		return ""
+	}
+	return fmt.Sprintf("%d:%d", *f.lo, *f.hi)
+}
+
+func (f rangeFlag) Set(s string) error {
+	a, b, ok := strings.Cut(s, ":")
+	if !ok {
+		b = a
+	}
+	lo, err1 := strconv.Atoi(strings.TrimSpace(a))
+	hi, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if err1 != nil || err2 != nil || lo > hi {
+		return fmt.Errorf("want lo:hi with lo ≤ hi, got %q", s)
+	}
+	*f.lo, *f.hi = lo, hi
+	return nil
+}
+
+// sizeRangeFlag is an inclusive range lo:hi of byte counts.
+type sizeRangeFlag struct{ lo, hi *int64 }
+
+func (f sizeRangeFlag) String() string {
+	if f.lo == nil {
+		return ""
+	}
+	return formatSize(*f.lo) + ":" + formatSize(*f.hi)
+}
+
+func (f sizeRangeFlag) Set(s string) error {
+	a, b, ok := strings.Cut(s, ":")
+	if !ok {
+		b = a
+	}
+	lo, err1 := parseSize(a)
+	hi, err2 := parseSize(b)
+	if err1 != nil || err2 != nil || lo > hi {
+		return fmt.Errorf("want lo:hi sizes with lo ≤ hi (e.g. 256KiB:8MiB), got %q", s)
+	}
+	*f.lo, *f.hi = lo, hi
+	return nil
+}
+
+var sizeUnits = []struct {
+	suffix string
+	mult   float64
+}{
+	{"TIB", 1 << 40}, {"GIB", 1 << 30}, {"MIB", 1 << 20}, {"KIB", 1 << 10},
+	{"TB", 1 << 40}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"KB", 1 << 10},
+	{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1},
+}
+
+func parseSize(s string) (int64, error) {
+	t := strings.ToUpper(strings.TrimSpace(s))
+	mult := 1.0
+	for _, u := range sizeUnits {
+		if strings.HasSuffix(t, u.suffix) {
+			t, mult = strings.TrimSpace(strings.TrimSuffix(t, u.suffix)), u.mult
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(t, 64)
+	if err != nil || f < 0 {
+		return 0, fmt.Errorf("bad size %q (want e.g. 4096, 256KiB, 8MiB, 1.5GiB)", s)
+	}
+	return int64(f * mult), nil
+}
+
+func formatSize(n int64) string {
+	for _, u := range []struct {
+		s string
+		m int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.m && n%u.m == 0 {
+			return strconv.FormatInt(n/u.m, 10) + u.s
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// listFlag is a comma-separated list drawn from a fixed set of names.
+type listFlag struct {
+	p       *[]string
+	allowed []string
+}
+
+func (f listFlag) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return strings.Join(*f.p, ",")
+}
+
+func (f listFlag) Set(s string) error {
+	var out []string
+	for _, x := range strings.Split(s, ",") {
+		x = strings.TrimSpace(x)
+		if x == "" {
+			continue
+		}
+		if x == "all" {
+			out = append(out[:0], f.allowed...)
+			continue
+		}
+		ok := false
+		for _, a := range f.allowed {
+			ok = ok || a == x
+		}
+		if !ok {
+			return fmt.Errorf("unknown %q (want some of %s, or all)", x, strings.Join(f.allowed, ","))
+		}
+		out = append(out, x)
+	}
+	if len(out) == 0 {
+		return fmt.Errorf("empty list")
+	}
+	*f.p = out
+	return nil
+}

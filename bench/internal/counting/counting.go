@@ -1,0 +1,358 @@
+// Package counting wraps an acl.Driver to count and time every call, and to
+// keep the books the benchmark suite reports: physical bytes held, bytes
+// mapped, bytes copied on the device, each with its high-water mark.
+//
+// Optionally it enforces a budget on physical bytes, so that strategies that
+// have no budget of their own run under the same memory limit as an arena's
+// chunk pool.
+package counting
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// Op is one kind of driver call.
+type Op int
+
+// The driver calls, in the order of acl.Driver.
+const (
+	Granularity Op = iota
+	MallocPhysical
+	FreePhysical
+	Reserve
+	Release
+	Map
+	Unmap
+	SetAccess
+	HtoD
+	DtoH
+	DtoD
+	Memset
+	MemInfo
+	NumOps
+)
+
+var opNames = [NumOps]string{
+	"granularity", "malloc", "free", "reserve", "release", "map", "unmap",
+	"access", "htod", "dtoh", "dtod", "memset", "meminfo",
+}
+
+// String returns the short name of the call, e.g. "malloc".
+func (o Op) String() string {
+	if o < 0 || o >= NumOps {
+		return fmt.Sprintf("op(%d)", int(o))
+	}
+	return opNames[o]
+}
+
+// Calls counts driver calls, and the time spent in them, by kind.
+type Calls struct {
+	N  [NumOps]int64 // calls of each kind
+	NS [NumOps]int64 // nanoseconds inside the driver, by kind
+}
+
+// Total returns the number of calls and nanoseconds over every kind.
+func (c Calls) Total() (n, ns int64) {
+	for i := range c.N {
+		n += c.N[i]
+		ns += c.NS[i]
+	}
+	return n, ns
+}
+
+// Map returns the non-zero counts by name, for JSON.
+func (c Calls) Map() map[string][2]int64 {
+	m := make(map[string][2]int64)
+	for i := range c.N {
+		if c.N[i] != 0 {
+			m[Op(i).String()] = [2]int64{c.N[i], c.NS[i]}
+		}
+	}
+	return m
+}
+
+// Memory is the bookkeeping of one moment.
+type Memory struct {
+	Physical     int64 // physical bytes held (allocated, not yet freed)
+	PeakPhysical int64 // the most Physical ever was
+	Mapped       int64 // bytes mapped
+	PeakMapped   int64 // the most Mapped ever was
+	Copied       int64 // bytes copied device to device
+	Written      int64 // bytes copied host to device
+}
+
+// Driver counts and times the calls it passes on to the wrapped driver.
+// It is safe for concurrent use.
+type Driver struct {
+	acl.Driver
+
+	n, ns  [NumOps]atomic.Int64
+	total  atomic.Int64 // ns inside the driver over every call, for snapshots
+	selfNS atomic.Int64 // ns the wrapper spends on its own books, outside the timed calls
+
+	budget int64
+
+	mu      sync.Mutex
+	handles map[acl.PhysicalHandle]*handle
+	maps    map[acl.DevicePtr]mapping
+	mem     Memory
+	claimed int64 // bytes of MallocPhysical calls in flight
+}
+
+type handle struct {
+	size  int64
+	refs  int // owner + one per mapping
+	freed bool
+}
+
+type mapping struct {
+	size int64
+	h    acl.PhysicalHandle
+}
+
+var _ acl.Driver = (*Driver)(nil)
+
+// New wraps d. A budget above 0 makes MallocPhysical fail with ACL's
+// out-of-memory code once the physical bytes held would pass it.
+func New(d acl.Driver, budget int64) *Driver {
+	return &Driver{
+		Driver:  d,
+		budget:  budget,
+		handles: make(map[acl.PhysicalHandle]*handle),
+		maps:    make(map[acl.DevicePtr]mapping),
+	}
+}
+
+// Unwrap returns the wrapped driver.
+func (d *Driver) Unwrap() acl.Driver { return d.Driver }
+
+// Calls returns the counts and times so far.
+func (d *Driver) Calls() Calls {
+	var c Calls
+	for i := range c.N {
+		c.N[i] = d.n[i].Load()
+		c.NS[i] = d.ns[i].Load()
+	}
+	return c
+}
+
+// DriverNS returns the nanoseconds spent inside the driver so far, over
+// every call. The difference of two readings is the driver time of what ran
+// between them.
+func (d *Driver) DriverNS() int64 { return d.total.Load() }
+
+// SelfNS returns the nanoseconds the wrapper spent on its own bookkeeping so
+// far: time that is neither the caller's nor the driver's.
+func (d *Driver) SelfNS() int64 { return d.selfNS.Load() }
+
+// CallCount returns the number of calls so far, over every kind.
+func (d *Driver) CallCount() int64 {
+	var n int64
+	for i := range d.n {
+		n += d.n[i].Load()
+	}
+	return n
+}
+
+// Memory returns the bookkeeping now.
+func (d *Driver) Memory() Memory {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.mem
+}
+
+// ResetPeaks sets the high-water marks to the present values.
+func (d *Driver) ResetPeaks() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.mem.PeakPhysical = d.mem.Physical
+	d.mem.PeakMapped = d.mem.Mapped
+}
+
+// done records a call of op that ran from start until now, and returns now.
+func (d *Driver) done(op Op, start time.Time) time.Time {
+	end := time.Now()
+	ns := int64(end.Sub(start))
+	d.n[op].Add(1)
+	d.ns[op].Add(ns)
+	d.total.Add(ns)
+	return end
+}
+
+// self adds the wrapper's own time since end (its bookkeeping after a call).
+func (d *Driver) self(end time.Time) { d.selfNS.Add(int64(time.Since(end))) }
+
+// MemGetAllocationGranularity passes the call on.
+func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option acl.MemGranularityOptions) (uintptr, error) {
+	defer func(start time.Time) { d.self(d.done(Granularity, start)) }(time.Now())
+	return d.Driver.MemGetAllocationGranularity(prop, option)
+}
+
+// MallocPhysical passes the call on, unless it would pass the budget.
+func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
+	pre := time.Now()
+	d.mu.Lock()
+	if d.budget > 0 && d.mem.Physical+d.claimed+int64(size) > d.budget {
+		held := d.mem.Physical + d.claimed
+		d.mu.Unlock()
+		return 0, acl.Errorf("aclrtMallocPhysical", acl.ErrCodeRTMemoryAllocation,
+			"bench budget: %d bytes asked, %d of %d held", size, held, d.budget)
+	}
+	d.claimed += int64(size) // so that concurrent calls see it
+	d.mu.Unlock()
+
+	start := time.Now()
+	d.selfNS.Add(int64(start.Sub(pre)))
+	h, err := d.Driver.MallocPhysical(size, prop, flags)
+	end := d.done(MallocPhysical, start)
+	defer d.self(end)
+
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.claimed -= int64(size)
+	if err == nil {
+		d.handles[h] = &handle{size: int64(size), refs: 1}
+		d.mem.Physical += int64(size)
+		d.mem.PeakPhysical = max(d.mem.PeakPhysical, d.mem.Physical)
+	}
+	return h, err
+}
+
+// unrefLocked drops a reference to h and forgets it, and its bytes, with the
+// last one.
+func (d *Driver) unrefLocked(id acl.PhysicalHandle, h *handle) {
+	h.refs--
+	if h.refs == 0 {
+		delete(d.handles, id)
+		d.mem.Physical -= h.size
+	}
+}
+
+// FreePhysical passes the call on.
+func (d *Driver) FreePhysical(h acl.PhysicalHandle) error {
+	start := time.Now()
+	err := d.Driver.FreePhysical(h)
+	end := d.done(FreePhysical, start)
+	defer d.self(end)
+	if err == nil {
+		d.mu.Lock()
+		if x, ok := d.handles[h]; ok && !x.freed {
+			x.freed = true
+			d.unrefLocked(h, x)
+		}
+		d.mu.Unlock()
+	}
+	return err
+}
+
+// ReserveMemAddress passes the call on.
+func (d *Driver) ReserveMemAddress(size, alignment uintptr, expect acl.DevicePtr, flags uint64) (acl.DevicePtr, error) {
+	defer func(start time.Time) { d.self(d.done(Reserve, start)) }(time.Now())
+	return d.Driver.ReserveMemAddress(size, alignment, expect, flags)
+}
+
+// ReleaseMemAddress passes the call on.
+func (d *Driver) ReleaseMemAddress(base acl.DevicePtr) error {
+	defer func(start time.Time) { d.self(d.done(Release, start)) }(time.Now())
+	return d.Driver.ReleaseMemAddress(base)
+}
+
+// MapMem passes the call on.
+func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, h acl.PhysicalHandle, flags uint64) error {
+	start := time.Now()
+	err := d.Driver.MapMem(ptr, size, offset, h, flags)
+	end := d.done(Map, start)
+	defer d.self(end)
+	if err == nil {
+		d.mu.Lock()
+		d.maps[ptr] = mapping{size: int64(size), h: h}
+		if x, ok := d.handles[h]; ok {
+			x.refs++
+		}
+		d.mem.Mapped += int64(size)
+		d.mem.PeakMapped = max(d.mem.PeakMapped, d.mem.Mapped)
+		d.mu.Unlock()
+	}
+	return err
+}
+
+// UnmapMem passes the call on.
+func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
+	start := time.Now()
+	err := d.Driver.UnmapMem(ptr)
+	end := d.done(Unmap, start)
+	defer d.self(end)
+	if err == nil {
+		d.mu.Lock()
+		if m, ok := d.maps[ptr]; ok {
+			delete(d.maps, ptr)
+			d.mem.Mapped -= m.size
+			if x, ok := d.handles[m.h]; ok {
+				d.unrefLocked(m.h, x)
+			}
+		}
+		d.mu.Unlock()
+	}
+	return err
+}
+
+// MemSetAccess passes the call on.
+func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
+	defer func(start time.Time) { d.self(d.done(SetAccess, start)) }(time.Now())
+	return d.Driver.MemSetAccess(ptr, size, desc)
+}
+
+// MemcpyHtoD passes the call on and counts the bytes written.
+func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
+	start := time.Now()
+	err := d.Driver.MemcpyHtoD(dst, src)
+	end := d.done(HtoD, start)
+	defer d.self(end)
+	if err == nil {
+		d.mu.Lock()
+		d.mem.Written += int64(len(src))
+		d.mu.Unlock()
+	}
+	return err
+}
+
+// MemcpyDtoH passes the call on.
+func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
+	defer func(start time.Time) { d.self(d.done(DtoH, start)) }(time.Now())
+	return d.Driver.MemcpyDtoH(dst, src)
+}
+
+// MemcpyDtoD passes the call on and counts the bytes copied.
+func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
+	start := time.Now()
+	err := d.Driver.MemcpyDtoD(dst, src, n)
+	end := d.done(DtoD, start)
+	defer d.self(end)
+	if err == nil {
+		d.mu.Lock()
+		d.mem.Copied += int64(n)
+		d.mu.Unlock()
+	}
+	return err
+}
+
+// Memset passes the call on.
+func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
+	defer func(start time.Time) { d.self(d.done(Memset, start)) }(time.Now())
+	return d.Driver.Memset(ptr, value, n)
+}
+
+// GetMemInfo passes the call on.
+func (d *Driver) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
+	defer func(start time.Time) { d.self(d.done(MemInfo, start)) }(time.Now())
+	return d.Driver.GetMemInfo(attr)
+}
+
+// Close does not close the wrapped driver: the suite shares one driver
+// between runs and closes it itself.
+func (d *Driver) Close() error { return nil }

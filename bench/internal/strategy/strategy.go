@@ -1,0 +1,191 @@
+// Package strategy holds the ways of giving tensors device memory that the
+// benchmark suite compares, all behind one interface and all on the same
+// acl.Driver:
+//
+//	arena      vmarena: one reservation per region, chunks mapped as it grows,
+//	           from a chunk pool (shared by all regions) with a reuse cache
+//	realloc    a buffer that grows by allocating a larger region (×Growth),
+//	           copying the old contents over on the device and freeing the old
+//	prealloc   one mapping per region, sized for its maximum up front
+//	pertensor  a physical allocation and mapping for every Grow (every tensor)
+//
+// A Region is a growable byte range, addressed by logical offsets: Grow makes
+// room, Alloc cuts a tensor from it (never calling the driver), Truncate drops
+// tensors at the top and Trim gives memory back as far as the strategy can.
+// The workloads call exactly the same sequence on every strategy.
+package strategy
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/chunk"
+)
+
+// Names lists the strategies, in the order the suite reports them.
+var Names = []string{"arena", "realloc", "prealloc", "pertensor"}
+
+// ErrFull is returned by Grow and Alloc when a region cannot hold the request
+// (a preallocated region past its maximum, or an Alloc without a Grow).
+var ErrFull = errors.New("strategy: region full")
+
+// Strategy makes regions.
+type Strategy interface {
+	// Name is one of Names.
+	Name() string
+	// Open returns an empty region that will never hold more than max bytes.
+	Open(max int64) (Region, error)
+	// Close releases what the strategy keeps beyond its regions (the arena's
+	// pool and its cache). Regions must be closed first.
+	Close() error
+}
+
+// Region is a growable range of device memory in logical offsets.
+type Region interface {
+	// Grow makes room for n more bytes: the next Allocs of n bytes in total
+	// (with sizes and alignments that are multiples of Align) succeed
+	// without a driver call.
+	Grow(n int64) error
+	// Alloc cuts n bytes aligned to align and returns their logical offset.
+	Alloc(n, align int64) (int64, error)
+	// Ptr returns the device address of the logical range [off, off+n) now.
+	// It may change with the next Grow or Trim (realloc moves data).
+	Ptr(off, n int64) (acl.DevicePtr, error)
+	// Len returns the logical bytes in use.
+	Len() int64
+	// Truncate drops every tensor at or above logical offset n.
+	Truncate(n int64) error
+	// Trim gives memory above Len back, as far as the strategy can.
+	Trim() error
+	// Close releases everything the region holds.
+	Close() error
+}
+
+// Align is the largest alignment the workloads ask for.
+const Align = 256
+
+// Config configures a strategy.
+type Config struct {
+	Driver acl.Driver
+	// Chunk is the arena's chunk size; 0 means the driver's granularity.
+	Chunk int64
+	// MaxCached bounds the arena pool's reuse cache, in chunks (0: the
+	// pool's default; negative: no cache).
+	MaxCached int
+	// Budget caps the arena pool's physical bytes (0: none). The other
+	// strategies are capped by the counting driver instead.
+	Budget int64
+	// Growth is realloc's growth factor; 0 means 2.
+	Growth float64
+	// Scrub is the arena pool's scrub policy (the zero value is the pool's
+	// default, ScrubOnReuse).
+	Scrub chunk.Scrub
+}
+
+// New returns the strategy called name.
+func New(name string, cfg Config) (Strategy, error) {
+	if cfg.Driver == nil {
+		return nil, fmt.Errorf("strategy %s: nil driver", name)
+	}
+	switch name {
+	case "arena":
+		return newArena(cfg)
+	case "realloc", "prealloc", "pertensor":
+		d, err := newDev(cfg.Driver)
+		if err != nil {
+			return nil, fmt.Errorf("strategy %s: %w", name, err)
+		}
+		switch name {
+		case "realloc":
+			g := cfg.Growth
+			if g == 0 {
+				g = 2
+			}
+			if g <= 1 {
+				return nil, fmt.Errorf("strategy realloc: growth factor %g must be above 1", g)
+			}
+			return &reallocStrategy{dev: d, growth: g}, nil
+		case "prealloc":
+			return &preallocStrategy{dev: d}, nil
+		default:
+			return &perTensorStrategy{dev: d}, nil
+		}
+	}
+	return nil, fmt.Errorf("unknown strategy %q (want one of %v)", name, Names)
+}
+
+// dev makes single-allocation segments with the raw driver calls:
+// reserve + malloc + map + access, and back.
+type dev struct {
+	drv      acl.Driver
+	prop     acl.PhysicalMemProp
+	access   []acl.MemAccessDesc
+	gran     int64
+	implicit bool // the driver has no MemSetAccess
+}
+
+func newDev(drv acl.Driver) (*dev, error) {
+	prop := acl.DeviceProp(drv.Device(), 0)
+	g, err := drv.MemGetAllocationGranularity(&prop, acl.GranularityMinimum)
+	if err != nil {
+		return nil, fmt.Errorf("granularity: %w", err)
+	}
+	return &dev{drv: drv, prop: prop, access: acl.ReadWrite(drv.Device()), gran: int64(g)}, nil
+}
+
+func (d *dev) roundUp(n int64) int64 { return (n + d.gran - 1) / d.gran * d.gran }
+
+// segment is one reservation fully backed by one physical allocation.
+type segment struct {
+	base acl.DevicePtr
+	h    acl.PhysicalHandle
+	size int64
+}
+
+// alloc makes a segment of at least size bytes. On failure it leaves nothing
+// behind.
+func (d *dev) alloc(size int64) (segment, error) {
+	size = d.roundUp(max(size, 1))
+	base, err := d.drv.ReserveMemAddress(uintptr(size), 0, 0, 0)
+	if err != nil {
+		return segment{}, err
+	}
+	h, err := d.drv.MallocPhysical(uintptr(size), &d.prop, 0)
+	if err != nil {
+		return segment{}, errors.Join(err, d.drv.ReleaseMemAddress(base))
+	}
+	if err := d.drv.MapMem(base, uintptr(size), 0, h, 0); err != nil {
+		return segment{}, errors.Join(err, d.drv.FreePhysical(h), d.drv.ReleaseMemAddress(base))
+	}
+	if !d.implicit {
+		err := d.drv.MemSetAccess(base, uintptr(size), d.access)
+		switch {
+		case errors.Is(err, acl.ErrNotSupported):
+			d.implicit = true
+		case err != nil:
+			return segment{}, errors.Join(err, d.drv.UnmapMem(base), d.drv.FreePhysical(h), d.drv.ReleaseMemAddress(base))
+		}
+	}
+	return segment{base: base, h: h, size: size}, nil
+}
+
+// free gives a segment back: unmap, free, release.
+func (d *dev) free(s segment) error {
+	if s.size == 0 {
+		return nil
+	}
+	if err := d.drv.UnmapMem(s.base); err != nil {
+		return err
+	}
+	return errors.Join(d.drv.FreePhysical(s.h), d.drv.ReleaseMemAddress(s.base))
+}
+
+func alignUp(n, a int64) int64 { return (n + a - 1) &^ (a - 1) }
+
+func checkAlloc(n, align int64) error {
+	if n < 0 || align <= 0 || align&(align-1) != 0 || align > Align {
+		return fmt.Errorf("strategy: alloc %d bytes aligned %d: bad size or alignment", n, align)
+	}
+	return nil
+}

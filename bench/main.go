@@ -1,0 +1,385 @@
+// Command bench measures vmarena's arena against the other ways of giving
+// tensors device memory, on the driver that acl/device picks
+// ($VMARENA_DEVICE: host, ascend[:N], cuda[:N]; default auto).
+//
+// Three workloads mirror inference memory patterns (KV-cache decode under
+// continuous batching, per-step activation scratch with spikes, tenants
+// churning under one budget). Each runs on four strategies (the arena,
+// realloc-and-copy, preallocate-worst-case, allocate-per-tensor) through a
+// driver wrapper that counts and times every call. The suite prints a table,
+// and writes results.json, bench.txt (Go benchmark format, for benchstat) and
+// PNG plots to -out.
+//
+//	go run ./bench                  # the full suite, about a minute on the host driver
+//	go run ./bench -quick           # seconds: small sizes
+//	go run ./bench -workloads kv -strategies arena,realloc -count 3
+//	VMARENA_DEVICE=ascend go run ./bench
+//
+// See docs/benchmarks.md.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/device"
+	"github.com/vmarena/vmarena/bench/internal/counting"
+	"github.com/vmarena/vmarena/bench/internal/strategy"
+	"github.com/vmarena/vmarena/bench/internal/workload"
+	"github.com/vmarena/vmarena/chunk"
+)
+
+// options is everything the flags set.
+type options struct {
+	quick      bool
+	workloads  []string
+	strategies []string
+	count      int
+	out, img   string
+	touch      bool
+	verify     bool
+	micro      bool
+	microIters int
+	allocIters int
+	spec       string
+	seed       uint64
+	progress   string
+
+	chunk     int64
+	maxCached int
+	growth    float64
+	scrub     string
+
+	kv      workload.KV
+	scratch workload.Scratch
+	churn   workload.Churn
+}
+
+var workloadNames = []string{"kv", "scratch", "churn"}
+
+var scrubs = map[string]chunk.Scrub{"reuse": chunk.ScrubOnReuse, "release": chunk.ScrubOnRelease, "never": chunk.ScrubNever}
+
+// quickValues are the flag values -quick uses, for flags not set explicitly.
+var quickValues = map[string]string{
+	"kv-layers":          "4",
+	"kv-block":           "128",
+	"kv-slots":           "4",
+	"kv-requests":        "8",
+	"kv-prompt":          "32:512",
+	"kv-gen":             "32:512",
+	"scratch-steps":      "40",
+	"scratch-bufs":       "2:8",
+	"scratch-size":       "64KiB:2MiB",
+	"scratch-spike":      "0.05",
+	"scratch-spike-size": "4MiB:8MiB",
+	"churn-steps":        "30",
+	"churn-period":       "15",
+	"churn-demand":       "8MiB:32MiB",
+	"micro-iters":        "20",
+	"alloc-iters":        "1048576",
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{
+		workloads:  append([]string(nil), workloadNames...),
+		strategies: append([]string(nil), strategy.Names...),
+		kv: workload.KV{Layers: 32, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 16,
+			Slots: 16, Requests: 24, PromptMin: 64, PromptMax: 1536, GenMin: 64, GenMax: 1536},
+		scratch: workload.Scratch{Steps: 200, MinBufs: 4, MaxBufs: 16, MinSize: 128 << 10, MaxSize: 4 << 20,
+			SpikeProb: 0.03, SpikeMin: 16 << 20, SpikeMax: 64 << 20, Window: 8},
+		churn: workload.Churn{Tenants: 4, Steps: 160, Period: 40, Lo: 64 << 20, Hi: 512 << 20,
+			Tensor: 4 << 20, Jitter: 0.05},
+	}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: go run ./bench [flags]\n\n"+
+			"Runs the workloads on every strategy and prints a table; writes results.json,\n"+
+			"bench.txt (benchstat) and PNG plots to -out. The driver comes from $%s\n"+
+			"(host, ascend[:N], cuda[:N]; default auto) or -device.\n\nflags:\n", device.EnvVar)
+		fs.PrintDefaults()
+	}
+	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole suite in seconds")
+	fs.Var(listFlag{&o.workloads, workloadNames}, "workloads", "workloads to run: kv, scratch, churn, or all")
+	fs.Var(listFlag{&o.strategies, strategy.Names}, "strategies", "strategies to compare: arena, realloc, prealloc, pertensor, or all")
+	fs.IntVar(&o.count, "count", 1, "repetitions; each runs the strategies in a rotated order")
+	fs.StringVar(&o.out, "out", filepath.Join("bench", "out"), "directory for results.json, bench.txt and the plots")
+	fs.StringVar(&o.img, "img", "", "directory for the PNG plots (default -out)")
+	fs.BoolVar(&o.touch, "touch", true, "write every tensor's bytes through the driver (MemcpyHtoD), as kernels would; -touch=false measures allocation alone")
+	fs.BoolVar(&o.verify, "verify", false, "with -touch: read data back after growth and check no strategy lost it")
+	fs.BoolVar(&o.micro, "micro", true, "also measure the arena's Alloc fast path and cold vs cached Grow")
+	fs.IntVar(&o.microIters, "micro-iters", 200, "Grows of each kind in the cold/cache micro-measure")
+	fs.IntVar(&o.allocIters, "alloc-iters", 1<<24, "Allocs in the fast-path micro-measure")
+	fs.StringVar(&o.spec, "device", "", "driver spec, overriding $"+device.EnvVar+" (host, ascend[:N], cuda[:N], auto)")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed of the workloads' random choices")
+	fs.StringVar(&o.progress, "progress", "auto", "progress bar: auto (when stdout is a terminal), on, off")
+	fs.Var(sizeFlag{&o.chunk}, "chunk", "arena chunk size (0: the driver's granularity)")
+	fs.IntVar(&o.maxCached, "cache", 0, "arena pool reuse cache, in chunks (0: the pool's default; -1: none)")
+	fs.Float64Var(&o.growth, "growth", 2, "realloc growth factor")
+	fs.StringVar(&o.scrub, "scrub", "reuse", "arena pool scrub policy: reuse (the default), release, never")
+
+	fs.IntVar(&o.kv.Layers, "kv-layers", o.kv.Layers, "kv: layers")
+	fs.IntVar(&o.kv.KVHeads, "kv-heads", o.kv.KVHeads, "kv: KV heads")
+	fs.IntVar(&o.kv.HeadDim, "kv-headdim", o.kv.HeadDim, "kv: head dimension")
+	fs.IntVar(&o.kv.DType, "kv-dtype", o.kv.DType, "kv: bytes per element")
+	fs.IntVar(&o.kv.BlockTokens, "kv-block", o.kv.BlockTokens, "kv: tokens per Grow while decoding")
+	fs.IntVar(&o.kv.Slots, "kv-slots", o.kv.Slots, "kv: sequences decoded at once")
+	fs.IntVar(&o.kv.Requests, "kv-requests", o.kv.Requests, "kv: sequences served in all")
+	fs.Var(rangeFlag{&o.kv.PromptMin, &o.kv.PromptMax}, "kv-prompt", "kv: prompt tokens, lo:hi")
+	fs.Var(rangeFlag{&o.kv.GenMin, &o.kv.GenMax}, "kv-gen", "kv: generated tokens, lo:hi")
+
+	fs.IntVar(&o.scratch.Steps, "scratch-steps", o.scratch.Steps, "scratch: steps")
+	fs.Var(rangeFlag{&o.scratch.MinBufs, &o.scratch.MaxBufs}, "scratch-bufs", "scratch: buffers per step, lo:hi")
+	fs.Var(sizeRangeFlag{&o.scratch.MinSize, &o.scratch.MaxSize}, "scratch-size", "scratch: buffer size, lo:hi (log-uniform)")
+	fs.Float64Var(&o.scratch.SpikeProb, "scratch-spike", o.scratch.SpikeProb, "scratch: probability that a step is a spike")
+	fs.Var(sizeRangeFlag{&o.scratch.SpikeMin, &o.scratch.SpikeMax}, "scratch-spike-size", "scratch: buffer size in a spike, lo:hi")
+	fs.IntVar(&o.scratch.Window, "scratch-window", o.scratch.Window, "scratch: steps the trim policy looks back")
+
+	fs.IntVar(&o.churn.Tenants, "churn-tenants", o.churn.Tenants, "churn: tenants sharing the budget")
+	fs.IntVar(&o.churn.Steps, "churn-steps", o.churn.Steps, "churn: steps")
+	fs.IntVar(&o.churn.Period, "churn-period", o.churn.Period, "churn: steps per demand cycle")
+	fs.Var(sizeRangeFlag{&o.churn.Lo, &o.churn.Hi}, "churn-demand", "churn: demand per tenant, lo:hi")
+	fs.Var(sizeFlag{&o.churn.Tensor}, "churn-tensor", "churn: tensor size")
+	fs.Float64Var(&o.churn.Jitter, "churn-jitter", o.churn.Jitter, "churn: demand noise, a fraction")
+	fs.Var(sizeFlag{&o.churn.BudgetBytes}, "churn-budget", "churn: physical budget (0: the most asked at once, ×(1+jitter), +5%, + 2 chunks per tenant)")
+
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.quick {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		for name, v := range quickValues {
+			if !set[name] {
+				if err := fs.Set(name, v); err != nil {
+					return nil, fmt.Errorf("quick value of -%s: %w", name, err)
+				}
+			}
+		}
+	}
+	if o.count < 1 {
+		return nil, fmt.Errorf("-count %d: want at least 1", o.count)
+	}
+	if o.img == "" {
+		o.img = o.out
+	}
+	if _, ok := scrubs[o.scrub]; !ok {
+		return nil, fmt.Errorf("-scrub %q: want reuse, release or never", o.scrub)
+	}
+	if o.verify && !o.touch {
+		return nil, errors.New("-verify needs -touch")
+	}
+	o.kv.Seed, o.scratch.Seed, o.churn.Seed = o.seed, o.seed, o.seed
+	return o, nil
+}
+
+func (o *options) workload(name string) workload.Workload {
+	switch name {
+	case "kv":
+		return o.kv
+	case "scratch":
+		return o.scratch
+	}
+	return o.churn
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	if err := run(o, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// suite is one invocation's results.
+type suite struct {
+	opts    *options
+	drv     acl.Driver
+	device  string
+	reason  string
+	gran    int64
+	results []*workload.Result
+	micro   *microResult
+	started time.Time
+	elapsed time.Duration
+}
+
+func run(o *options, stdout io.Writer) error {
+	spec := o.spec
+	if spec == "" {
+		spec = os.Getenv(device.EnvVar)
+	}
+	choice, err := device.Open(spec)
+	if err != nil {
+		return fmt.Errorf("open the device: %w", err)
+	}
+	defer choice.Driver.Close()
+	s := &suite{opts: o, drv: choice.Driver, device: choice.Driver.Name(), reason: choice.Reason, started: time.Now()}
+	prop := acl.DeviceProp(choice.Driver.Device(), 0)
+	g, err := choice.Driver.MemGetAllocationGranularity(&prop, acl.GranularityMinimum)
+	if err != nil {
+		return fmt.Errorf("granularity: %w", err)
+	}
+	s.gran = int64(g)
+
+	reason := s.reason
+	if len(reason) > 100 {
+		reason = reason[:97] + "..."
+	}
+	fmt.Fprintf(stdout, "vmarena bench: driver %s (%s)\n", s.device, reason)
+	fmt.Fprintf(stdout, "%s, %s/%s, GOMAXPROCS=%d, %s\n", cpuModel(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), runtime.Version())
+	for _, w := range o.workloads {
+		fmt.Fprintf(stdout, "  %-8s %s\n", w+":", o.workload(w).Describe())
+	}
+	fmt.Fprintln(stdout)
+
+	units := o.count * len(o.workloads) * len(o.strategies)
+	if o.micro {
+		units++
+	}
+	bar := newProgress(stdout, o.progress, units)
+	done := 0
+	for rep := range o.count {
+		for wi, wname := range o.workloads {
+			w := o.workload(wname)
+			// Rotate the order every repetition and workload, so no strategy
+			// always runs first (or right after the most memory-hungry one).
+			for k := range o.strategies {
+				name := o.strategies[(k+rep+wi)%len(o.strategies)]
+				label := fmt.Sprintf("%s/%s", wname, name)
+				if o.count > 1 {
+					label += fmt.Sprintf(" (run %d/%d)", rep+1, o.count)
+				}
+				res, err := s.runOne(w, name, rep, func(f float64) { bar.set(done, f, label) })
+				done++
+				bar.set(done, 0, label)
+				if err != nil {
+					bar.clear()
+					return err
+				}
+				s.results = append(s.results, res)
+			}
+		}
+	}
+	if o.micro {
+		bar.set(done, 0, "micro: alloc, grow cold/cache")
+		m, err := runMicro(s.drv, o, func(f float64) { bar.set(done, f, "micro: alloc, grow cold/cache") })
+		if err != nil {
+			bar.clear()
+			return err
+		}
+		s.micro = m
+	}
+	bar.clear()
+	s.elapsed = time.Since(s.started)
+
+	rep := s.report()
+	rep.printTable(stdout)
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.img, 0o755); err != nil {
+		return err
+	}
+	var files []string
+	for _, f := range []struct {
+		name  string
+		write func(io.Writer) error
+	}{
+		{"results.json", rep.writeJSON},
+		{"bench.txt", rep.writeBench},
+	} {
+		p := filepath.Join(o.out, f.name)
+		if err := writeFile(p, f.write); err != nil {
+			return err
+		}
+		files = append(files, p)
+	}
+	pngs, err := s.plot(rep, o.img)
+	if err != nil {
+		return fmt.Errorf("plots: %w", err)
+	}
+	files = append(files, pngs...)
+	fmt.Fprintf(stdout, "\nwrote %s\n", strings.Join(files, ", "))
+	fmt.Fprintf(stdout, "suite took %.1fs\n", s.elapsed.Seconds())
+	return nil
+}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return f.Close()
+}
+
+// runOne runs workload w on a fresh strategy through a fresh counting
+// wrapper, and checks that everything was given back.
+func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(float64)) (*workload.Result, error) {
+	o := s.opts
+	budget := w.Budget(s.gran)
+	cd := counting.New(s.drv, budget)
+	// The pool sees through the wrapper (Unwrap) whether the driver's fresh
+	// memory is zero (acl.Zeroing: the host driver's is), so fresh chunks are
+	// not scrubbed.
+	st, err := strategy.New(name, strategy.Config{Driver: cd, Chunk: o.chunk, MaxCached: o.maxCached,
+		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub]})
+	if err != nil {
+		return nil, err
+	}
+	env := workload.NewEnv(cd, st, w.Name())
+	env.Touch, env.Verify, env.Progress = o.touch, o.verify, progress
+	env.Res.Rep = rep
+	runtime.GC()
+	start := time.Now()
+	err = w.Run(env)
+	if p := strategy.Pool(st); p != nil {
+		ps := p.Stats()
+		env.Res.Pool = &ps
+	}
+	err = errors.Join(err, st.Close())
+	env.Res.WallNS = int64(time.Since(start))
+	env.Res.Calls = cd.Calls()
+	env.Res.Mem = cd.Memory()
+	if c, ok := s.drv.(acl.Counter); ok && !c.Live().Zero() {
+		err = errors.Join(err, fmt.Errorf("driver objects still live after the run: %+v", c.Live()))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s on %s: %w", w.Name(), name, err)
+	}
+	return env.Res, nil
+}
+
+func cpuModel() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return runtime.GOARCH
+}

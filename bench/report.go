@@ -1,0 +1,477 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vmarena/vmarena/bench/internal/counting"
+	"github.com/vmarena/vmarena/bench/internal/workload"
+	"github.com/vmarena/vmarena/chunk"
+)
+
+// row summarises one strategy on one workload over the repetitions: times
+// are medians, grow latencies pool every run, the rest comes from the run
+// with the median wall time.
+type row struct {
+	Workload string `json:"workload"`
+	Strategy string `json:"strategy"`
+	Runs     int    `json:"runs"`
+
+	WallNS      float64 `json:"wall_ns"`        // the whole run
+	MemNS       float64 `json:"in_strategy_ns"` // inside the strategy's calls
+	DriverNS    int64   `json:"driver_ns"`      // inside the driver
+	WallVsArena float64 `json:"wall_vs_arena"`  // this wall ÷ the arena's; 0 without an arena row
+
+	GrowCalls    int64   `json:"grow_calls"`
+	Grows        int     `json:"grows"` // Grows that called the driver, per run
+	GrowP50NS    float64 `json:"grow_p50_ns"`
+	GrowP99NS    float64 `json:"grow_p99_ns"`
+	GrowMeanNS   float64 `json:"grow_mean_ns"`
+	GrowOverhead float64 `json:"grow_overhead"` // Σ Grow time ÷ Σ driver time inside those Grows
+
+	PeakPhysical  int64   `json:"peak_physical"`
+	FinalPhysical int64   `json:"final_physical"`
+	PeakMapped    int64   `json:"peak_mapped"`
+	PeakLive      int64   `json:"peak_live"`
+	Frag          float64 `json:"fragmentation"` // 1 − peak live ÷ peak mapped
+	Waste         int64   `json:"waste"`         // peak mapped − peak live
+	Regions       int     `json:"regions"`
+	Copied        int64   `json:"copied"`
+	Written       int64   `json:"written"`
+	Denied        int64   `json:"denied"`
+	FailedTrims   int64   `json:"failed_trims"`
+	Served        float64 `json:"served"` // fraction of the demand held (budgeted workloads)
+
+	Calls map[string][2]int64 `json:"driver_calls"` // kind → [calls, ns]
+	Pool  *chunk.Stats        `json:"pool,omitempty"`
+
+	calls counting.Calls
+	med   *workload.Result
+	grows []workload.GrowEvent
+}
+
+type target struct {
+	Name string `json:"name"`
+	Want string `json:"want"`
+	Got  string `json:"got"`
+	Met  bool   `json:"met"`
+}
+
+type microSummary struct {
+	*microResult
+	ColdP50NS, ColdP99NS, CacheP50NS, CacheP99NS float64
+	CacheVsCold                                  float64 // cache p50 ÷ cold p50
+	ColdOverhead, CacheOverhead                  float64
+}
+
+type report struct {
+	s       *suite
+	Command string        `json:"command"`
+	Date    string        `json:"date"`
+	Go      string        `json:"go"`
+	CPU     string        `json:"cpu"`
+	Procs   int           `json:"gomaxprocs"`
+	Device  string        `json:"device"`
+	Reason  string        `json:"reason"`
+	Gran    int64         `json:"granularity"`
+	Touch   bool          `json:"touch"`
+	Seconds float64       `json:"seconds"`
+	Configs any           `json:"workloads"`
+	Rows    []*row        `json:"rows"`
+	Micro   *microSummary `json:"micro,omitempty"`
+	Targets []target      `json:"targets"`
+	Series  []series      `json:"series"`
+}
+
+type series struct {
+	Workload string            `json:"workload"`
+	Strategy string            `json:"strategy"`
+	Samples  []workload.Sample `json:"samples"` // at most 400, evenly picked
+}
+
+func percentile(sorted []float64, p float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func growStats(ev []workload.GrowEvent) (p50, p99, mean, overhead float64) {
+	if len(ev) == 0 {
+		return 0, 0, 0, 0
+	}
+	ns := make([]float64, len(ev))
+	var sum, drv, wrap float64
+	for i, e := range ev {
+		ns[i] = float64(e.NS)
+		sum += float64(e.NS)
+		drv += float64(e.DriverNS)
+		wrap += float64(e.WrapperNS)
+	}
+	slices.Sort(ns)
+	if drv > 0 {
+		// The counting wrapper's bookkeeping is neither the strategy's
+		// time nor the driver's: take it out.
+		overhead = (sum - wrap) / drv
+	}
+	return percentile(ns, 0.50), percentile(ns, 0.99), sum / float64(len(ev)), overhead
+}
+
+func (s *suite) report() *report {
+	o := s.opts
+	r := &report{s: s, Command: "go run ./bench " + strings.Join(os.Args[1:], " "), Date: time.Now().UTC().Format(time.RFC3339),
+		Go: runtime.Version(), CPU: cpuModel(), Procs: runtime.GOMAXPROCS(0), Device: s.device, Reason: s.reason,
+		Gran: s.gran, Touch: o.touch, Seconds: s.elapsed.Seconds()}
+	cfgs := map[string]any{}
+	for _, w := range o.workloads {
+		cfgs[w] = o.workload(w)
+	}
+	r.Configs = cfgs
+	for _, w := range o.workloads {
+		var rows []*row
+		for _, st := range o.strategies {
+			var runs []*workload.Result
+			for _, res := range s.results {
+				if res.Workload == w && res.Strategy == st {
+					runs = append(runs, res)
+				}
+			}
+			if len(runs) == 0 {
+				continue
+			}
+			rows = append(rows, summarise(runs))
+		}
+		var arenaWall float64
+		for _, x := range rows {
+			if x.Strategy == "arena" {
+				arenaWall = x.WallNS
+			}
+		}
+		for _, x := range rows {
+			if arenaWall > 0 {
+				x.WallVsArena = x.WallNS / arenaWall
+			}
+			r.Series = append(r.Series, series{Workload: w, Strategy: x.Strategy, Samples: thin(x.med.Samples, 400)})
+		}
+		r.Rows = append(r.Rows, rows...)
+	}
+	if s.micro != nil {
+		m := &microSummary{microResult: s.micro}
+		m.ColdP50NS, m.ColdP99NS, _, m.ColdOverhead = growStats(s.micro.Cold)
+		m.CacheP50NS, m.CacheP99NS, _, m.CacheOverhead = growStats(s.micro.Cache)
+		if m.ColdP50NS > 0 {
+			m.CacheVsCold = m.CacheP50NS / m.ColdP50NS
+		}
+		r.Micro = m
+	}
+	r.Targets = r.targets()
+	return r
+}
+
+func summarise(runs []*workload.Result) *row {
+	walls := make([]float64, len(runs))
+	mems := make([]float64, len(runs))
+	for i, x := range runs {
+		walls[i], mems[i] = float64(x.WallNS), float64(x.MemNS)
+	}
+	// The run whose wall time is the median gives the other figures.
+	byWall := slices.Clone(runs)
+	slices.SortFunc(byWall, func(a, b *workload.Result) int { return int(a.WallNS - b.WallNS) })
+	med := byWall[(len(byWall)-1)/2]
+	x := &row{Workload: med.Workload, Strategy: med.Strategy, Runs: len(runs), WallNS: median(walls), MemNS: median(mems), med: med}
+	for _, r := range runs {
+		x.grows = append(x.grows, r.Grows...)
+	}
+	x.GrowP50NS, x.GrowP99NS, x.GrowMeanNS, x.GrowOverhead = growStats(x.grows)
+	x.Grows = len(med.Grows)
+	x.GrowCalls = med.GrowCalls
+	x.calls = med.Calls
+	x.Calls = med.Calls.Map()
+	_, x.DriverNS = med.Calls.Total()
+	x.PeakPhysical, x.FinalPhysical, x.PeakMapped = med.Mem.PeakPhysical, med.Final.Physical, med.Mem.PeakMapped
+	x.PeakLive = med.PeakLive
+	if x.PeakMapped > 0 {
+		x.Frag = 1 - float64(x.PeakLive)/float64(x.PeakMapped)
+	}
+	x.Waste = x.PeakMapped - x.PeakLive
+	x.Regions = med.Regions
+	x.Copied, x.Written = med.Mem.Copied, med.Mem.Written
+	x.Denied, x.FailedTrims = med.Denied, med.FailedTrims
+	if med.Demand > 0 {
+		x.Served = float64(med.Served) / float64(med.Demand)
+	}
+	x.Pool = med.Pool
+	return x
+}
+
+// thin picks at most n samples, evenly, keeping the last.
+func thin(s []workload.Sample, n int) []workload.Sample {
+	if len(s) <= n {
+		return s
+	}
+	out := make([]workload.Sample, 0, n)
+	for i := range n {
+		out = append(out, s[i*(len(s)-1)/(n-1)])
+	}
+	return out
+}
+
+// perRun returns, for each repetition, strategy num's time over strategy
+// den's on workload w: in the allocator, and wall.
+func (r *report) perRun(w, num, den string) (mem, wall []float64) {
+	for rep := range r.s.opts.count {
+		var n, d *workload.Result
+		for _, x := range r.s.results {
+			if x.Workload == w && x.Rep == rep {
+				switch x.Strategy {
+				case num:
+					n = x
+				case den:
+					d = x
+				}
+			}
+		}
+		if n != nil && d != nil && d.MemNS > 0 && d.WallNS > 0 {
+			mem = append(mem, float64(n.MemNS)/float64(d.MemNS))
+			wall = append(wall, float64(n.WallNS)/float64(d.WallNS))
+		}
+	}
+	return mem, wall
+}
+
+// runs lists per-run ratios when there is more than one.
+func runs(v []float64) string {
+	if len(v) < 2 {
+		return ""
+	}
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprintf("%.2f", x)
+	}
+	return "; per run " + strings.Join(s, ", ")
+}
+
+func (r *report) row(w, st string) *row {
+	for _, x := range r.Rows {
+		if x.Workload == w && x.Strategy == st {
+			return x
+		}
+	}
+	return nil
+}
+
+func yes(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "MISSED"
+}
+
+// targets checks the figures the project promises on the host driver
+// (docs/benchmarks.md, issue 4), for whatever this run measured.
+func (r *report) targets() []target {
+	var ts []target
+	chunkSize := r.Gran
+	if r.s.opts.chunk > 0 {
+		chunkSize = r.s.opts.chunk
+	}
+	if a, c := r.row("kv", "arena"), r.row("kv", "realloc"); a != nil && c != nil {
+		mem, wall := r.perRun("kv", "realloc", "arena")
+		ratio := median(mem)
+		ts = append(ts, target{"kv: arena vs realloc-and-copy, time in the allocator", "≥ 5× faster",
+			fmt.Sprintf("%.2f× (%s vs %s)%s", ratio, workload.HumanNS(a.MemNS), workload.HumanNS(c.MemNS), runs(mem)), ratio >= 5})
+		if r.Touch {
+			ratio := median(wall)
+			ts = append(ts, target{"kv: arena vs realloc-and-copy, wall time (with the data writes)", "≥ 5× faster",
+				fmt.Sprintf("%.2f× (%s vs %s)%s", ratio, workload.HumanNS(a.WallNS), workload.HumanNS(c.WallNS), runs(wall)), ratio >= 5})
+		}
+	}
+	if a := r.row("kv", "arena"); a != nil {
+		limit := a.PeakLive + int64(a.Regions)*chunkSize
+		ts = append(ts, target{"kv: arena peak physical", "≤ peak live + 1 chunk per arena",
+			fmt.Sprintf("%s vs %s + %d×%s = %s", workload.HumanBytes(a.PeakPhysical), workload.HumanBytes(a.PeakLive),
+				a.Regions, workload.HumanBytes(chunkSize), workload.HumanBytes(limit)), a.PeakPhysical <= limit})
+		if c := r.row("kv", "realloc"); c != nil && a.PeakLive > 0 {
+			ts = append(ts, target{"kv: realloc-and-copy peak physical (for reference)", "≈ 2× peak live",
+				fmt.Sprintf("%.2f× peak live (arena %.2f×)", float64(c.PeakPhysical)/float64(c.PeakLive),
+					float64(a.PeakPhysical)/float64(a.PeakLive)), true})
+		}
+	}
+	for _, w := range r.s.opts.workloads {
+		a := r.row(w, "arena")
+		if a == nil {
+			continue
+		}
+		limit := int64(a.Regions) * chunkSize
+		ts = append(ts, target{w + ": arena fragmentation", "waste ≤ 1 chunk per arena",
+			fmt.Sprintf("%.2f%% (%s over %d arenas, limit %s)", 100*a.Frag, workload.HumanBytes(a.Waste), a.Regions,
+				workload.HumanBytes(limit)), a.Waste <= limit})
+		if a.GrowOverhead > 0 {
+			ts = append(ts, target{w + ": arena Grow ÷ bare driver calls", "≤ 1.10",
+				fmt.Sprintf("%.3f over %d grows", a.GrowOverhead, len(a.grows)), a.GrowOverhead <= 1.10})
+		}
+	}
+	if m := r.Micro; m != nil {
+		ts = append(ts,
+			target{"micro: Alloc fast path", "< 20 ns/op, 0 allocs/op",
+				fmt.Sprintf("%.1f ns/op, %.3g allocs/op", m.AllocNS, m.AllocAllocs), m.AllocNS < 20 && m.AllocAllocs == 0},
+			target{"micro: Grow from the cache ÷ cold Grow (p50)", "≤ 0.25",
+				fmt.Sprintf("%.3f (%s vs %s)", m.CacheVsCold, workload.HumanNS(m.CacheP50NS), workload.HumanNS(m.ColdP50NS)),
+				m.CacheVsCold > 0 && m.CacheVsCold <= 0.25},
+			target{"micro: cold and cached Grow ÷ bare driver calls", "≤ 1.10",
+				fmt.Sprintf("cold %.3f, cache %.3f", m.ColdOverhead, m.CacheOverhead), m.ColdOverhead <= 1.10 && m.CacheOverhead <= 1.10},
+		)
+	}
+	return ts
+}
+
+func dash(v float64, f func(float64) string) string {
+	if v == 0 {
+		return "—"
+	}
+	return f(v)
+}
+
+func (r *report) printTable(w io.Writer) {
+	o := r.s.opts
+	for _, wname := range o.workloads {
+		rows := []*row{}
+		for _, x := range r.Rows {
+			if x.Workload == wname {
+				rows = append(rows, x)
+			}
+		}
+		if len(rows) == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "== %s: %s\n", wname, o.workload(wname).Describe())
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		budgeted := rows[0].med.Demand > 0
+		hdr := "strategy\twall\t÷arena\tin-alloc\tgrows\tgrow p50\tgrow p99\tgrow÷drv\tpeak phys\tfinal phys\tpeak mapped\tpeak live\tfrag\tcopied"
+		if budgeted {
+			hdr += "\tdenied\tserved"
+		}
+		fmt.Fprintln(tw, hdr+"\t")
+		for _, x := range rows {
+			ratio := "—"
+			if x.WallVsArena > 0 {
+				ratio = fmt.Sprintf("%.2f×", x.WallVsArena)
+			}
+			line := fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%s",
+				x.Strategy, workload.HumanNS(x.WallNS), ratio, workload.HumanNS(x.MemNS), x.Grows,
+				dash(x.GrowP50NS, workload.HumanNS), dash(x.GrowP99NS, workload.HumanNS),
+				dash(x.GrowOverhead, func(v float64) string { return fmt.Sprintf("%.3f", v) }),
+				workload.HumanBytes(x.PeakPhysical), workload.HumanBytes(x.FinalPhysical),
+				workload.HumanBytes(x.PeakMapped), workload.HumanBytes(x.PeakLive), 100*x.Frag, workload.HumanBytes(x.Copied))
+			if budgeted {
+				line += fmt.Sprintf("\t%d\t%.1f%%", x.Denied, 100*x.Served)
+			}
+			fmt.Fprintln(tw, line+"\t")
+		}
+		tw.Flush()
+		// Driver calls by kind: count and time.
+		kinds := []counting.Op{counting.MallocPhysical, counting.FreePhysical, counting.Reserve, counting.Release,
+			counting.Map, counting.Unmap, counting.SetAccess, counting.Memset, counting.DtoD, counting.HtoD}
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		h := "driver calls"
+		for _, k := range kinds {
+			h += "\t" + k.String()
+		}
+		fmt.Fprintln(tw, h+"\tin driver\t")
+		for _, x := range rows {
+			line := x.Strategy
+			for _, k := range kinds {
+				if x.calls.N[k] == 0 {
+					line += "\t—"
+					continue
+				}
+				line += fmt.Sprintf("\t%d × %s", x.calls.N[k], workload.HumanNS(float64(x.calls.NS[k])/float64(x.calls.N[k])))
+			}
+			fmt.Fprintln(tw, line+"\t"+workload.HumanNS(float64(x.DriverNS))+"\t")
+		}
+		tw.Flush()
+		fmt.Fprintln(w)
+	}
+	if m := r.Micro; m != nil {
+		fmt.Fprintf(w, "== micro: the arena alone\n")
+		fmt.Fprintf(w, "  Alloc(256, 64) in mapped memory: %.1f ns/op, %.3g allocs/op (%d ops)\n", m.AllocNS, m.AllocAllocs, m.AllocIters)
+		fmt.Fprintf(w, "  Grow by one %s chunk, cold (MallocPhysical+map+access): p50 %s, p99 %s, ÷ driver %.3f (%d grows)\n",
+			workload.HumanBytes(int64(m.ChunkSize)), workload.HumanNS(m.ColdP50NS), workload.HumanNS(m.ColdP99NS), m.ColdOverhead, len(m.Cold))
+		fmt.Fprintf(w, "  Grow by one chunk from the reuse cache (map+access):   p50 %s, p99 %s, ÷ driver %.3f; cache ÷ cold = %.3f\n\n",
+			workload.HumanNS(m.CacheP50NS), workload.HumanNS(m.CacheP99NS), m.CacheOverhead, m.CacheVsCold)
+	}
+	if len(r.Targets) > 0 {
+		fmt.Fprintf(w, "== targets (ratios within this run, driver %s)\n", r.Device)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, t := range r.Targets {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", yes(t.Met), t.Name, t.Want, t.Got)
+		}
+		tw.Flush()
+	}
+}
+
+func (r *report) writeJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+var benchNames = map[string]string{"kv": "KVDecode", "scratch": "Scratch", "churn": "Churn"}
+
+// writeBench writes Go benchmark format: one line per run, so benchstat sees
+// every repetition.
+func (r *report) writeBench(w io.Writer) error {
+	fmt.Fprintf(w, "goos: %s\ngoarch: %s\npkg: github.com/vmarena/vmarena/bench\ncpu: %s\ndriver: %s\n",
+		runtime.GOOS, runtime.GOARCH, r.CPU, r.Device)
+	procs := runtime.GOMAXPROCS(0)
+	for _, res := range r.s.results {
+		p50, p99, _, ovh := growStats(res.Grows)
+		_, drvNS := res.Calls.Total()
+		var frag float64
+		if res.Mem.PeakMapped > 0 {
+			frag = 1 - float64(res.PeakLive)/float64(res.Mem.PeakMapped)
+		}
+		fmt.Fprintf(w, "Benchmark%s/strategy=%s-%d\t1\t%d ns/op\t%d alloc-ns/op\t%d driver-ns/op\t%.0f grow-p50-ns\t%.0f grow-p99-ns\t%.4f grow/driver\t%d peak-phys-B\t%d final-phys-B\t%d peak-mapped-B\t%.4f frag\t%d copied-B\t%d driver-calls\n",
+			benchNames[res.Workload], res.Strategy, procs, res.WallNS, res.MemNS, drvNS, p50, p99, ovh,
+			res.Mem.PeakPhysical, res.Final.Physical, res.Mem.PeakMapped, frag, res.Mem.Copied, res.Calls.N[counting.MallocPhysical]+
+				res.Calls.N[counting.FreePhysical]+res.Calls.N[counting.Map]+res.Calls.N[counting.Unmap]+res.Calls.N[counting.SetAccess]+
+				res.Calls.N[counting.Reserve]+res.Calls.N[counting.Release]+res.Calls.N[counting.DtoD]+res.Calls.N[counting.Memset])
+	}
+	if m := r.Micro; m != nil {
+		fmt.Fprintf(w, "BenchmarkAlloc-%d\t%d\t%.2f ns/op\t%.3g allocs/op\n", procs, m.AllocIters, m.AllocNS, m.AllocAllocs)
+		for _, g := range []struct {
+			name string
+			ev   []workload.GrowEvent
+		}{{"cold", m.Cold}, {"cache", m.Cache}} {
+			p50, p99, mean, ovh := growStats(g.ev)
+			var drv float64
+			for _, e := range g.ev {
+				drv += float64(e.DriverNS)
+			}
+			fmt.Fprintf(w, "BenchmarkGrow/from=%s/chunks=1-%d\t%d\t%.0f ns/op\t%.0f p50-ns\t%.0f p99-ns\t%.0f driver-ns/op\t%.4f grow/driver\n",
+				g.name, procs, len(g.ev), mean, p50, p99, drv/float64(max(len(g.ev), 1)), ovh)
+		}
+	}
+	return nil
+}

@@ -84,6 +84,9 @@ type timed struct {
 
 func (d *timed) since(t time.Time) { d.ns.Add(int64(time.Since(t))) }
 
+// Unwrap lets the pool see that the host driver's fresh memory is zero.
+func (d *timed) Unwrap() acl.Driver { return d.Driver }
+
 func (d *timed) MallocPhysical(size uintptr, p *acl.PhysicalMemProp, f uint64) (acl.PhysicalHandle, error) {
 	defer d.since(time.Now())
 	return d.Driver.MallocPhysical(size, p, f)
@@ -99,6 +102,10 @@ func (d *timed) MapMem(p acl.DevicePtr, size, off uintptr, h acl.PhysicalHandle,
 func (d *timed) UnmapMem(p acl.DevicePtr) error {
 	defer d.since(time.Now())
 	return d.Driver.UnmapMem(p)
+}
+func (d *timed) Memset(p acl.DevicePtr, v byte, n uintptr) error {
+	defer d.since(time.Now())
+	return d.Driver.Memset(p, v, n)
 }
 func (d *timed) MemSetAccess(p acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
 	defer d.since(time.Now())

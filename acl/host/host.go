@@ -55,7 +55,7 @@ type Driver struct {
 	cfg    Config
 	shared bool // the process default: Close is a no-op
 
-	mu       sync.Mutex
+	mu       sync.RWMutex // copies and queries share it; changes take it alone
 	closed   bool
 	fd       int
 	space    offsets
@@ -166,16 +166,16 @@ func (d *Driver) Capacity() uintptr { return d.cfg.Capacity }
 // Live counts the reservations, mappings and physical allocations the driver
 // holds.
 func (d *Driver) Live() acl.LiveCounts {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	return d.live
 }
 
 // VMAs returns the kernel memory areas the driver's reservations occupy now,
 // and the most they ever occupied.
 func (d *Driver) VMAs() (now, peak int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	return d.vmas, d.maxVMAs
 }
 
@@ -202,9 +202,9 @@ func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option a
 	if err := rules.GranularityOption(op, option); err != nil {
 		return 0, err
 	}
-	d.mu.Lock()
+	d.mu.RLock()
 	closed := d.closed
-	d.mu.Unlock()
+	d.mu.RUnlock()
 	if closed {
 		return 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
@@ -606,21 +606,21 @@ func (d *Driver) Bytes(ptr acl.DevicePtr, n uintptr) ([]byte, error) {
 	if n == 0 {
 		return nil, nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	return d.hostRangeLocked("Bytes", ptr, n)
 }
 
-// The copies hold the driver lock (shared by nobody but other driver calls)
-// so that the range cannot be unmapped under them.
+// The copies hold the driver lock shared, so that the range cannot be
+// unmapped under them while other copies and queries go on.
 
 // MemcpyHtoD copies src to device memory at dst.
 func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	b, err := d.hostRangeLocked("aclrtMemcpy", dst, uintptr(len(src)))
 	if err != nil {
 		return err
@@ -634,8 +634,8 @@ func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	if len(dst) == 0 {
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	b, err := d.hostRangeLocked("aclrtMemcpy", src, uintptr(len(dst)))
 	if err != nil {
 		return err
@@ -650,8 +650,8 @@ func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
 	if n == 0 {
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	s, err := d.hostRangeLocked("aclrtMemcpy", src, n)
 	if err != nil {
 		return err
@@ -669,8 +669,8 @@ func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
 	if n == 0 {
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	b, err := d.hostRangeLocked("aclrtMemset", ptr, n)
 	if err != nil {
 		return err
@@ -691,8 +691,8 @@ func (d *Driver) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
 	if attr < acl.DDRMem || attr > acl.MemP2PHuge1G {
 		return 0, 0, fail(op, acl.ErrCodeInvalidParam, "attr %d", attr)
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	d.mu.RLock()
+	defer d.mu.RUnlock()
 	if d.closed {
 		return 0, 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}

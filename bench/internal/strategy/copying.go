@@ -19,14 +19,50 @@ func (s *reallocStrategy) Name() string { return "realloc" }
 func (s *reallocStrategy) Close() error { return nil }
 
 func (s *reallocStrategy) Open(max int64) (Region, error) {
-	return &reallocRegion{s: s, max: max}, nil
+	return &reallocRegion{s: s, max: max, bump: bump{name: "realloc"}}, nil
 }
 
 type reallocRegion struct {
-	s   *reallocStrategy
-	max int64
-	seg segment // size is the capacity; zero when nothing is allocated
-	len int64
+	s    *reallocStrategy
+	max  int64
+	bump // seg.size is the capacity; zero when nothing is allocated
+}
+
+// bump is a bump allocator over one segment, the part realloc and prealloc
+// share: they differ only in how the segment grows.
+type bump struct {
+	name string
+	seg  segment
+	len  int64
+}
+
+func (r *bump) Alloc(n, align int64) (int64, error) {
+	if err := checkAlloc(n, align); err != nil {
+		return 0, err
+	}
+	off := alignUp(r.len, align)
+	if off+n > r.seg.size {
+		return 0, fmt.Errorf("%s: alloc %d bytes at %d: %w: capacity %d", r.name, n, off, ErrFull, r.seg.size)
+	}
+	r.len = off + n
+	return off, nil
+}
+
+func (r *bump) Ptr(off, n int64) (acl.DevicePtr, error) {
+	if off < 0 || n < 0 || off+n > r.len {
+		return 0, fmt.Errorf("%s: [%d, +%d) outside %d bytes in use", r.name, off, n, r.len)
+	}
+	return r.seg.base.Add(uintptr(off)), nil
+}
+
+func (r *bump) Len() int64 { return r.len }
+
+func (r *bump) Truncate(n int64) error {
+	if n < 0 || n > r.len {
+		return fmt.Errorf("%s: truncate to %d: length is %d", r.name, n, r.len)
+	}
+	r.len = n
+	return nil
 }
 
 // move replaces the buffer by one of size bytes holding the first r.len
@@ -68,35 +104,6 @@ func (r *reallocRegion) Grow(n int64) error {
 	return r.move(size)
 }
 
-func (r *reallocRegion) Alloc(n, align int64) (int64, error) {
-	if err := checkAlloc(n, align); err != nil {
-		return 0, err
-	}
-	off := alignUp(r.len, align)
-	if off+n > r.seg.size {
-		return 0, fmt.Errorf("realloc: alloc %d bytes at %d: %w: capacity %d", n, off, ErrFull, r.seg.size)
-	}
-	r.len = off + n
-	return off, nil
-}
-
-func (r *reallocRegion) Ptr(off, n int64) (acl.DevicePtr, error) {
-	if off < 0 || n < 0 || off+n > r.len {
-		return 0, fmt.Errorf("realloc: [%d, +%d) outside %d bytes in use", off, n, r.len)
-	}
-	return r.seg.base.Add(uintptr(off)), nil
-}
-
-func (r *reallocRegion) Len() int64 { return r.len }
-
-func (r *reallocRegion) Truncate(n int64) error {
-	if n < 0 || n > r.len {
-		return fmt.Errorf("realloc: truncate to %d: length is %d", n, r.len)
-	}
-	r.len = n
-	return nil
-}
-
 // Trim frees the buffer when it is empty and otherwise halves it (copying)
 // once it is at most a quarter full: the amortised rule of dynamic arrays,
 // which keeps a shrinking buffer from copying at every step.
@@ -127,48 +134,18 @@ func (s *preallocStrategy) Open(max int64) (Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &preallocRegion{s: s, seg: seg}, nil
+	return &preallocRegion{s: s, bump: bump{name: "prealloc", seg: seg}}, nil
 }
 
 type preallocRegion struct {
-	s   *preallocStrategy
-	seg segment
-	len int64
+	s *preallocStrategy
+	bump
 }
 
 func (r *preallocRegion) Grow(n int64) error {
 	if r.len+n > r.seg.size {
 		return fmt.Errorf("prealloc: grow by %d at %d: %w: %d bytes preallocated", n, r.len, ErrFull, r.seg.size)
 	}
-	return nil
-}
-
-func (r *preallocRegion) Alloc(n, align int64) (int64, error) {
-	if err := checkAlloc(n, align); err != nil {
-		return 0, err
-	}
-	off := alignUp(r.len, align)
-	if off+n > r.seg.size {
-		return 0, fmt.Errorf("prealloc: alloc %d bytes at %d: %w: capacity %d", n, off, ErrFull, r.seg.size)
-	}
-	r.len = off + n
-	return off, nil
-}
-
-func (r *preallocRegion) Ptr(off, n int64) (acl.DevicePtr, error) {
-	if off < 0 || n < 0 || off+n > r.len {
-		return 0, fmt.Errorf("prealloc: [%d, +%d) outside %d bytes in use", off, n, r.len)
-	}
-	return r.seg.base.Add(uintptr(off)), nil
-}
-
-func (r *preallocRegion) Len() int64 { return r.len }
-
-func (r *preallocRegion) Truncate(n int64) error {
-	if n < 0 || n > r.len {
-		return fmt.Errorf("prealloc: truncate to %d: length is %d", n, r.len)
-	}
-	r.len = n
 	return nil
 }
 

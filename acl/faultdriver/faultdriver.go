@@ -26,7 +26,10 @@
 // the runtime lacks that call, which it remembers; inject other codes there.
 //
 // A Driver is safe for concurrent use. Close is forwarded and never fails by
-// injection.
+// injection. New and the Fail methods panic on arguments no test can mean (a
+// nil driver, an unknown Op, n < 1 for FailNth, p outside [0, 1]): like
+// regexp.MustCompile, they report a mistake in the test itself, not a
+// condition to handle.
 package faultdriver
 
 import (

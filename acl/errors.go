@@ -48,6 +48,7 @@ func Errorf(op string, code int32, format string, args ...any) error {
 	return NewError(op, code, fmt.Sprintf(format, args...))
 }
 
+// Error formats e as "op: NAME (code): message".
 func (e *Error) Error() string {
 	s := fmt.Sprintf("%s: %s (%d)", e.Op, CodeName(e.Code), e.Code)
 	if e.Msg != "" {

@@ -31,6 +31,7 @@ type Churn struct {
 	Seed        uint64
 }
 
+// Name returns "churn".
 func (c Churn) Name() string { return "churn" }
 
 func (c Churn) demand(i, step int, noise float64) int64 {
@@ -62,6 +63,7 @@ func (c Churn) Budget(gran int64) int64 {
 	return alignUp(b, gran)
 }
 
+// Describe says in one line what the configuration does.
 func (c Churn) Describe() string {
 	return fmt.Sprintf("%d tenants, %d steps, demand %s–%s each (period %d steps, out of phase, ±%g%%), tensors of %s; prealloc needs %s",
 		c.Tenants, c.Steps, HumanBytes(c.Lo), HumanBytes(c.Hi), c.Period, 100*c.Jitter, HumanBytes(c.Tensor),
@@ -76,6 +78,7 @@ func (c Churn) check() error {
 	return nil
 }
 
+// Run replays the workload on env's strategy.
 func (c Churn) Run(env *Env) (err error) {
 	if err := c.check(); err != nil {
 		return err

@@ -25,6 +25,7 @@ type KV struct {
 	Seed                            uint64
 }
 
+// Name returns "kv".
 func (c KV) Name() string { return "kv" }
 
 // LayerBytes is one layer's K (or V) for one token, aligned.
@@ -43,6 +44,7 @@ func (c KV) MaxBytes() int64 {
 	return ceilDiv(int64(c.PromptMax+c.GenMax), int64(c.BlockTokens)) * c.BlockBytes()
 }
 
+// Describe says in one line what the configuration does.
 func (c KV) Describe() string {
 	return fmt.Sprintf("%d slots, %d requests, prompt %d–%d + gen %d–%d tokens, %s/token (%d layers × K,V × %d heads × %d × %dB), block %d tokens = %s; prealloc maps %s",
 		c.Slots, c.Requests, c.PromptMin, c.PromptMax, c.GenMin, c.GenMax, HumanBytes(c.TokenBytes()),
@@ -50,6 +52,7 @@ func (c KV) Describe() string {
 		HumanBytes(int64(c.Slots)*c.MaxBytes()))
 }
 
+// Budget is the physical memory budget the workload runs under (0: none).
 func (c KV) Budget(int64) int64 { return 0 }
 
 func (c KV) check() error {
@@ -68,6 +71,7 @@ type kvSeq struct {
 	gen, left int // tokens to generate, still to generate
 }
 
+// Run replays the workload on env's strategy.
 func (c KV) Run(env *Env) (err error) {
 	if err := c.check(); err != nil {
 		return err

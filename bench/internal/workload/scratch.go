@@ -26,6 +26,7 @@ type Scratch struct {
 	Seed               uint64
 }
 
+// Name returns "scratch".
 func (c Scratch) Name() string { return "scratch" }
 
 // MaxBytes is the worst step the configuration allows.
@@ -33,12 +34,14 @@ func (c Scratch) MaxBytes() int64 {
 	return int64(c.MaxBufs) * alignUp(max(c.MaxSize, c.SpikeMax), strategy.Align)
 }
 
+// Describe says in one line what the configuration does.
 func (c Scratch) Describe() string {
 	return fmt.Sprintf("%d steps of %d–%d buffers of %s–%s; spikes (p=%g) of %s–%s buffers; trim when the last %d steps peak under half the high-water; prealloc maps %s",
 		c.Steps, c.MinBufs, c.MaxBufs, HumanBytes(c.MinSize), HumanBytes(c.MaxSize), c.SpikeProb,
 		HumanBytes(c.SpikeMin), HumanBytes(c.SpikeMax), c.Window, HumanBytes(c.MaxBytes()))
 }
 
+// Budget is the physical memory budget the workload runs under (0: none).
 func (c Scratch) Budget(int64) int64 { return 0 }
 
 func (c Scratch) check() error {
@@ -57,6 +60,7 @@ func logUniform(rng *rand.Rand, lo, hi int64) int64 {
 	return int64(math.Exp(l + rng.Float64()*(h-l)))
 }
 
+// Run replays the workload on env's strategy.
 func (c Scratch) Run(env *Env) (err error) {
 	if err := c.check(); err != nil {
 		return err

@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"sort"
 	"sync"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/internal/book"
 	"github.com/vmarena/vmarena/acl/internal/rules"
 )
 
@@ -63,7 +63,7 @@ type Driver struct {
 	// CUDA's never disagree) and read-held across copies (so that a range
 	// cannot be unmapped under a copy).
 	mu      sync.RWMutex
-	resv    []*reservation // sorted by base
+	book    book.Book[struct{}, *handle]
 	handles map[acl.PhysicalHandle]*handle
 	nextID  acl.PhysicalHandle
 	live    acl.LiveCounts
@@ -79,20 +79,12 @@ type handle struct {
 	freed bool    // FreePhysical dropped the owner's reference (cuMemRelease done)
 }
 
-// reservation is one cuMemAddressReserve.
-type reservation struct {
-	base uintptr
-	size uintptr
-	maps []*mapping // sorted by addr, never overlapping
-}
-
-// mapping is one cuMemMap of a whole allocation.
-type mapping struct {
-	addr   uintptr
-	size   uintptr
-	h      *handle
-	access bool // cuMemSetAccess granted read-write
-}
+// A reservation is one cuMemAddressReserve; a mapping is one cuMemMap of a
+// whole allocation.
+type (
+	reservation = book.Reservation[struct{}, *handle]
+	mapping     = book.Mapping[*handle]
+)
 
 var (
 	_ acl.Driver  = (*Driver)(nil)
@@ -449,14 +441,10 @@ func (d *Driver) ReserveMemAddress(size, alignment uintptr, expect acl.DevicePtr
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	res := &reservation{base: uintptr(p), size: size}
-	i := sort.Search(len(d.resv), func(i int) bool { return d.resv[i].base > res.base })
-	d.resv = append(d.resv, nil)
-	copy(d.resv[i+1:], d.resv[i:])
-	d.resv[i] = res
+	d.book.Add(&reservation{Base: uintptr(p), Size: size})
 	d.live.Reservations++
 	d.live.ReservedBytes += size
-	return acl.DevicePtr(res.base), nil
+	return acl.DevicePtr(p), nil
 }
 
 // ReleaseMemAddress is cuMemAddressFree of the reservation at base (CUDA
@@ -472,54 +460,23 @@ func (d *Driver) ReleaseMemAddress(base acl.DevicePtr) error {
 	defer d.end()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	i, r := d.findLocked(uintptr(base))
-	if r == nil || r.base != uintptr(base) {
-		return fail(op, acl.ErrCodeRTParamInvalid, "%v is not the base of a reservation", base)
-	}
-	if len(r.maps) > 0 {
-		return fail(op, acl.ErrCodeRTParamInvalid, "reservation %v still has %d mappings: unmap them first", base, len(r.maps))
+	r, err := d.book.Releasable(op, base)
+	if err != nil {
+		return err
 	}
 	b, err := d.bind()
 	if err != nil {
 		return err
 	}
-	res := d.lib.cuMemAddressFree(uint64(r.base), r.size)
+	res := d.lib.cuMemAddressFree(uint64(r.Base), r.Size)
 	d.unbind(b)
 	if res != ResultSuccess {
 		return d.lib.newError("cuMemAddressFree", res)
 	}
-	d.resv = append(d.resv[:i], d.resv[i+1:]...)
+	d.book.Forget(r)
 	d.live.Reservations--
-	d.live.ReservedBytes -= r.size
+	d.live.ReservedBytes -= r.Size
 	return nil
-}
-
-// findLocked returns the reservation containing addr, and its index.
-func (d *Driver) findLocked(addr uintptr) (int, *reservation) {
-	i := sort.Search(len(d.resv), func(i int) bool { return d.resv[i].base > addr }) - 1
-	if i < 0 || addr-d.resv[i].base >= d.resv[i].size {
-		return -1, nil
-	}
-	return i, d.resv[i]
-}
-
-// mapIndex returns the index of the first mapping of r that ends after addr.
-func (r *reservation) mapIndex(addr uintptr) int {
-	return sort.Search(len(r.maps), func(i int) bool { return r.maps[i].addr+r.maps[i].size > addr })
-}
-
-// mappingLocked returns the mapping that starts exactly at addr, its
-// reservation and its index there.
-func (d *Driver) mappingLocked(addr uintptr) (*reservation, int, *mapping) {
-	_, r := d.findLocked(addr)
-	if r == nil {
-		return nil, 0, nil
-	}
-	i := r.mapIndex(addr)
-	if i == len(r.maps) || r.maps[i].addr != addr {
-		return nil, 0, nil
-	}
-	return r, i, r.maps[i]
 }
 
 // MapMem is cuMemMap of the whole allocation h at ptr, which must lie in one
@@ -547,13 +504,9 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	case addr%h.page != 0:
 		return fail(op, acl.ErrCodeRTParamInvalid, "virPtr %v is not aligned to the page size %d", ptr, h.page)
 	}
-	_, r := d.findLocked(addr)
-	if r == nil || size > r.base+r.size-addr {
-		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not inside one reservation", ptr, size)
-	}
-	i := r.mapIndex(addr)
-	if i < len(r.maps) && r.maps[i].addr < addr+size {
-		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) overlaps the mapping at %#x", ptr, size, r.maps[i].addr)
+	r, i, err := d.book.Place(op, ptr, size)
+	if err != nil {
+		return err
 	}
 	b, err := d.bind()
 	if err != nil {
@@ -564,9 +517,7 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	if res != ResultSuccess {
 		return d.lib.newError("cuMemMap", res)
 	}
-	r.maps = append(r.maps, nil)
-	copy(r.maps[i+1:], r.maps[i:])
-	r.maps[i] = &mapping{addr: addr, size: size, h: h}
+	r.Insert(i, &mapping{Addr: addr, Size: size, H: h})
 	h.refs++
 	d.live.Mappings++
 	d.live.MappedBytes += size
@@ -588,7 +539,7 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 	defer d.end()
 	notMapped := func() error { return fail(op, acl.ErrCodeRTDrvInternal, "%v is not the start of a mapping", ptr) }
 	d.mu.RLock()
-	_, _, m := d.mappingLocked(uintptr(ptr))
+	_, _, m := d.book.Mapping(ptr)
 	d.mu.RUnlock()
 	if m == nil {
 		return notMapped()
@@ -606,17 +557,17 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	r, i, m := d.mappingLocked(uintptr(ptr)) // again: another call may have unmapped it meanwhile
+	r, i, m := d.book.Mapping(ptr) // again: another call may have unmapped it meanwhile
 	if m == nil {
 		return notMapped()
 	}
-	if res := d.lib.cuMemUnmap(uint64(m.addr), m.size); res != ResultSuccess {
+	if res := d.lib.cuMemUnmap(uint64(m.Addr), m.Size); res != ResultSuccess {
 		return d.lib.newError("cuMemUnmap", res)
 	}
-	r.maps = append(r.maps[:i], r.maps[i+1:]...)
+	r.Remove(i)
 	d.live.Mappings--
-	d.live.MappedBytes -= m.size
-	d.unrefLocked(m.h)
+	d.live.MappedBytes -= m.Size
+	d.unrefLocked(m.H)
 	return nil
 }
 
@@ -637,11 +588,11 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 	defer d.end()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	_, _, m := d.mappingLocked(uintptr(ptr))
-	if m == nil || m.size != size {
+	_, _, m := d.book.Mapping(ptr)
+	if m == nil || m.Size != size {
 		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not exactly one mapping", ptr, size)
 	}
-	if m.access {
+	if m.Access {
 		return nil
 	}
 	cudesc := memAccessDesc{
@@ -652,35 +603,12 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 	if err != nil {
 		return err
 	}
-	r := d.lib.cuMemSetAccess(uint64(m.addr), m.size, &cudesc, 1)
+	r := d.lib.cuMemSetAccess(uint64(m.Addr), m.Size, &cudesc, 1)
 	d.unbind(b)
 	if r != ResultSuccess {
 		return d.lib.newError("cuMemSetAccess", r)
 	}
-	m.access = true
-	return nil
-}
-
-// checkRangeLocked fails unless [ptr, ptr+n) is mapped with access
-// throughout (possibly across adjacent mappings), the ACL rule for copies.
-// Checking here keeps a bad copy from reaching the GPU, where it would fault
-// and poison the context.
-func (d *Driver) checkRangeLocked(op string, ptr acl.DevicePtr, n uintptr) error {
-	addr := uintptr(ptr)
-	_, r := d.findLocked(addr)
-	if r == nil || n > r.base+r.size-addr {
-		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not inside one reservation", ptr, n)
-	}
-	at := addr
-	for i := r.mapIndex(addr); at < addr+n; i++ {
-		if i == len(r.maps) || r.maps[i].addr > at {
-			return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not mapped at %#x", ptr, n, at)
-		}
-		if !r.maps[i].access {
-			return fail(op, acl.ErrCodeRTParamInvalid, "mapping at %#x has no access (call aclrtMemSetAccess)", r.maps[i].addr)
-		}
-		at = r.maps[i].addr + r.maps[i].size
-	}
+	m.Access = true
 	return nil
 }
 
@@ -697,7 +625,9 @@ func (d *Driver) copyCall(op, fn string, n uintptr, wait bool, call func() Resul
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	for _, p := range ranges {
-		if err := d.checkRangeLocked(op, p, n); err != nil {
+		// Checking here keeps a bad copy from reaching the GPU, where it
+		// would fault and poison the context.
+		if _, err := d.book.Accessible(op, p, n); err != nil {
 			return err
 		}
 	}
@@ -806,7 +736,8 @@ func (d *Driver) Close() error {
 		errs = append(errs, fmt.Errorf("cuda driver %s: closed with objects still live: %+v", d.name, d.live))
 		errs = append(errs, d.releaseAllLocked()...)
 	}
-	d.resv, d.handles, d.live = nil, nil, acl.LiveCounts{}
+	d.book.Reset()
+	d.handles, d.live = nil, acl.LiveCounts{}
 	if r := d.lib.cuDevicePrimaryCtxRelease(d.dev); r != ResultSuccess {
 		errs = append(errs, d.lib.newError("cuDevicePrimaryCtxRelease_v2", r))
 	}
@@ -830,9 +761,9 @@ func (d *Driver) releaseAllLocked() []error {
 	if d.live.Mappings > 0 && !d.cfg.SkipUnmapSync {
 		check("cuCtxSynchronize", d.lib.cuCtxSynchronize())
 	}
-	for _, r := range d.resv {
-		for _, m := range r.maps {
-			check("cuMemUnmap", d.lib.cuMemUnmap(uint64(m.addr), m.size))
+	for _, r := range d.book.All() {
+		for _, m := range r.Maps {
+			check("cuMemUnmap", d.lib.cuMemUnmap(uint64(m.Addr), m.Size))
 		}
 	}
 	for _, h := range d.handles {
@@ -840,8 +771,8 @@ func (d *Driver) releaseAllLocked() []error {
 			check("cuMemRelease", d.lib.cuMemRelease(h.cu))
 		}
 	}
-	for _, r := range d.resv {
-		check("cuMemAddressFree", d.lib.cuMemAddressFree(uint64(r.base), r.size))
+	for _, r := range d.book.All() {
+		check("cuMemAddressFree", d.lib.cuMemAddressFree(uint64(r.Base), r.Size))
 	}
 	return errs
 }

@@ -3,11 +3,11 @@ package host
 import (
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"unsafe"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/internal/book"
 	"github.com/vmarena/vmarena/acl/internal/rules"
 )
 
@@ -55,18 +55,17 @@ type Driver struct {
 	cfg    Config
 	shared bool // the process default: Close is a no-op
 
-	mu       sync.RWMutex // copies and queries share it; changes take it alone
-	closed   bool
-	fd       int
-	space    offsets
-	handles  map[acl.PhysicalHandle]*handle
-	nextID   acl.PhysicalHandle
-	resv     []*reservation // sorted by base
-	phys     uintptr        // committed physical bytes, or being committed
-	vmas     int            // kernel VMAs our reservations occupy
-	live     acl.LiveCounts
-	maxVMAs  int // high-water mark of vmas
-	mapCalls uint64
+	mu      sync.RWMutex // copies and queries share it; changes take it alone
+	closed  bool
+	fd      int
+	space   offsets
+	handles map[acl.PhysicalHandle]*handle
+	nextID  acl.PhysicalHandle
+	book    book.Book[resvX, *handle]
+	phys    uintptr // committed physical bytes, or being committed
+	vmas    int     // kernel VMAs our reservations occupy
+	live    acl.LiveCounts
+	maxVMAs int // high-water mark of vmas
 }
 
 type handle struct {
@@ -78,20 +77,20 @@ type handle struct {
 	freed bool    // FreePhysical dropped the owner's reference
 }
 
-type reservation struct {
-	base uintptr
-	size uintptr
-	mem  unsafe.Pointer // == base; kept as a pointer to derive addresses from
-	maps []*mapping     // sorted by addr, never overlapping
+type (
+	reservation = book.Reservation[resvX, *handle]
+	mapping     = book.Mapping[*handle]
+)
+
+// resvX is what the host driver keeps per reservation beyond the books.
+type resvX struct {
+	mem  unsafe.Pointer // == Base; kept as a pointer to derive addresses from
 	vmas int            // kernel VMAs this range occupies
 }
 
-type mapping struct {
-	addr   uintptr
-	size   uintptr
-	h      *handle
-	access bool
-}
+// at returns the host memory at addr, inside r.
+// unsafe: addr lies inside r, whose memory starts at r.X.mem.
+func at(r *reservation, addr uintptr) unsafe.Pointer { return unsafe.Add(r.X.mem, addr-r.Base) }
 
 var _ acl.Driver = (*Driver)(nil)
 var _ acl.Counter = (*Driver)(nil)
@@ -344,15 +343,11 @@ func (d *Driver) ReserveMemAddress(size, alignment uintptr, expect acl.DevicePtr
 	if err != nil {
 		return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "no address space for %d bytes: %v", size, err)
 	}
-	r := &reservation{base: uintptr(p), size: size, mem: p, vmas: 1}
-	i := sort.Search(len(d.resv), func(i int) bool { return d.resv[i].base > r.base })
-	d.resv = append(d.resv, nil)
-	copy(d.resv[i+1:], d.resv[i:])
-	d.resv[i] = r
+	d.book.Add(&reservation{Base: uintptr(p), Size: size, X: resvX{mem: p, vmas: 1}})
 	d.addVMAs(1)
 	d.live.Reservations++
 	d.live.ReservedBytes += size
-	return acl.DevicePtr(r.base), nil
+	return acl.DevicePtr(p), nil
 }
 
 func (d *Driver) addVMAs(n int) {
@@ -374,54 +369,37 @@ func (d *Driver) ReleaseMemAddress(base acl.DevicePtr) error {
 	if d.closed {
 		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
-	i, r := d.findLocked(uintptr(base))
-	if r == nil || r.base != uintptr(base) {
-		return fail(op, acl.ErrCodeRTParamInvalid, "%v is not the base of a reservation", base)
+	r, err := d.book.Releasable(op, base)
+	if err != nil {
+		return err
 	}
-	if len(r.maps) > 0 {
-		return fail(op, acl.ErrCodeRTParamInvalid, "reservation %v still has %d mappings: unmap them first", base, len(r.maps))
-	}
-	if err := sysRelease(r.mem, r.size); err != nil {
+	if err := sysRelease(r.X.mem, r.Size); err != nil {
 		return fail(op, acl.ErrCodeRTFailure, "munmap: %v", err)
 	}
-	d.resv = append(d.resv[:i], d.resv[i+1:]...)
-	d.addVMAs(-r.vmas)
+	d.book.Forget(r)
+	d.addVMAs(-r.X.vmas)
 	d.live.Reservations--
-	d.live.ReservedBytes -= r.size
+	d.live.ReservedBytes -= r.Size
 	return nil
-}
-
-// findLocked returns the reservation containing addr, and its index.
-func (d *Driver) findLocked(addr uintptr) (int, *reservation) {
-	i := sort.Search(len(d.resv), func(i int) bool { return d.resv[i].base > addr }) - 1
-	if i < 0 || addr-d.resv[i].base >= d.resv[i].size {
-		return -1, nil
-	}
-	return i, d.resv[i]
-}
-
-// mapIndex returns the index of the first mapping of r that ends after addr.
-func (r *reservation) mapIndex(addr uintptr) int {
-	return sort.Search(len(r.maps), func(i int) bool { return r.maps[i].addr+r.maps[i].size > addr })
 }
 
 // seam counts the kernel VMAs contributed by the boundary between p and q,
 // neighbours in r's address order (nil p: the reservation's start; nil q: its
 // end): one for a reserved gap between them, one if q starts a new mapped VMA
 // rather than extending p's. The sum over all seams is r's VMA count.
-func (r *reservation) seam(p, q *mapping) int {
-	lo, hi := r.base, r.base+r.size
+func seam(r *reservation, p, q *mapping) int {
+	lo, hi := r.Base, r.Base+r.Size
 	if p != nil {
-		lo = p.addr + p.size
+		lo = p.Addr + p.Size
 	}
 	if q != nil {
-		hi = q.addr
+		hi = q.Addr
 	}
 	n := 0
 	if lo < hi {
 		n++
 	}
-	if q != nil && !(p != nil && lo == hi && p.access == q.access && p.h.off+p.h.size == q.h.off) {
+	if q != nil && !(p != nil && lo == hi && p.Access == q.Access && p.H.off+p.H.size == q.H.off) {
 		n++
 	}
 	return n
@@ -429,16 +407,16 @@ func (r *reservation) seam(p, q *mapping) int {
 
 // neighbours returns the mappings before and after index i (skipping i itself
 // when skip is set).
-func (r *reservation) neighbours(i int, skip bool) (p, q *mapping) {
+func neighbours(r *reservation, i int, skip bool) (p, q *mapping) {
 	if i > 0 {
-		p = r.maps[i-1]
+		p = r.Maps[i-1]
 	}
 	j := i
 	if skip {
 		j++
 	}
-	if j < len(r.maps) {
-		q = r.maps[j]
+	if j < len(r.Maps) {
+		q = r.Maps[j]
 	}
 	return p, q
 }
@@ -465,32 +443,23 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	case addr%h.page != 0:
 		return fail(op, acl.ErrCodeRTParamInvalid, "virPtr %v is not aligned to the page size %d", ptr, h.page)
 	}
-	_, r := d.findLocked(addr)
-	if r == nil || size > r.base+r.size-addr {
-		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not inside one reservation", ptr, size)
+	r, i, err := d.book.Place(op, ptr, size)
+	if err != nil {
+		return err
 	}
-	i := r.mapIndex(addr)
-	if i < len(r.maps) && r.maps[i].addr < addr+size {
-		m := r.maps[i]
-		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) overlaps the mapping at %#x", ptr, size, m.addr)
-	}
-	m := &mapping{addr: addr, size: size, h: h, access: d.cfg.NoSetAccess}
-	p, q := r.neighbours(i, false)
-	delta := r.seam(p, m) + r.seam(m, q) - r.seam(p, q)
+	m := &mapping{Addr: addr, Size: size, H: h, Access: d.cfg.NoSetAccess}
+	p, q := neighbours(r, i, false)
+	delta := seam(r, p, m) + seam(r, m, q) - seam(r, p, q)
 	if d.vmas+delta > d.cfg.MapLimit {
 		return fail(op, acl.ErrCodeRTResourceAllocFail, "%d memory areas in use, limit %d (vm.max_map_count)", d.vmas, d.cfg.MapLimit)
 	}
-	// unsafe: addr lies inside r, whose memory starts at r.mem.
-	if err := sysMap(unsafe.Add(r.mem, addr-r.base), size, d.fd, h.off, m.access); err != nil {
+	if err := sysMap(at(r, addr), size, d.fd, h.off, m.Access); err != nil {
 		return fail(op, acl.ErrCodeRTResourceAllocFail, "mmap: %v", err)
 	}
-	r.maps = append(r.maps, nil)
-	copy(r.maps[i+1:], r.maps[i:])
-	r.maps[i] = m
-	r.vmas += delta
+	r.Insert(i, m)
+	r.X.vmas += delta
 	d.addVMAs(delta)
 	h.refs++
-	d.mapCalls++
 	d.live.Mappings++
 	d.live.MappedBytes += size
 	return nil
@@ -508,29 +477,23 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 		d.mu.Unlock()
 		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
-	addr := uintptr(ptr)
-	_, r := d.findLocked(addr)
-	var i int
-	if r != nil {
-		i = r.mapIndex(addr)
-	}
-	if r == nil || i == len(r.maps) || r.maps[i].addr != addr {
+	r, i, m := d.book.Mapping(ptr)
+	if m == nil {
 		d.mu.Unlock()
 		return fail(op, acl.ErrCodeRTDrvInternal, "%v is not the start of a mapping", ptr)
 	}
-	m := r.maps[i]
-	if err := sysUnmap(unsafe.Add(r.mem, addr-r.base), m.size); err != nil {
+	if err := sysUnmap(at(r, m.Addr), m.Size); err != nil {
 		d.mu.Unlock()
 		return fail(op, acl.ErrCodeRTFailure, "mmap PROT_NONE: %v", err)
 	}
-	p, q := r.neighbours(i, true)
-	delta := r.seam(p, q) - r.seam(p, m) - r.seam(m, q)
-	r.maps = append(r.maps[:i], r.maps[i+1:]...)
-	r.vmas += delta
+	p, q := neighbours(r, i, true)
+	delta := seam(r, p, q) - seam(r, p, m) - seam(r, m, q)
+	r.Remove(i)
+	r.X.vmas += delta
 	d.addVMAs(delta)
 	d.live.Mappings--
-	d.live.MappedBytes -= m.size
-	release := d.unrefLocked(m.h)
+	d.live.MappedBytes -= m.Size
+	release := d.unrefLocked(m.H)
 	d.mu.Unlock()
 	return d.decommit(op, release)
 }
@@ -549,27 +512,21 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 	if d.closed {
 		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
-	addr := uintptr(ptr)
-	_, r := d.findLocked(addr)
-	var i int
-	if r != nil {
-		i = r.mapIndex(addr)
-	}
-	if r == nil || i == len(r.maps) || r.maps[i].addr != addr || r.maps[i].size != size {
+	r, i, m := d.book.Mapping(ptr)
+	if m == nil || m.Size != size {
 		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not exactly one mapping", ptr, size)
 	}
-	m := r.maps[i]
-	if m.access {
+	if m.Access {
 		return nil
 	}
-	if err := sysProtect(unsafe.Add(r.mem, addr-r.base), size); err != nil {
+	if err := sysProtect(at(r, m.Addr), size); err != nil {
 		return fail(op, acl.ErrCodeRTFailure, "mprotect: %v", err)
 	}
-	p, q := r.neighbours(i, true)
-	before := r.seam(p, m) + r.seam(m, q)
-	m.access = true
-	delta := r.seam(p, m) + r.seam(m, q) - before
-	r.vmas += delta
+	p, q := neighbours(r, i, true)
+	before := seam(r, p, m) + seam(r, m, q)
+	m.Access = true
+	delta := seam(r, p, m) + seam(r, m, q) - before
+	r.X.vmas += delta
 	d.addVMAs(delta)
 	return nil
 }
@@ -580,23 +537,12 @@ func (d *Driver) hostRangeLocked(op string, ptr acl.DevicePtr, n uintptr) ([]byt
 	if d.closed {
 		return nil, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
-	addr := uintptr(ptr)
-	_, r := d.findLocked(addr)
-	if r == nil || n > r.base+r.size-addr {
-		return nil, fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not inside one reservation", ptr, n)
-	}
-	at := addr
-	for i := r.mapIndex(addr); at < addr+n; i++ {
-		if i == len(r.maps) || r.maps[i].addr > at {
-			return nil, fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not mapped at %#x", ptr, n, at)
-		}
-		if !r.maps[i].access {
-			return nil, fail(op, acl.ErrCodeRTParamInvalid, "mapping at %#x has no access (call aclrtMemSetAccess)", r.maps[i].addr)
-		}
-		at = r.maps[i].addr + r.maps[i].size
+	r, err := d.book.Accessible(op, ptr, n)
+	if err != nil {
+		return nil, err
 	}
 	// unsafe: the range was just checked to be mapped read-write inside r.
-	return unsafe.Slice((*byte)(unsafe.Add(r.mem, addr-r.base)), n), nil
+	return unsafe.Slice((*byte)(at(r, uintptr(ptr))), n), nil
 }
 
 // Bytes returns the host memory behind the device range [ptr, ptr+n), which
@@ -716,12 +662,12 @@ func (d *Driver) Close() error {
 	if !d.live.Zero() {
 		errs = append(errs, fmt.Errorf("host driver: closed with objects still live: %+v", d.live))
 	}
-	for _, r := range d.resv {
-		if err := sysRelease(r.mem, r.size); err != nil {
+	for _, r := range d.book.All() {
+		if err := sysRelease(r.X.mem, r.Size); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	d.resv = nil
+	d.book.Reset()
 	d.handles = nil
 	if err := sysClose(d.fd); err != nil {
 		errs = append(errs, err)

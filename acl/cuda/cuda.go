@@ -694,8 +694,8 @@ func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
 // move free too.
 func (d *Driver) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
 	const op = "aclrtGetMemInfo"
-	if attr < acl.DDRMem || attr > acl.MemP2PHuge1G {
-		return 0, 0, fail(op, acl.ErrCodeInvalidParam, "attr %d", attr)
+	if err := rules.MemInfo(op, attr); err != nil {
+		return 0, 0, err
 	}
 	if err := d.begin(op); err != nil {
 		return 0, 0, err

@@ -634,8 +634,8 @@ func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
 // GetMemInfo reports the capacity and what is not allocated of it.
 func (d *Driver) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
 	const op = "aclrtGetMemInfo"
-	if attr < acl.DDRMem || attr > acl.MemP2PHuge1G {
-		return 0, 0, fail(op, acl.ErrCodeInvalidParam, "attr %d", attr)
+	if err := rules.MemInfo(op, attr); err != nil {
+		return 0, 0, err
 	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()

@@ -141,3 +141,11 @@ func Access(op string, ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc
 	}
 	return nil
 }
+
+// MemInfo checks the attr of aclrtGetMemInfo: one of ACL's memory attributes.
+func MemInfo(op string, attr acl.MemAttr) error {
+	if attr < acl.DDRMem || attr > acl.MemP2PHuge1G {
+		return fail(op, acl.ErrCodeInvalidParam, "attr %d", attr)
+	}
+	return nil
+}

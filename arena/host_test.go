@@ -1,30 +1,16 @@
 package arena_test
 
 import (
-	"runtime/debug"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/acltest"
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
 )
-
-var sink byte
-
-func faults(fn func()) (faulted bool) {
-	old := debug.SetPanicOnFault(true)
-	defer debug.SetPanicOnFault(old)
-	defer func() {
-		if r := recover(); r != nil {
-			_, faulted = r.(interface{ Addr() uintptr })
-		}
-	}()
-	fn()
-	return false
-}
 
 // A pointer into a tail that Shrink unmapped faults on the host driver: it
 // cannot read the bytes the chunk holds for its next owner.
@@ -43,10 +29,10 @@ func TestShrunkTailFaults(t *testing.T) {
 	require.NoError(t, a.Truncate(1<<20))
 	require.NoError(t, a.Shrink())
 	require.Equal(t, 2<<20, a.Cap())
-	require.True(t, faults(func() { sink = tail[0] }), "a read of the shrunk tail did not fault")
+	require.True(t, acltest.ReadFaults(tail, 0), "a read of the shrunk tail did not fault")
 	head, err := d.Bytes(a.Base(), 16)
 	require.NoError(t, err, "the kept chunk is still mapped")
-	require.False(t, faults(func() { sink = head[0] }))
+	require.False(t, acltest.ReadFaults(head, 0))
 }
 
 // On a device with 8 chunks, two arenas on one pool run it out of memory and

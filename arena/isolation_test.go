@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/acltest"
 	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
@@ -57,14 +58,14 @@ func TestTrapStale(t *testing.T) {
 			assert.Equal(t, byte(7), kept[0], "bytes below Len are kept")
 			if !trap {
 				assert.Equal(t, 3*g, a.Cap(), "Truncate keeps the chunks mapped")
-				assert.False(t, faults(func() { sink = tail[0] }))
+				assert.False(t, acltest.ReadFaults(tail, 0))
 				assert.Equal(t, byte(7), tail[0], "the stale pointer reads the old bytes")
 				assert.Equal(t, byte(7), dropped[0])
 				return
 			}
 			assert.Equal(t, g, a.Cap(), "Truncate unmapped the chunks above Len")
-			assert.True(t, faults(func() { sink = tail[0] }), "a read through a stale pointer did not fault")
-			assert.True(t, faults(func() { tail[0] = 1 }), "a write through a stale pointer did not fault")
+			assert.True(t, acltest.ReadFaults(tail, 0), "a read through a stale pointer did not fault")
+			assert.True(t, acltest.WriteFaults(tail, 0), "a write through a stale pointer did not fault")
 			assert.Equal(t, bytes.Repeat([]byte{arena.PoisonByte}, 16), dropped, "dropped bytes of the kept chunk are poison")
 			dropEnd, err := d.Bytes(a.Base().Add(g-16), 16)
 			require.NoError(t, err)
@@ -72,7 +73,7 @@ func TestTrapStale(t *testing.T) {
 
 			require.NoError(t, a.Reset())
 			assert.Zero(t, a.Cap())
-			assert.True(t, faults(func() { sink = kept[0] }), "after Reset every chunk is gone")
+			assert.True(t, acltest.ReadFaults(kept, 0), "after Reset every chunk is gone")
 			// The arena works as before.
 			b, err = a.Alloc(100, 1)
 			require.NoError(t, err)

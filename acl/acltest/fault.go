@@ -1,0 +1,27 @@
+package acltest
+
+import "runtime/debug"
+
+// sink keeps the reads of ReadFaults from being optimised away.
+var sink byte
+
+// Faults reports whether fn faulted on a memory access, such as a touch of a
+// range the host driver has unmapped. It relies on runtime/debug's
+// SetPanicOnFault, which turns the fault into a recoverable panic.
+func Faults(fn func()) (faulted bool) {
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	defer func() {
+		if r := recover(); r != nil {
+			_, faulted = r.(interface{ Addr() uintptr })
+		}
+	}()
+	fn()
+	return false
+}
+
+// ReadFaults reports whether reading b[i] faults.
+func ReadFaults(b []byte, i int) bool { return Faults(func() { sink = b[i] }) }
+
+// WriteFaults reports whether writing b[i] faults.
+func WriteFaults(b []byte, i int) bool { return Faults(func() { b[i] = 1 }) }

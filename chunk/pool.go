@@ -327,11 +327,9 @@ func (p *Pool) free(e entry) error {
 // A failed Map leaves c unmapped, unless the error matches ErrMapped: then the
 // step after the map failed and so did the unmap that undoes it.
 func (p *Pool) Map(ptr acl.DevicePtr, c Chunk) error {
-	p.mu.Lock()
-	l, ok := p.out[c.Handle]
-	p.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("chunk: map at %v: %w: chunk %#x is not out of this pool", ptr, acl.ErrInvalidParam, uintptr(c.Handle))
+	l, err := p.leaseOf("map", ptr, c)
+	if err != nil {
+		return err
 	}
 	if err := p.drv.MapMem(ptr, p.size, 0, c.Handle, 0); err != nil {
 		return fmt.Errorf("chunk: map at %v: %w", ptr, err)
@@ -359,6 +357,17 @@ func (p *Pool) Map(ptr acl.DevicePtr, c Chunk) error {
 	p.setLease(c.Handle, l)
 	p.mu.Unlock()
 	return nil
+}
+
+// leaseOf returns the lease of c, which must be out of this pool.
+func (p *Pool) leaseOf(op string, ptr acl.DevicePtr, c Chunk) (lease, error) {
+	p.mu.Lock()
+	l, ok := p.out[c.Handle]
+	p.mu.Unlock()
+	if !ok {
+		return lease{}, fmt.Errorf("chunk: %s at %v: %w: chunk %#x is not out of this pool", op, ptr, acl.ErrInvalidParam, uintptr(c.Handle))
+	}
+	return l, nil
 }
 
 // setLease records l for h, if h is still out (a caller that put the chunk
@@ -390,11 +399,9 @@ func (p *Pool) Unmap(ptr acl.DevicePtr) error {
 // ScrubOnRelease mode it clears the chunk first. A failed Release leaves c
 // mapped (and, if the unmap failed, maybe cleared).
 func (p *Pool) Release(ptr acl.DevicePtr, c Chunk) error {
-	p.mu.Lock()
-	l, ok := p.out[c.Handle]
-	p.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("chunk: release at %v: %w: chunk %#x is not out of this pool", ptr, acl.ErrInvalidParam, uintptr(c.Handle))
+	l, err := p.leaseOf("release", ptr, c)
+	if err != nil {
+		return err
 	}
 	scrub := p.scrub == ScrubOnRelease && l.holder != zeroed
 	if scrub {

@@ -497,12 +497,8 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	if !ok || h.freed {
 		return fail(op, acl.ErrCodeRTInvalidHandle, "handle %#x is not a live physical allocation", uintptr(id))
 	}
-	addr := uintptr(ptr)
-	switch {
-	case size != h.size:
-		return fail(op, acl.ErrCodeRTParamInvalid, "size %d differs from the physical allocation's %d", size, h.size)
-	case addr%h.page != 0:
-		return fail(op, acl.ErrCodeRTParamInvalid, "virPtr %v is not aligned to the page size %d", ptr, h.page)
+	if err := rules.MapFits(op, ptr, size, h.size, h.page); err != nil {
+		return err
 	}
 	r, i, err := d.book.Place(op, ptr, size)
 	if err != nil {
@@ -512,12 +508,12 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	if err != nil {
 		return err
 	}
-	res := d.lib.cuMemMap(uint64(addr), size, 0, h.cu, 0)
+	res := d.lib.cuMemMap(uint64(ptr), size, 0, h.cu, 0)
 	d.unbind(b)
 	if res != ResultSuccess {
 		return d.lib.newError("cuMemMap", res)
 	}
-	r.Insert(i, &mapping{Addr: addr, Size: size, H: h})
+	r.Insert(i, &mapping{Addr: uintptr(ptr), Size: size, H: h})
 	h.refs++
 	d.live.Mappings++
 	d.live.MappedBytes += size

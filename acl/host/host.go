@@ -436,24 +436,20 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	if !ok || h.freed {
 		return fail(op, acl.ErrCodeRTInvalidHandle, "handle %#x is not a live physical allocation", uintptr(id))
 	}
-	addr := uintptr(ptr)
-	switch {
-	case size != h.size:
-		return fail(op, acl.ErrCodeRTParamInvalid, "size %d differs from the physical allocation's %d", size, h.size)
-	case addr%h.page != 0:
-		return fail(op, acl.ErrCodeRTParamInvalid, "virPtr %v is not aligned to the page size %d", ptr, h.page)
+	if err := rules.MapFits(op, ptr, size, h.size, h.page); err != nil {
+		return err
 	}
 	r, i, err := d.book.Place(op, ptr, size)
 	if err != nil {
 		return err
 	}
-	m := &mapping{Addr: addr, Size: size, H: h, Access: d.cfg.NoSetAccess}
+	m := &mapping{Addr: uintptr(ptr), Size: size, H: h, Access: d.cfg.NoSetAccess}
 	p, q := neighbours(r, i, false)
 	delta := seam(r, p, m) + seam(r, m, q) - seam(r, p, q)
 	if d.vmas+delta > d.cfg.MapLimit {
 		return fail(op, acl.ErrCodeRTResourceAllocFail, "%d memory areas in use, limit %d (vm.max_map_count)", d.vmas, d.cfg.MapLimit)
 	}
-	if err := sysMap(at(r, addr), size, d.fd, h.off, m.Access); err != nil {
+	if err := sysMap(at(r, uintptr(ptr)), size, d.fd, h.off, m.Access); err != nil {
 		return fail(op, acl.ErrCodeRTResourceAllocFail, "mmap: %v", err)
 	}
 	r.Insert(i, m)

@@ -149,3 +149,16 @@ func MemInfo(op string, attr acl.MemAttr) error {
 	}
 	return nil
 }
+
+// MapFits checks that a mapping at ptr of size bytes fits the physical
+// allocation it maps (hsize bytes in pages of page bytes): the whole
+// allocation, at an address aligned to its page.
+func MapFits(op string, ptr acl.DevicePtr, size, hsize, page uintptr) error {
+	switch {
+	case size != hsize:
+		return fail(op, acl.ErrCodeRTParamInvalid, "size %d differs from the physical allocation's %d", size, hsize)
+	case uintptr(ptr)%page != 0:
+		return fail(op, acl.ErrCodeRTParamInvalid, "virPtr %v is not aligned to the page size %d", ptr, page)
+	}
+	return nil
+}

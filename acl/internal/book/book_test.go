@@ -6,14 +6,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/acltest"
 )
-
-func code(t *testing.T, err error) int32 {
-	t.Helper()
-	c, ok := acl.CodeOf(err)
-	require.True(t, ok, "%v", err)
-	return c
-}
 
 func TestBook(t *testing.T) {
 	var b Book[int, string]
@@ -24,9 +18,9 @@ func TestBook(t *testing.T) {
 	require.Equal(t, []*Reservation[int, string]{r1, r2}, b.All(), "kept sorted")
 
 	_, _, err := b.Place("op", 0x3000, 0x1000)
-	require.Equal(t, acl.ErrCodeRTParamInvalid, code(t, err), "between reservations")
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, "between reservations")
 	_, _, err = b.Place("op", 0x5000, 0x2000)
-	require.Equal(t, acl.ErrCodeRTParamInvalid, code(t, err), "past the end")
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, "past the end")
 	r, i, err := b.Place("op", 0x5000, 0x1000)
 	require.NoError(t, err)
 	require.Same(t, r2, r)
@@ -36,7 +30,7 @@ func TestBook(t *testing.T) {
 	r.Insert(i, &Mapping[string]{Addr: 0x4000, Size: 0x1000, H: "a", Access: true})
 	require.Equal(t, "a", r2.Maps[0].H, "inserted in address order")
 	_, _, err = b.Place("op", 0x4800, 0x1000)
-	require.Equal(t, acl.ErrCodeRTParamInvalid, code(t, err), "overlap")
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, "overlap")
 
 	_, _, m := b.Mapping(0x4800)
 	require.Nil(t, m, "not a mapping's start")
@@ -47,17 +41,17 @@ func TestBook(t *testing.T) {
 	_, err = b.Accessible("op", 0x4800, 0x800)
 	require.NoError(t, err)
 	_, err = b.Accessible("op", 0x4800, 0x1000)
-	require.Equal(t, acl.ErrCodeRTParamInvalid, code(t, err), "runs into a mapping without access")
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, "runs into a mapping without access")
 	m.Access = true
 	_, err = b.Accessible("op", 0x4800, 0x1000)
 	require.NoError(t, err, "spans two adjacent mappings")
 	_, err = b.Accessible("op", 0x1000, 1)
-	require.Equal(t, acl.ErrCodeRTParamInvalid, code(t, err), "reserved, not mapped")
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, "reserved, not mapped")
 
 	_, err = b.Releasable("op", 0x4000)
-	require.Equal(t, acl.ErrCodeRTParamInvalid, code(t, err), "still mapped")
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, "still mapped")
 	_, err = b.Releasable("op", 0x1800)
-	require.Equal(t, acl.ErrCodeRTParamInvalid, code(t, err), "not a base")
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, "not a base")
 	r, err = b.Releasable("op", 0x1000)
 	require.NoError(t, err)
 	b.Forget(r)

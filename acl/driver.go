@@ -1,5 +1,7 @@
 package acl
 
+import "fmt"
+
 // Driver is the ACL virtual-memory API of one device. Each method is the ACL
 // function named in its comment, with the same arguments in the same order,
 // the output parameter turned into a result and the aclError into an error
@@ -35,16 +37,25 @@ type Driver interface {
 	// allocation h. size equals h's size, offset and flags are 0.
 	MapMem(ptr DevicePtr, size, offset uintptr, h PhysicalHandle, flags uint64) error
 	// UnmapMem is aclrtUnmapMem: remove the mapping that starts exactly at
-	// ptr. On a device, work that may still read the range is waited for first.
+	// ptr. Like ACL and CUDA, it does not wait for device work: the caller
+	// makes sure nothing queued still reads or writes the range, by waiting
+	// for an event recorded after that work (SynchronizeEvent) or, as a last
+	// resort, for the whole device (SynchronizeDevice). Work that touches a
+	// range after its unmap faults on a device; the host driver and the
+	// model record it as a fault of the stream.
 	UnmapMem(ptr DevicePtr) error
 	// MemSetAccess is aclrtMemSetAccess: grant access to the mapping at
-	// [ptr, ptr+size), which must match one MapMem call. An error matching
-	// ErrNotSupported means the runtime lacks the call and mappings are
-	// accessible to their device without it.
+	// [ptr, ptr+size), which must match one MapMem call, or, where
+	// Caps().AccessSpan says so, a run of adjacent mappings of one
+	// reservation. An error matching ErrNotSupported means the runtime lacks
+	// the call and mappings are accessible to their device without it.
 	MemSetAccess(ptr DevicePtr, size uintptr, desc []MemAccessDesc) error
 
 	// The copies and Memset are synchronous: they return when the bytes are
-	// in place. Every byte of a device range must be mapped with access.
+	// in place. Every byte of a device range must be mapped with access. They
+	// are not ordered after work queued on streams: a range that queued work
+	// may still write must be waited for first (the host driver records a
+	// synchronous access to such a range as a fault).
 	//
 	// MemcpyHtoD is aclrtMemcpy(dst, len(src), src, len(src), ACL_MEMCPY_HOST_TO_DEVICE).
 	MemcpyHtoD(dst DevicePtr, src []byte) error
@@ -62,9 +73,93 @@ type Driver interface {
 	// the device.
 	GetMemInfo(attr MemAttr) (free, total uintptr, err error)
 
+	// Streams and events order work on the device without waiting for all
+	// of it. A stream is a queue of device work that runs in order; the
+	// caller that creates one owns it, and Stream 0 is the device's default
+	// stream. An event marks a point in a stream's queue: it completes when
+	// the work queued before it has run. Vmarena itself creates no streams
+	// and queues nothing on its callers' streams but events and the memsets
+	// that clear memory for a new owner.
+	//
+	// CreateStream is aclrtCreateStream: a new stream, owned by the caller.
+	CreateStream() (Stream, error)
+	// DestroyStream is aclrtDestroyStream. The stream must have no work
+	// pending (synchronise it first).
+	DestroyStream(s Stream) error
+	// SynchronizeStream is aclrtSynchronizeStream: wait until the work queued
+	// on s has run. It returns the error of work that failed on s.
+	SynchronizeStream(s Stream) error
+	// SynchronizeDevice is aclrtSynchronizeDevice: wait until every stream of
+	// the device has drained. It stalls all work in flight, so vmarena uses it
+	// only as the fallback where no stream or event orders an unmap.
+	SynchronizeDevice() error
+	// CreateEvent is aclrtCreateEvent: a new event, never recorded.
+	CreateEvent() (Event, error)
+	// RecordEvent is aclrtRecordEvent: mark the present end of s's queue. The
+	// event completes when the work queued on s before it has run. Recording
+	// again moves the mark.
+	RecordEvent(ev Event, s Stream) error
+	// QueryEvent is aclrtQueryEventStatus: whether the work before ev's last
+	// record has run (ACL_EVENT_RECORDED_STATUS_COMPLETE). It never waits. An
+	// event never recorded reports false on ACL and true on CUDA: callers do
+	// not ask.
+	QueryEvent(ev Event) (complete bool, err error)
+	// SynchronizeEvent is aclrtSynchronizeEvent: wait until ev completes.
+	SynchronizeEvent(ev Event) error
+	// DestroyEvent is aclrtDestroyEvent.
+	DestroyEvent(ev Event) error
+	// MemsetAsync is aclrtMemsetAsync(ptr, n, value, n, s): queue a memset
+	// of n bytes on s and return. The range must be mapped with access and
+	// stay mapped until the memset has run.
+	MemsetAsync(ptr DevicePtr, value byte, n uintptr, s Stream) error
+
+	// Caps says what the device allows beyond the rules every driver
+	// enforces. It makes no driver call.
+	Caps() Caps
+
 	// Close gives the device back (aclrtResetDevice). Calls after Close fail.
 	// Close is safe to call more than once.
 	Close() error
+}
+
+// Caps describes what a driver's device allows, or promises, beyond the rules
+// every driver enforces. The zero value is the strictest device.
+type Caps struct {
+	// AccessSpan: one MemSetAccess may grant access to several adjacent
+	// mappings of one reservation, as cuMemSetAccess does. ACL documents one
+	// mapping per call; until an NPU shows otherwise the Ascend binding, and
+	// the host driver that imitates it, say false.
+	AccessSpan bool
+	// Fresh says what a fresh physical allocation (MallocPhysical) may hold.
+	Fresh Freshness
+}
+
+// Freshness says what bytes a fresh physical allocation may hold, and so
+// whether it must be cleared before a tenant may read it.
+type Freshness int
+
+const (
+	// FreshUnknown: the memory may hold bytes any process freed. Clear it.
+	FreshUnknown Freshness = iota
+	// FreshProcess: the device clears memory between processes, so the
+	// memory may hold only bytes this process freed. It needs clearing only
+	// once the process has had more than one tenant on the device.
+	FreshProcess
+	// FreshZeroed: the memory is always zero.
+	FreshZeroed
+)
+
+// String returns "unknown", "process" or "zeroed".
+func (f Freshness) String() string {
+	switch f {
+	case FreshUnknown:
+		return "unknown"
+	case FreshProcess:
+		return "process"
+	case FreshZeroed:
+		return "zeroed"
+	}
+	return fmt.Sprintf("acl.Freshness(%d)", int(f))
 }
 
 // LiveCounts counts what a driver holds on behalf of its callers. Tests use it
@@ -76,6 +171,8 @@ type LiveCounts struct {
 	MappedBytes   uintptr // bytes in those mappings
 	Handles       int     // physical allocations not yet freed
 	PhysicalBytes uintptr // bytes of physical memory held
+	Streams       int     // streams created and not destroyed
+	Events        int     // events created and not destroyed
 }
 
 // Zero reports whether nothing is held.
@@ -93,26 +190,18 @@ func ReadWrite(device int32) []MemAccessDesc {
 	return []MemAccessDesc{{Flags: MemAccessReadWrite, Location: MemLocation{ID: uint32(device), Type: MemLocationTypeDevice}}}
 }
 
-// Zeroing is implemented by drivers whose MallocPhysical always returns
-// zeroed memory, like the host driver (fallocate zeroes the pages it
-// commits). ACL and CUDA promise no such thing.
-type Zeroing interface {
-	PhysicalZeroed() bool
-}
-
-// PhysicalZeroed reports whether d, or the driver it wraps (through an
-// Unwrap() Driver method, as wrappers for tests provide), promises zeroed
-// physical memory.
-func PhysicalZeroed(d Driver) bool {
-	for d != nil {
-		if z, ok := d.(Zeroing); ok {
-			return z.PhysicalZeroed()
-		}
-		u, ok := d.(interface{ Unwrap() Driver })
-		if !ok {
-			return false
-		}
-		d = u.Unwrap()
-	}
-	return false
+// Launcher is implemented by drivers that simulate a device (the host driver
+// and the device model): they can queue stand-in device work, the way a
+// kernel would be, so that tests can prove what vmarena waits for and what it
+// does not.
+type Launcher interface {
+	// Launch queues work on s that reads and writes [ptr, ptr+n) and stays in
+	// flight until done is closed (or, for a nil done, runs at once when its
+	// turn comes). The range must be mapped with access when it is queued.
+	Launch(s Stream, ptr DevicePtr, n uintptr, done <-chan struct{}) error
+	// Faults returns how many times device work touched a range after it was
+	// unmapped, or a synchronous copy touched a range that queued work was
+	// still writing: what a real device would report as an illegal address
+	// or a data race.
+	Faults() int
 }

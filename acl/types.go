@@ -12,6 +12,15 @@ func (p DevicePtr) String() string { return fmt.Sprintf("%#x", uintptr(p)) }
 // Add returns p advanced by n bytes.
 func (p DevicePtr) Add(n uintptr) DevicePtr { return p + DevicePtr(n) }
 
+// Stream is an aclrtStream (a CUstream on CUDA): a queue of device work that
+// runs in order. 0 is the device's default stream.
+type Stream uintptr
+
+// Event is an aclrtEvent (a CUevent on CUDA): a mark in a stream's queue that
+// completes when the work queued before it has run. The zero Event is never
+// valid.
+type Event uintptr
+
 // PhysicalHandle is an aclrtDrvMemHandle: an opaque handle to a physical
 // allocation made by MallocPhysical. The zero handle is never valid.
 type PhysicalHandle uintptr

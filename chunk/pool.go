@@ -192,7 +192,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		fresh:     unknown,
 		out:       make(map[acl.PhysicalHandle]lease),
 	}
-	if cfg.FreshZeroed || acl.PhysicalZeroed(drv) {
+	if cfg.FreshZeroed || drv.Caps().Fresh == acl.FreshZeroed {
 		p.fresh = zeroed
 	}
 	p.stats.ChunkSize = int(size)

@@ -60,6 +60,16 @@ const (
 	MemcpyDtoD
 	Memset
 	GetMemInfo
+	CreateStream
+	DestroyStream
+	SynchronizeStream
+	SynchronizeDevice
+	CreateEvent
+	RecordEvent
+	QueryEvent
+	SynchronizeEvent
+	DestroyEvent
+	MemsetAsync
 	numOps
 )
 
@@ -67,6 +77,8 @@ const (
 var Ops = []Op{
 	MemGetAllocationGranularity, MallocPhysical, FreePhysical, ReserveMemAddress, ReleaseMemAddress,
 	MapMem, UnmapMem, MemSetAccess, MemcpyHtoD, MemcpyDtoH, MemcpyDtoD, Memset, GetMemInfo,
+	CreateStream, DestroyStream, SynchronizeStream, SynchronizeDevice,
+	CreateEvent, RecordEvent, QueryEvent, SynchronizeEvent, DestroyEvent, MemsetAsync,
 }
 
 var opNames = [numOps]string{
@@ -84,6 +96,16 @@ var opNames = [numOps]string{
 	MemcpyDtoD:                  "aclrtMemcpy",
 	Memset:                      "aclrtMemset",
 	GetMemInfo:                  "aclrtGetMemInfo",
+	CreateStream:                "aclrtCreateStream",
+	DestroyStream:               "aclrtDestroyStream",
+	SynchronizeStream:           "aclrtSynchronizeStream",
+	SynchronizeDevice:           "aclrtSynchronizeDevice",
+	CreateEvent:                 "aclrtCreateEvent",
+	RecordEvent:                 "aclrtRecordEvent",
+	QueryEvent:                  "aclrtQueryEventStatus",
+	SynchronizeEvent:            "aclrtSynchronizeEvent",
+	DestroyEvent:                "aclrtDestroyEvent",
+	MemsetAsync:                 "aclrtMemsetAsync",
 }
 
 // String returns the ACL function the kind stands for, or "any".
@@ -104,12 +126,15 @@ func (o Op) String() string {
 }
 
 // DefaultCode is the ACL code a rule added with code 0 injects into op: out
-// of memory (207001) for the calls that allocate, an internal driver error
-// (507899) for the rest.
+// of memory (207001) for the calls that allocate memory, out of resources
+// (207005) for those that create streams and events, an internal driver
+// error (507899) for the rest.
 func DefaultCode(op Op) int32 {
 	switch op {
 	case MallocPhysical, ReserveMemAddress:
 		return acl.ErrCodeRTMemoryAllocation
+	case CreateStream, CreateEvent:
+		return acl.ErrCodeRTResourceAllocFail
 	}
 	return acl.ErrCodeRTDrvInternal
 }
@@ -375,6 +400,109 @@ func (d *Driver) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
 		return 0, 0, err
 	}
 	return d.inner.GetMemInfo(attr)
+}
+
+// CreateStream forwards, or fails by injection.
+func (d *Driver) CreateStream() (acl.Stream, error) {
+	if err := d.check(CreateStream); err != nil {
+		return 0, err
+	}
+	return d.inner.CreateStream()
+}
+
+// DestroyStream forwards, or fails by injection (and the stream stays).
+func (d *Driver) DestroyStream(s acl.Stream) error {
+	if err := d.check(DestroyStream); err != nil {
+		return err
+	}
+	return d.inner.DestroyStream(s)
+}
+
+// SynchronizeStream forwards, or fails by injection without waiting.
+func (d *Driver) SynchronizeStream(s acl.Stream) error {
+	if err := d.check(SynchronizeStream); err != nil {
+		return err
+	}
+	return d.inner.SynchronizeStream(s)
+}
+
+// SynchronizeDevice forwards, or fails by injection without waiting.
+func (d *Driver) SynchronizeDevice() error {
+	if err := d.check(SynchronizeDevice); err != nil {
+		return err
+	}
+	return d.inner.SynchronizeDevice()
+}
+
+// CreateEvent forwards, or fails by injection.
+func (d *Driver) CreateEvent() (acl.Event, error) {
+	if err := d.check(CreateEvent); err != nil {
+		return 0, err
+	}
+	return d.inner.CreateEvent()
+}
+
+// RecordEvent forwards, or fails by injection (and the event keeps its
+// previous mark).
+func (d *Driver) RecordEvent(ev acl.Event, s acl.Stream) error {
+	if err := d.check(RecordEvent); err != nil {
+		return err
+	}
+	return d.inner.RecordEvent(ev, s)
+}
+
+// QueryEvent forwards, or fails by injection.
+func (d *Driver) QueryEvent(ev acl.Event) (bool, error) {
+	if err := d.check(QueryEvent); err != nil {
+		return false, err
+	}
+	return d.inner.QueryEvent(ev)
+}
+
+// SynchronizeEvent forwards, or fails by injection without waiting.
+func (d *Driver) SynchronizeEvent(ev acl.Event) error {
+	if err := d.check(SynchronizeEvent); err != nil {
+		return err
+	}
+	return d.inner.SynchronizeEvent(ev)
+}
+
+// DestroyEvent forwards, or fails by injection (and the event stays).
+func (d *Driver) DestroyEvent(ev acl.Event) error {
+	if err := d.check(DestroyEvent); err != nil {
+		return err
+	}
+	return d.inner.DestroyEvent(ev)
+}
+
+// MemsetAsync forwards, or fails by injection (and nothing is queued).
+func (d *Driver) MemsetAsync(ptr acl.DevicePtr, value byte, n uintptr, s acl.Stream) error {
+	if err := d.check(MemsetAsync); err != nil {
+		return err
+	}
+	return d.inner.MemsetAsync(ptr, value, n, s)
+}
+
+// Caps returns the wrapped driver's.
+func (d *Driver) Caps() acl.Caps { return d.inner.Caps() }
+
+// Launch forwards to the wrapped driver when it can queue stand-in work
+// (acl.Launcher), so that tests can run work in flight through the wrapper.
+func (d *Driver) Launch(s acl.Stream, ptr acl.DevicePtr, n uintptr, done <-chan struct{}) error {
+	l, ok := d.inner.(acl.Launcher)
+	if !ok {
+		return acl.Errorf("Launch", acl.ErrCodeRTFeatureNotSupport, "%s cannot queue stand-in work", d.inner.Name())
+	}
+	return l.Launch(s, ptr, n, done)
+}
+
+// Faults forwards to the wrapped driver when it is an acl.Launcher, and is 0
+// otherwise.
+func (d *Driver) Faults() int {
+	if l, ok := d.inner.(acl.Launcher); ok {
+		return l.Faults()
+	}
+	return 0
 }
 
 // Close closes the wrapped driver.

@@ -120,5 +120,5 @@ func TestBadRules(t *testing.T) {
 	assert.Panics(t, func() { faultdriver.New(nil) })
 	assert.Equal(t, "aclrtMapMem", faultdriver.MapMem.String())
 	assert.Equal(t, "fault(host)", d.Name())
-	assert.Equal(t, len(faultdriver.Ops), int(faultdriver.GetMemInfo))
+	assert.Equal(t, len(faultdriver.Ops), int(faultdriver.MemsetAsync), "Ops lists every kind")
 }

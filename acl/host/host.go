@@ -32,6 +32,10 @@ type Config struct {
 	// MemSetAccess fails with 207000. By default a mapping has no access until
 	// MemSetAccess grants it, as on CUDA, the stricter device.
 	NoSetAccess bool
+	// AccessSpan lets one MemSetAccess grant access to a run of adjacent
+	// mappings of one reservation, as CUDA allows (acl.Caps.AccessSpan). By
+	// default, as documented for ACL, a call covers exactly one mapping.
+	AccessSpan bool
 }
 
 // offsetSpace is the size of the sparse memory file's offset space. It costs
@@ -66,6 +70,9 @@ type Driver struct {
 	vmas    int     // kernel VMAs our reservations occupy
 	live    acl.LiveCounts
 	maxVMAs int // high-water mark of vmas
+
+	ss   streams       // device work in flight (streams.go)
+	quit chan struct{} // closed by Close: stream goroutines stop waiting
 }
 
 type handle struct {
@@ -92,9 +99,11 @@ type resvX struct {
 // unsafe: addr lies inside r, whose memory starts at r.X.mem.
 func at(r *reservation, addr uintptr) unsafe.Pointer { return unsafe.Add(r.X.mem, addr-r.Base) }
 
-var _ acl.Driver = (*Driver)(nil)
-var _ acl.Counter = (*Driver)(nil)
-var _ acl.Zeroing = (*Driver)(nil)
+var (
+	_ acl.Driver   = (*Driver)(nil)
+	_ acl.Counter  = (*Driver)(nil)
+	_ acl.Launcher = (*Driver)(nil)
+)
 
 // New returns a host driver. It fails with an error wrapping
 // acl.ErrNotSupported on systems other than Linux.
@@ -122,13 +131,16 @@ func New(cfg Config) (*Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("host driver: memory file: %w", err)
 	}
-	return &Driver{
+	d := &Driver{
 		cfg:     cfg,
 		fd:      fd,
 		space:   newOffsets(offsetSpace),
 		handles: make(map[acl.PhysicalHandle]*handle),
 		nextID:  0x1000,
-	}, nil
+		quit:    make(chan struct{}),
+	}
+	d.ss.init(d)
+	return d, nil
 }
 
 var defaultDriver struct {
@@ -155,9 +167,11 @@ func (d *Driver) Name() string { return "host" }
 // Device returns the configured device id.
 func (d *Driver) Device() int32 { return d.cfg.Device }
 
-// PhysicalZeroed reports true: fallocate hands out zeroed pages (see
-// acl.Zeroing), so a chunk pool need not scrub fresh chunks.
-func (d *Driver) PhysicalZeroed() bool { return true }
+// Caps reports fresh memory as zeroed (fallocate hands out zeroed pages, so
+// a chunk pool need not clear fresh chunks), and AccessSpan as configured.
+func (d *Driver) Caps() acl.Caps {
+	return acl.Caps{AccessSpan: d.cfg.AccessSpan, Fresh: acl.FreshZeroed}
+}
 
 // Capacity returns the simulated device memory in bytes.
 func (d *Driver) Capacity() uintptr { return d.cfg.Capacity }
@@ -482,6 +496,8 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 		d.mu.Unlock()
 		return fail(op, acl.ErrCodeRTFailure, "mmap PROT_NONE: %v", err)
 	}
+	// As on a device the unmap succeeds; work still touching the range faults.
+	d.faultUnmapLocked(m.Addr, m.Addr+m.Size)
 	p, q := neighbours(r, i, true)
 	delta := seam(r, p, q) - seam(r, p, m) - seam(r, m, q)
 	r.Remove(i)
@@ -494,7 +510,9 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 	return d.decommit(op, release)
 }
 
-// MemSetAccess grants read-write access to the mapping at [ptr, ptr+size).
+// MemSetAccess grants read-write access to the mapping at [ptr, ptr+size),
+// or with Config.AccessSpan to the run of adjacent mappings that covers it
+// exactly.
 func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
 	const op = "aclrtMemSetAccess"
 	if d.cfg.NoSetAccess {
@@ -509,21 +527,37 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
 	r, i, m := d.book.Mapping(ptr)
-	if m == nil || m.Size != size {
+	if m == nil || m.Size > size || (m.Size != size && !d.cfg.AccessSpan) {
 		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not exactly one mapping", ptr, size)
 	}
-	if m.Access {
-		return nil
+	// The run of mappings that covers the range, which must end exactly at
+	// its end with no gap.
+	j, end := i, m.Addr
+	for end < uintptr(ptr)+size {
+		if j == len(r.Maps) || r.Maps[j].Addr != end {
+			return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not a run of adjacent mappings: nothing is mapped at %#x", ptr, size, end)
+		}
+		end += r.Maps[j].Size
+		j++
 	}
-	if err := sysProtect(at(r, m.Addr), size); err != nil {
-		return fail(op, acl.ErrCodeRTFailure, "mprotect: %v", err)
+	if end != uintptr(ptr)+size {
+		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) ends inside the mapping at %#x", ptr, size, r.Maps[j-1].Addr)
 	}
-	p, q := neighbours(r, i, true)
-	before := seam(r, p, m) + seam(r, m, q)
-	m.Access = true
-	delta := seam(r, p, m) + seam(r, m, q) - before
-	r.X.vmas += delta
-	d.addVMAs(delta)
+	for k := i; k < j; k++ {
+		m := r.Maps[k]
+		if m.Access {
+			continue
+		}
+		if err := sysProtect(at(r, m.Addr), m.Size); err != nil {
+			return fail(op, acl.ErrCodeRTFailure, "mprotect: %v", err)
+		}
+		p, q := neighbours(r, k, true)
+		before := seam(r, p, m) + seam(r, m, q)
+		m.Access = true
+		delta := seam(r, p, m) + seam(r, m, q) - before
+		r.X.vmas += delta
+		d.addVMAs(delta)
+	}
 	return nil
 }
 
@@ -567,6 +601,7 @@ func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	if err != nil {
 		return err
 	}
+	d.faultRaceLocked(uintptr(dst), uintptr(dst)+uintptr(len(src)))
 	copy(b, src)
 	return nil
 }
@@ -582,6 +617,7 @@ func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	if err != nil {
 		return err
 	}
+	d.faultRaceLocked(uintptr(src), uintptr(src)+uintptr(len(dst)))
 	copy(dst, b)
 	return nil
 }
@@ -602,6 +638,8 @@ func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
 	if err != nil {
 		return err
 	}
+	d.faultRaceLocked(uintptr(src), uintptr(src)+n)
+	d.faultRaceLocked(uintptr(dst), uintptr(dst)+n)
 	copy(t, s)
 	return nil
 }
@@ -617,13 +655,8 @@ func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
 	if err != nil {
 		return err
 	}
-	if value == 0 {
-		clear(b)
-		return nil
-	}
-	for i := range b {
-		b[i] = value
-	}
+	d.faultRaceLocked(uintptr(ptr), uintptr(ptr)+n)
+	fill(b, value)
 	return nil
 }
 
@@ -649,12 +682,19 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.closed {
+		d.mu.Unlock()
 		return nil
 	}
 	d.closed = true
+	d.mu.Unlock()
 	var errs []error
+	if pending := d.pendingWork(); pending != "" {
+		errs = append(errs, fmt.Errorf("host driver: closed with %s", pending))
+	}
+	d.stopStreams() // a running memset takes mu shared: stop them before taking it
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if !d.live.Zero() {
 		errs = append(errs, fmt.Errorf("host driver: closed with objects still live: %+v", d.live))
 	}

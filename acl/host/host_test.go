@@ -214,11 +214,21 @@ func TestBadConfig(t *testing.T) {
 	require.ErrorIs(t, err, acl.ErrInvalidParam)
 }
 
-func TestPhysicalZeroed(t *testing.T) {
+func TestCaps(t *testing.T) {
 	d := newHost(t, host.Config{Capacity: 8 << 20})
 	defer d.Close()
-	require.True(t, acl.PhysicalZeroed(d))
-	require.True(t, acl.PhysicalZeroed(faultdriver.New(d)), "seen through a wrapper's Unwrap")
-	require.False(t, acl.PhysicalZeroed(struct{ acl.Driver }{d}), "a wrapper without Unwrap promises nothing")
-	require.False(t, acl.PhysicalZeroed(nil))
+	require.Equal(t, acl.Caps{Fresh: acl.FreshZeroed}, d.Caps(), "zeroed pages; one mapping per access call, as ACL documents")
+	require.Equal(t, d.Caps(), faultdriver.New(d).Caps(), "seen through a wrapper")
+	span := newHost(t, host.Config{Capacity: 8 << 20, AccessSpan: true})
+	defer span.Close()
+	require.True(t, span.Caps().AccessSpan)
+}
+
+func TestConformanceAccessSpan(t *testing.T) {
+	acltest.Run(t, acltest.Factory{
+		Open: func(t testing.TB) acl.Driver {
+			return newHost(t, host.Config{Capacity: 1 << 30, AccessSpan: true})
+		},
+		ExactCodes: true,
+	})
 }

@@ -22,13 +22,12 @@ type Config struct {
 	// Device is the CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers
 	// them). It is also the driver's ACL device id. 0 is the first GPU.
 	Device int
-	// SkipUnmapSync skips the cuCtxSynchronize that UnmapMem runs before
-	// cuMemUnmap. By default UnmapMem waits for all work in the device's
-	// primary context, so that no kernel or copy still in flight can fault
-	// on the range (CUDA does not wait). Set it only when the caller itself
-	// orders its streams before every unmap, e.g. by synchronising the
-	// streams that use the memory.
-	SkipUnmapSync bool
+	// NoScrubOnFree says that the NVIDIA kernel driver on this machine does
+	// not clear device memory between processes (it runs with the
+	// RMDisableScrubOnFree registry key, as a vGPU guest without SR-IOV, or
+	// in another configuration docs/cuda.md lists). Caps().Fresh is then
+	// acl.FreshUnknown instead of acl.FreshProcess.
+	NoScrubOnFree bool
 	// MaxReserve is the largest ReserveMemAddress one call may make.
 	// 0 means 128 GiB, the Ascend driver's limit, so that code which runs
 	// here runs there too.
@@ -58,15 +57,25 @@ type Driver struct {
 	life   sync.RWMutex
 	closed bool // guarded by life
 
+	// copyStream is the driver's own non-blocking stream, created at Open,
+	// on which the synchronous MemcpyDtoD and Memset run and are waited for.
+	copyStream uintptr
+
 	// mu guards the tracking state below. It is write-held across the CUDA
 	// calls that change mappings and reservations (so that Go's view and
-	// CUDA's never disagree) and read-held across copies (so that a range
-	// cannot be unmapped under a copy).
+	// CUDA's never disagree) and read-held across copies and memsets (so
+	// that a range cannot be unmapped under them). Streams and events have
+	// their own lock, omu, always taken after mu.
 	mu      sync.RWMutex
 	book    book.Book[struct{}, *handle]
 	handles map[acl.PhysicalHandle]*handle
 	nextID  acl.PhysicalHandle
-	live    acl.LiveCounts
+	live    acl.LiveCounts // every count but Streams and Events
+
+	omu     sync.Mutex
+	streams map[acl.Stream]*stream // guarded by omu
+	events  map[acl.Event]*event   // guarded by omu
+	nextObj uintptr                // the last stream or event id handed out; guarded by omu
 }
 
 // handle is a physical allocation: one cuMemCreate.
@@ -121,6 +130,9 @@ func Open(cfg Config) (*Driver, error) {
 		name:    fmt.Sprintf("cuda:%d", cfg.Device),
 		handles: make(map[acl.PhysicalHandle]*handle),
 		nextID:  0x1000,
+		streams: make(map[acl.Stream]*stream),
+		events:  make(map[acl.Event]*event),
+		nextObj: 0x5000,
 	}
 	if err := d.open(); err != nil {
 		return nil, fmt.Errorf("cuda: open device %d with %s: %w", cfg.Device, path, err)
@@ -128,7 +140,8 @@ func Open(cfg Config) (*Driver, error) {
 	return d, nil
 }
 
-// open initialises CUDA and takes the device's primary context.
+// open initialises CUDA, takes the device's primary context and creates the
+// driver's own stream.
 func (d *Driver) open() error {
 	l := d.lib
 	if r := l.cuInit(0); r != ResultSuccess {
@@ -163,11 +176,29 @@ func (d *Driver) open() error {
 		return l.newError("cuDevicePrimaryCtxRetain", r)
 	}
 	primaryContexts.Store(d.ctx, struct{}{})
-	if err := d.queryGranularity(); err != nil {
+	err := d.queryGranularity()
+	if err == nil {
+		err = d.createCopyStream()
+	}
+	if err != nil {
 		if r := l.cuDevicePrimaryCtxRelease(d.dev); r != ResultSuccess {
 			err = errors.Join(err, l.newError("cuDevicePrimaryCtxRelease_v2", r))
 		}
 		return err
+	}
+	return nil
+}
+
+// createCopyStream creates the non-blocking stream the synchronous device
+// copies and memsets run on, so that waiting for them waits for nothing else.
+func (d *Driver) createCopyStream() error {
+	b, err := d.bind()
+	if err != nil {
+		return err
+	}
+	defer d.unbind(b)
+	if r := d.lib.cuStreamCreate(&d.copyStream, cuStreamNonBlocking); r != ResultSuccess {
+		return d.lib.newError("cuStreamCreate", r)
 	}
 	return nil
 }
@@ -287,11 +318,35 @@ func (d *Driver) Device() int32 { return int32(d.cfg.Device) }
 // cuDriverGetVersion reports it (e.g. 12060 for 12.6).
 func (d *Driver) DriverVersion() int { return int(d.version) }
 
-// Live counts what the driver holds on its callers' behalf.
+// Live counts what the driver holds on its callers' behalf. The driver's own
+// stream is not counted.
 func (d *Driver) Live() acl.LiveCounts {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return d.live
+	return d.liveLocked()
+}
+
+// liveLocked returns the live counts. Call with mu held.
+func (d *Driver) liveLocked() acl.LiveCounts {
+	l := d.live
+	d.omu.Lock()
+	l.Streams, l.Events = len(d.streams), len(d.events)
+	d.omu.Unlock()
+	return l
+}
+
+// Caps reports what CUDA allows beyond the strictest device: one
+// MemSetAccess may cover a run of adjacent mappings (cuMemSetAccess takes any
+// fully mapped range), and fresh memory holds no other process's bytes,
+// because the NVIDIA kernel driver clears device memory when a process frees
+// it (acl.FreshProcess; acl.FreshUnknown with Config.NoScrubOnFree). See
+// docs/cuda.md for the evidence and its limits. It makes no driver call.
+func (d *Driver) Caps() acl.Caps {
+	c := acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess}
+	if d.cfg.NoScrubOnFree {
+		c.Fresh = acl.FreshUnknown
+	}
+	return c
 }
 
 // pageOf returns the granularity of memory with attr: the device's minimum,
@@ -521,8 +576,8 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 }
 
 // UnmapMem is cuMemUnmap of the mapping that starts at ptr (CUDA needs its
-// size too; the driver remembers it). Unless Config.SkipUnmapSync is set it
-// first waits for the context's work with cuCtxSynchronize. If the
+// size too; the driver remembers it). Like CUDA it does not wait for device
+// work: the caller makes sure no queued work still touches the range. If the
 // allocation was freed, this last mapping frees its memory.
 func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 	const op = "aclrtUnmapMem"
@@ -533,31 +588,19 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 		return err
 	}
 	defer d.end()
-	notMapped := func() error { return fail(op, acl.ErrCodeRTDrvInternal, "%v is not the start of a mapping", ptr) }
-	d.mu.RLock()
-	_, _, m := d.book.Mapping(ptr)
-	d.mu.RUnlock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r, i, m := d.book.Mapping(ptr)
 	if m == nil {
-		return notMapped()
+		return fail(op, acl.ErrCodeRTDrvInternal, "%v is not the start of a mapping", ptr)
 	}
 	b, err := d.bind()
 	if err != nil {
 		return err
 	}
-	defer d.unbind(b)
-	if !d.cfg.SkipUnmapSync {
-		// Outside the lock: draining the GPU must not stall other calls.
-		if r := d.lib.cuCtxSynchronize(); r != ResultSuccess {
-			return d.lib.newError("cuCtxSynchronize", r)
-		}
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	r, i, m := d.book.Mapping(ptr) // again: another call may have unmapped it meanwhile
-	if m == nil {
-		return notMapped()
-	}
-	if res := d.lib.cuMemUnmap(uint64(m.Addr), m.Size); res != ResultSuccess {
+	res := d.lib.cuMemUnmap(uint64(m.Addr), m.Size)
+	d.unbind(b)
+	if res != ResultSuccess {
 		return d.lib.newError("cuMemUnmap", res)
 	}
 	r.Remove(i)
@@ -567,12 +610,15 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 	return nil
 }
 
-// MemSetAccess is cuMemSetAccess of [ptr, ptr+size), which must be exactly
-// one mapping, granting its device read-write access. desc must name this
-// device with MemAccessReadWrite; CUDA cannot grant the host access to
-// device memory, so a host location is refused (with 100000, not with
-// ErrNotSupported, which would tell the caller access is not needed).
-// Granting access again is a no-op.
+// MemSetAccess is cuMemSetAccess of [ptr, ptr+size), granting its device
+// read-write access. The range must be exactly one mapping or, since CUDA
+// allows it (Caps().AccessSpan), a run of adjacent mappings of one
+// reservation, covered by one cuMemSetAccess call; a gap, or an end inside a
+// mapping, is refused with 107000. desc must name this device with
+// MemAccessReadWrite; CUDA cannot grant the host access to device memory, so
+// a host location is refused (with 100000, not with ErrNotSupported, which
+// would tell the caller access is not needed). Granting access again is a
+// no-op.
 func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
 	const op = "aclrtMemSetAccess"
 	if err := rules.Access(op, ptr, size, desc, d.Device(), false); err != nil {
@@ -584,11 +630,25 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 	defer d.end()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	_, _, m := d.book.Mapping(ptr)
-	if m == nil || m.Size != size {
-		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not exactly one mapping", ptr, size)
+	r, i, m := d.book.Mapping(ptr)
+	if m == nil || m.Size > size {
+		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) does not start with a whole mapping", ptr, size)
 	}
-	if m.Access {
+	// The run of mappings that covers the range, which must end exactly at
+	// its end, with no gap.
+	j, end, granted := i, m.Addr, true
+	for end < uintptr(ptr)+size {
+		if j == len(r.Maps) || r.Maps[j].Addr != end {
+			return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not a run of adjacent mappings: nothing is mapped at %#x", ptr, size, end)
+		}
+		granted = granted && r.Maps[j].Access
+		end += r.Maps[j].Size
+		j++
+	}
+	if end != uintptr(ptr)+size {
+		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) ends inside the mapping at %#x", ptr, size, r.Maps[j-1].Addr)
+	}
+	if granted {
 		return nil
 	}
 	cudesc := memAccessDesc{
@@ -599,21 +659,23 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 	if err != nil {
 		return err
 	}
-	r := d.lib.cuMemSetAccess(uint64(m.Addr), m.Size, &cudesc, 1)
+	res := d.lib.cuMemSetAccess(uint64(ptr), size, &cudesc, 1)
 	d.unbind(b)
-	if r != ResultSuccess {
-		return d.lib.newError("cuMemSetAccess", r)
+	if res != ResultSuccess {
+		return d.lib.newError("cuMemSetAccess", res)
 	}
-	m.Access = true
+	for _, m := range r.Maps[i:j] {
+		m.Access = true
+	}
 	return nil
 }
 
 // copyCall runs one copy or memset: with the state read-locked (so the
 // ranges stay mapped) after checking every range [p, p+n), on a bound thread.
-// CUDA runs device-to-device copies and memsets of device memory
-// asynchronously; with wait set, copyCall waits for them (cuCtxSynchronize),
-// since the ACL calls they stand for are synchronous.
-func (d *Driver) copyCall(op, fn string, n uintptr, wait bool, call func() Result, ranges ...acl.DevicePtr) error {
+// With onStream set, call queues the work on the driver's own stream and
+// copyCall waits for that stream (cuStreamSynchronize), since the ACL calls
+// they stand for are synchronous; nothing else on the device is waited for.
+func (d *Driver) copyCall(op, fn string, n uintptr, onStream bool, call func() Result, ranges ...acl.DevicePtr) error {
 	if err := d.begin(op); err != nil {
 		return err
 	}
@@ -635,13 +697,14 @@ func (d *Driver) copyCall(op, fn string, n uintptr, wait bool, call func() Resul
 	if r := call(); r != ResultSuccess {
 		return d.lib.newError(fn, r)
 	}
-	if wait {
-		return d.lib.newError("cuCtxSynchronize", d.lib.cuCtxSynchronize())
+	if onStream {
+		return d.lib.newError("cuStreamSynchronize", d.lib.cuStreamSynchronize(d.copyStream))
 	}
 	return nil
 }
 
-// MemcpyHtoD is cuMemcpyHtoD_v2 (synchronous).
+// MemcpyHtoD is cuMemcpyHtoD_v2 (synchronous; on the legacy default
+// stream).
 func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	if len(src) == 0 {
 		return nil
@@ -652,7 +715,8 @@ func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	}, dst)
 }
 
-// MemcpyDtoH is cuMemcpyDtoH_v2 (synchronous).
+// MemcpyDtoH is cuMemcpyDtoH_v2 (synchronous; on the legacy default
+// stream).
 func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	if len(dst) == 0 {
 		return nil
@@ -663,25 +727,25 @@ func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	}, src)
 }
 
-// MemcpyDtoD is cuMemcpyDtoD_v2, then cuCtxSynchronize: it returns when the
-// copy is done.
+// MemcpyDtoD is cuMemcpyDtoDAsync_v2 on the driver's own stream, then
+// cuStreamSynchronize of that stream: it returns when the copy is done.
 func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
 	if n == 0 {
 		return nil
 	}
-	return d.copyCall("aclrtMemcpy", "cuMemcpyDtoD_v2", n, true, func() Result {
-		return d.lib.cuMemcpyDtoD(uint64(dst), uint64(src), n)
+	return d.copyCall("aclrtMemcpy", "cuMemcpyDtoDAsync_v2", n, true, func() Result {
+		return d.lib.cuMemcpyDtoDAsync(uint64(dst), uint64(src), n, d.copyStream)
 	}, src, dst)
 }
 
-// Memset is cuMemsetD8_v2, then cuCtxSynchronize: it returns when the
-// memory is set.
+// Memset is cuMemsetD8Async on the driver's own stream, then
+// cuStreamSynchronize of that stream: it returns when the memory is set.
 func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
 	if n == 0 {
 		return nil
 	}
-	return d.copyCall("aclrtMemset", "cuMemsetD8_v2", n, true, func() Result {
-		return d.lib.cuMemsetD8(uint64(ptr), value, n)
+	return d.copyCall("aclrtMemset", "cuMemsetD8Async", n, true, func() Result {
+		return d.lib.cuMemsetD8Async(uint64(ptr), value, n, d.copyStream)
 	}, ptr)
 }
 
@@ -709,12 +773,13 @@ func (d *Driver) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
 	return free, total, nil
 }
 
-// Close gives everything back: it unmaps what is still mapped (after
-// cuCtxSynchronize), releases the allocations and reservations, then
-// releases the primary context (cuDevicePrimaryCtxRelease_v2). Anything
-// still live is a leak in the caller and is reported in the error. Close
-// waits for calls in flight; calls after it fail with 107002. It is safe to
-// call more than once and on a nil *Driver.
+// Close gives everything back: it destroys the events and streams still
+// live, unmaps what is still mapped (after cuCtxSynchronize, so that no work
+// in flight faults on it), releases the allocations and reservations,
+// destroys the driver's own stream, then releases the primary context
+// (cuDevicePrimaryCtxRelease_v2). Anything the caller left live is a leak and
+// is reported in the error. Close waits for calls in flight; calls after it
+// fail with 107002. It is safe to call more than once and on a nil *Driver.
 func (d *Driver) Close() error {
 	if d == nil {
 		return nil
@@ -728,35 +793,55 @@ func (d *Driver) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var errs []error
-	if !d.live.Zero() {
-		errs = append(errs, fmt.Errorf("cuda driver %s: closed with objects still live: %+v", d.name, d.live))
-		errs = append(errs, d.releaseAllLocked()...)
+	live := d.liveLocked()
+	if !live.Zero() {
+		errs = append(errs, fmt.Errorf("cuda driver %s: closed with objects still live: %+v", d.name, live))
+	}
+	b, err := d.bind()
+	if err != nil {
+		errs = append(errs, err)
+	} else {
+		if !live.Zero() {
+			errs = append(errs, d.releaseAllLocked(live)...)
+		}
+		if r := d.lib.cuStreamDestroy(d.copyStream); r != ResultSuccess {
+			errs = append(errs, d.lib.newError("cuStreamDestroy_v2", r))
+		}
+		d.unbind(b)
 	}
 	d.book.Reset()
 	d.handles, d.live = nil, acl.LiveCounts{}
+	d.omu.Lock()
+	d.streams, d.events = nil, nil
+	d.omu.Unlock()
 	if r := d.lib.cuDevicePrimaryCtxRelease(d.dev); r != ResultSuccess {
 		errs = append(errs, d.lib.newError("cuDevicePrimaryCtxRelease_v2", r))
 	}
 	return errors.Join(errs...)
 }
 
-// releaseAllLocked unmaps every mapping and releases every allocation and
-// reservation still held.
-func (d *Driver) releaseAllLocked() []error {
-	b, err := d.bind()
-	if err != nil {
-		return []error{err}
-	}
-	defer d.unbind(b)
+// releaseAllLocked destroys every event and stream, unmaps every mapping and
+// releases every allocation and reservation still held, on a bound thread.
+func (d *Driver) releaseAllLocked(live acl.LiveCounts) []error {
 	var errs []error
 	check := func(fn string, r Result) {
 		if r != ResultSuccess {
 			errs = append(errs, d.lib.newError(fn, r))
 		}
 	}
-	if d.live.Mappings > 0 && !d.cfg.SkipUnmapSync {
+	if live.Mappings > 0 || live.Streams > 0 {
+		// Work still queued must not run on memory about to go. This is the
+		// one device-wide wait left in the driver, and only for leaks.
 		check("cuCtxSynchronize", d.lib.cuCtxSynchronize())
 	}
+	d.omu.Lock()
+	for _, ev := range d.events {
+		check("cuEventDestroy_v2", d.lib.cuEventDestroy(ev.cu))
+	}
+	for _, st := range d.streams {
+		check("cuStreamDestroy_v2", d.lib.cuStreamDestroy(st.cu))
+	}
+	d.omu.Unlock()
 	for _, r := range d.book.All() {
 		for _, m := range r.Maps {
 			check("cuMemUnmap", d.lib.cuMemUnmap(uint64(m.Addr), m.Size))

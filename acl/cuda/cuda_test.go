@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,7 +25,8 @@ const g = acl.HugePageSize
 func prop() *acl.PhysicalMemProp { p := acl.DeviceProp(0, 0); return &p }
 
 // The whole acl conformance suite, with the host driver's exact codes, on the
-// binding over the double.
+// binding over the double, with stand-in kernels queued through the double's
+// test hooks for the tests of work in flight.
 func TestConformance(t *testing.T) {
 	acltest.Run(t, acltest.Factory{
 		Open: func(t testing.TB) acl.Driver {
@@ -36,16 +38,7 @@ func TestConformance(t *testing.T) {
 			return d
 		},
 		ExactCodes: true,
-	})
-}
-
-func TestConformanceSkipUnmapSync(t *testing.T) {
-	acltest.Run(t, acltest.Factory{
-		Open: func(t testing.TB) acl.Driver {
-			d, _ := openFake(t, 0, Config{SkipUnmapSync: true})
-			return d
-		},
-		ExactCodes: true,
+		Launcher:   launcherOf,
 	})
 }
 
@@ -151,27 +144,44 @@ func TestAccessAfterEveryMap(t *testing.T) {
 	acltest.RequireCode(t, d.MemSetAccess(base, g, acl.ReadWrite(1)), acl.ErrCodeRTInvalidDeviceID)
 }
 
-// UnmapMem waits for the context's work first, unless told not to.
-func TestUnmapSynchronizes(t *testing.T) {
-	for _, skip := range []bool{false, true} {
-		t.Run(fmt.Sprintf("SkipUnmapSync=%v", skip), func(t *testing.T) {
-			d, f := openFake(t, 0, Config{SkipUnmapSync: skip})
-			base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
-			require.NoError(t, err)
-			h, err := d.MallocPhysical(g, prop(), 0)
-			require.NoError(t, err)
-			require.NoError(t, d.MapMem(base, g, 0, h, 0))
-			before := f.calls(t, "cuCtxSynchronize")
-			require.NoError(t, d.UnmapMem(base))
-			want := int64(1)
-			if skip {
-				want = 0
-			}
-			require.Equal(t, want, f.calls(t, "cuCtxSynchronize")-before)
-			require.NoError(t, d.FreePhysical(h))
-			require.NoError(t, d.ReleaseMemAddress(base))
-		})
-	}
+// No call but SynchronizeDevice (and Close with leaks) waits for the whole
+// device: UnmapMem is the bare cuMemUnmap, and the synchronous device copies
+// wait for the driver's own stream only.
+func TestNoDeviceWideSync(t *testing.T) {
+	d, f := openFake(t, 0, Config{})
+	ctxSyncs := f.calls(t, "cuCtxSynchronize")
+	s, err := d.CreateStream()
+	require.NoError(t, err)
+	ev, err := d.CreateEvent()
+	require.NoError(t, err)
+	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+	require.NoError(t, err)
+	h, err := d.MallocPhysical(g, prop(), 0)
+	require.NoError(t, err)
+	require.NoError(t, d.MapMem(base, g, 0, h, 0))
+	require.NoError(t, d.MemSetAccess(base, g, acl.ReadWrite(0)))
+	require.NoError(t, d.MemcpyHtoD(base, []byte("abc")))
+	require.NoError(t, d.MemcpyDtoD(base+8, base, 3))
+	require.NoError(t, d.Memset(base+1, 'x', 1))
+	require.NoError(t, d.MemsetAsync(base+16, 'y', 1, s))
+	require.NoError(t, d.RecordEvent(ev, s))
+	require.NoError(t, d.SynchronizeEvent(ev))
+	require.NoError(t, d.SynchronizeStream(s))
+	got := make([]byte, 17)
+	require.NoError(t, d.MemcpyDtoH(got, base))
+	require.Equal(t, "axc\x00\x00\x00\x00\x00abc\x00\x00\x00\x00\x00y", string(got))
+	unmaps := f.calls(t, "cuMemUnmap")
+	streamSyncs := f.calls(t, "cuStreamSynchronize")
+	require.NoError(t, d.UnmapMem(base))
+	require.Equal(t, unmaps+1, f.calls(t, "cuMemUnmap"))
+	require.Equal(t, streamSyncs, f.calls(t, "cuStreamSynchronize"), "UnmapMem waits for nothing")
+	require.NoError(t, d.FreePhysical(h))
+	require.NoError(t, d.ReleaseMemAddress(base))
+	require.NoError(t, d.DestroyEvent(ev))
+	require.NoError(t, d.DestroyStream(s))
+	require.Equal(t, ctxSyncs, f.calls(t, "cuCtxSynchronize"), "no device-wide synchronisation")
+	require.NoError(t, d.SynchronizeDevice())
+	require.Equal(t, ctxSyncs+1, f.calls(t, "cuCtxSynchronize"))
 }
 
 // The granularity is the device's, not a constant.
@@ -239,6 +249,7 @@ func TestErrorMapping(t *testing.T) {
 		{ResultInvalidDevice, acl.ErrCodeRTInvalidDeviceID, acl.ErrNoDevice, "CUDA_ERROR_INVALID_DEVICE"},
 		{ResultNoDevice, acl.ErrCodeRTNoDevice, acl.ErrNoDevice, "CUDA_ERROR_NO_DEVICE"},
 		{ResultInvalidHandle, acl.ErrCodeRTInvalidHandle, acl.ErrInvalidHandle, "CUDA_ERROR_INVALID_HANDLE"},
+		{ResultNotReady, acl.ErrCodeRTDrvInternal, nil, "CUDA_ERROR_NOT_READY"},
 		{ResultIllegalAddress, acl.ErrCodeRTDrvInternal, nil, "CUDA_ERROR_ILLEGAL_ADDRESS"},
 		{ResultUnknown, acl.ErrCodeRTDrvInternal, nil, "CUDA_ERROR_UNKNOWN"},
 		{12345, acl.ErrCodeRTDrvInternal, nil, "CUresult(12345)"}, // the driver does not name it
@@ -281,26 +292,22 @@ func TestFailedCallsChangeNothing(t *testing.T) {
 	h, err := d.MallocPhysical(g, prop(), 0)
 	require.NoError(t, err)
 	steps := []struct {
-		fn    string
-		do    func() error
-		setup func() error
+		fn string
+		do func() error
 	}{
 		{fn: "cuMemMap", do: func() error { return d.MapMem(base, g, 0, h, 0) }},
 		{fn: "cuMemSetAccess", do: func() error { return d.MemSetAccess(base, g, acl.ReadWrite(0)) }},
 		{fn: "cuMemcpyHtoD_v2", do: func() error { return d.MemcpyHtoD(base, []byte("x")) }},
 		{fn: "cuMemcpyDtoH_v2", do: func() error { return d.MemcpyDtoH(make([]byte, 1), base) }},
-		{fn: "cuMemcpyDtoD_v2", do: func() error { return d.MemcpyDtoD(base+1, base, 1) }},
-		{fn: "cuMemsetD8_v2", do: func() error { return d.Memset(base, 1, 1) }},
-		{fn: "cuCtxSynchronize", do: func() error { return d.UnmapMem(base) }},
-		{fn: "cuMemUnmap", do: func() error { return d.UnmapMem(base) }, setup: func() error { return d.MapMem(base, g, 0, h, 0) }},
+		{fn: "cuMemcpyDtoDAsync_v2", do: func() error { return d.MemcpyDtoD(base+1, base, 1) }},
+		{fn: "cuMemsetD8Async", do: func() error { return d.Memset(base, 1, 1) }},
+		{fn: "cuStreamSynchronize", do: func() error { return d.Memset(base, 1, 1) }},
+		{fn: "cuMemUnmap", do: func() error { return d.UnmapMem(base) }},
 		{fn: "cuMemRelease", do: func() error { return d.FreePhysical(h) }},
 		{fn: "cuMemAddressFree", do: func() error { return d.ReleaseMemAddress(base) }},
 	}
 	for _, s := range steps {
-		if s.setup != nil {
-			require.NoError(t, s.setup())
-		}
-		before := d.Live()
+		before, fakeBefore := d.Live(), f.live()
 		f.fail(t, s.fn, 1, ResultUnknown)
 		err := s.do()
 		require.Error(t, err, s.fn)
@@ -309,6 +316,7 @@ func TestFailedCallsChangeNothing(t *testing.T) {
 		require.ErrorAs(t, err, &ae)
 		require.Equal(t, s.fn, ae.Op)
 		require.Equal(t, before, d.Live(), "%s failed but changed the state", s.fn)
+		require.Equal(t, fakeBefore, f.live(), "%s failed but changed CUDA's state", s.fn)
 		require.NoError(t, s.do(), "%s retried", s.fn)
 	}
 	require.True(t, d.Live().Zero(), "%+v", d.Live())
@@ -691,10 +699,14 @@ func TestEveryCallBindsContext(t *testing.T) {
 	}
 	var base acl.DevicePtr
 	var h acl.PhysicalHandle
+	var s acl.Stream
+	var ev acl.Event
 	steps := []struct {
 		name string
 		fn   func() error
 	}{
+		{"CreateStream", func() (err error) { s, err = d.CreateStream(); return err }},
+		{"CreateEvent", func() (err error) { ev, err = d.CreateEvent(); return err }},
 		{"ReserveMemAddress", func() (err error) { base, err = d.ReserveMemAddress(2*g, 0, 0, 0); return err }},
 		{"MallocPhysical", func() (err error) { h, err = d.MallocPhysical(g, prop(), 0); return err }},
 		{"MapMem", func() error { return d.MapMem(base, g, 0, h, 0) }},
@@ -713,6 +725,14 @@ func TestEveryCallBindsContext(t *testing.T) {
 			return nil
 		}},
 		{"GetMemInfo", func() error { _, _, err := d.GetMemInfo(acl.HBMMem); return err }},
+		{"MemsetAsync", func() error { return d.MemsetAsync(base, 0, 1, s) }},
+		{"RecordEvent", func() error { return d.RecordEvent(ev, s) }},
+		{"QueryEvent", func() error { _, err := d.QueryEvent(ev); return err }},
+		{"SynchronizeEvent", func() error { return d.SynchronizeEvent(ev) }},
+		{"SynchronizeStream", func() error { return d.SynchronizeStream(s) }},
+		{"SynchronizeDevice", d.SynchronizeDevice},
+		{"DestroyEvent", func() error { return d.DestroyEvent(ev) }},
+		{"DestroyStream", func() error { return d.DestroyStream(s) }},
 		{"UnmapMem", func() error { return d.UnmapMem(base) }},
 		{"FreePhysical", func() error { return d.FreePhysical(h) }},
 		{"ReleaseMemAddress", func() error { return d.ReleaseMemAddress(base) }},
@@ -723,34 +743,85 @@ func TestEveryCallBindsContext(t *testing.T) {
 	}
 }
 
-// cuMemcpyDtoD and cuMemsetD8 return before the GPU is done; the driver
-// waits for them, as the synchronous ACL calls do. Host copies need no wait.
-func TestAsyncCallsWait(t *testing.T) {
+// The synchronous device copies and memsets run on the driver's own
+// non-blocking stream and wait for it alone: a kernel in flight on a caller's
+// stream, or on the legacy default stream, does not hold them back. Host
+// copies are synchronous calls and wait for no stream of ours.
+func TestSynchronousCopiesWaitForTheirOwnStream(t *testing.T) {
 	d, f := openFake(t, 0, Config{})
-	base, err := d.ReserveMemAddress(g, 0, 0, 0)
+	l := launcherOf(d).(*launcher)
+	s, err := d.CreateStream()
 	require.NoError(t, err)
-	h, err := d.MallocPhysical(g, prop(), 0)
+	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
 	require.NoError(t, err)
-	require.NoError(t, d.MapMem(base, g, 0, h, 0))
-	require.NoError(t, d.MemSetAccess(base, g, acl.ReadWrite(0)))
-	for _, c := range []struct {
-		name  string
-		waits int64
-		fn    func() error
-	}{
-		{"Memset", 1, func() error { return d.Memset(base, 1, 10) }},
-		{"MemcpyDtoD", 1, func() error { return d.MemcpyDtoD(base+10, base, 10) }},
-		{"MemcpyHtoD", 0, func() error { return d.MemcpyHtoD(base, []byte{1}) }},
-		{"MemcpyDtoH", 0, func() error { return d.MemcpyDtoH(make([]byte, 1), base) }},
-	} {
-		before := f.calls(t, "cuCtxSynchronize")
-		require.NoError(t, c.fn(), c.name)
-		require.Equal(t, c.waits, f.calls(t, "cuCtxSynchronize")-before, c.name)
+	hs := make([]acl.PhysicalHandle, 2)
+	for i := range hs {
+		hs[i], err = d.MallocPhysical(g, prop(), 0)
+		require.NoError(t, err)
+		require.NoError(t, d.MapMem(base+acl.DevicePtr(i)*g, g, 0, hs[i], 0))
 	}
-	f.fail(t, "cuCtxSynchronize", 1, ResultIllegalAddress)
+	require.NoError(t, d.MemSetAccess(base, 2*g, acl.ReadWrite(0)))
+	busy := base + g // where the kernels run; the copies use the first chunk
+	for _, on := range []acl.Stream{s, 0} {
+		id, err := l.launch(on, busy, g)
+		require.NoError(t, err)
+		unblock := func() { l.f.finish(id) }
+		for _, c := range []struct {
+			fn    string
+			calls []string
+			do    func() error
+		}{
+			{"Memset", []string{"cuMemsetD8Async", "cuStreamSynchronize"}, func() error { return d.Memset(base, 1, 10) }},
+			{"MemcpyDtoD", []string{"cuMemcpyDtoDAsync_v2", "cuStreamSynchronize"}, func() error { return d.MemcpyDtoD(base+10, base, 10) }},
+		} {
+			before := map[string]int64{}
+			for _, fn := range append(c.calls, "cuCtxSynchronize") {
+				before[fn] = f.calls(t, fn)
+			}
+			require.NoError(t, returnsSoon(t, unblock, c.do), c.fn)
+			for _, fn := range c.calls {
+				require.Equal(t, before[fn]+1, f.calls(t, fn), "%s calls %s once", c.fn, fn)
+			}
+			require.Equal(t, before["cuCtxSynchronize"], f.calls(t, "cuCtxSynchronize"), c.fn)
+		}
+		if on != 0 {
+			// A host copy runs on the legacy stream, which a non-blocking
+			// stream's work does not hold back either. (On the legacy
+			// stream itself it would wait, as on a GPU.)
+			require.NoError(t, returnsSoon(t, unblock, func() error { return d.MemcpyHtoD(base, []byte{1}) }))
+		}
+		require.Equal(t, int32(0), l.f.finish(id))
+		require.NoError(t, d.SynchronizeStream(on))
+	}
+	got := make([]byte, 20)
+	require.NoError(t, d.MemcpyDtoH(got, base))
+	require.Equal(t, append([]byte{1}, bytes.Repeat([]byte{1}, 19)...), got)
+	require.Zero(t, l.Faults(), "no copy touched the kernels' range")
+
+	f.fail(t, "cuStreamSynchronize", 1, ResultIllegalAddress)
 	err = d.Memset(base, 1, 10)
 	require.Equal(t, ResultIllegalAddress, resultOf(err), "a fault reported at the wait is returned")
-	require.NoError(t, d.UnmapMem(base))
-	require.NoError(t, d.FreePhysical(h))
+	for i, h := range hs {
+		require.NoError(t, d.UnmapMem(base+acl.DevicePtr(i)*g))
+		require.NoError(t, d.FreePhysical(h))
+	}
 	require.NoError(t, d.ReleaseMemAddress(base))
+	require.NoError(t, d.DestroyStream(s))
+}
+
+// returnsSoon runs fn and fails the test if it has not returned within a
+// second: it is waiting for work that will not finish until unblock runs.
+func returnsSoon(t testing.TB, unblock func(), fn func() error) error {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() { errc <- fn() }()
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(time.Second):
+		unblock() // so that the call, and the test's cleanup, can end
+		<-errc
+		t.Fatal("the call waited for unrelated device work")
+		return nil
+	}
 }

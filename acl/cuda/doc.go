@@ -1,6 +1,6 @@
 // Package cuda implements the acl.Driver contract on an NVIDIA GPU, through
-// the CUDA driver API's virtual-memory management (VMM) calls, so that the
-// arena runs unchanged on CUDA.
+// the CUDA driver API's virtual-memory management (VMM) calls, streams and
+// events, so that the arena runs unchanged on CUDA.
 //
 // # Loading
 //
@@ -9,10 +9,14 @@
 // everything else. [Open] loads, in this order of precedence, Config.Library,
 // else $VMARENA_CUDA_LIB ([EnvLibrary]), else "libcuda.so.1" through the
 // dynamic loader's search path; only the first that is set is tried. Every
-// symbol is resolved by its exact exported name, the _v2 one where cuda.h
-// renames the API (cuMemGetInfo_v2, cuMemcpyHtoD_v2, cuMemcpyDtoH_v2,
-// cuMemcpyDtoD_v2, cuMemsetD8_v2, cuDevicePrimaryCtxRelease_v2), with Dlsym
-// and RegisterFunc. A missing library or symbol, the toolkit's stub library
+// symbol is resolved by its exact exported name with Dlsym and RegisterFunc:
+// the _v2 name where cuda.h renames a function with a macro
+// (cuMemGetInfo_v2, cuMemcpyHtoD_v2, cuMemcpyDtoH_v2, cuMemcpyDtoDAsync_v2,
+// cuStreamDestroy_v2, cuEventDestroy_v2, cuDevicePrimaryCtxRelease_v2), the
+// plain name where it does not (cuMemsetD8Async, cuStreamCreate,
+// cuEventRecord, …), and never the _ptds/_ptsz variants cuda.h selects for
+// per-thread default streams, so that a NULL stream is the legacy default
+// stream. A missing library or symbol, the toolkit's stub library
 // (CUDA_ERROR_STUB_LIBRARY), a driver older than CUDA 10.2 or a device
 // without CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is an error
 // wrapping acl.ErrNotSupported that says what and where; nothing panics. A
@@ -31,12 +35,11 @@
 // primary context current there: the binding asks cuCtxGetCurrent and calls
 // cuCtxSetCurrent only when another context is current. A thread with no
 // context keeps the primary context afterwards, so the usual cost is one
-// extra cuCtxGetCurrent per call: about 0.4 µs over the test double
-// (BenchmarkCallOverhead), within noise of the driver's own microseconds on
-// an H200 (docs/cuda.md); a thread on
-// which the caller had made a context of its own current gets it back. Calls
-// run on the caller's goroutine, in parallel with each other: there is no
-// worker thread to queue behind.
+// extra cuCtxGetCurrent per call (about 0.4 µs over the test double, within
+// noise of the driver's own microseconds on an H200; docs/cuda.md has the
+// figures); a thread on which the caller had made a context of its own
+// current gets it back. Calls run on the caller's goroutine, in parallel with
+// each other: there is no worker thread to queue behind.
 //
 // # The ACL contract on CUDA
 //
@@ -47,18 +50,27 @@
 //	ReserveMemAddress                  cuMemAddressReserve (size remembered)
 //	ReleaseMemAddress(base)            cuMemAddressFree(base, remembered size)
 //	MapMem                             cuMemMap (offset 0)
-//	UnmapMem(ptr)                      cuCtxSynchronize, then cuMemUnmap(ptr, remembered size)
-//	MemSetAccess                       cuMemSetAccess (DEVICE, PROT_READWRITE)
-//	MemcpyHtoD, MemcpyDtoH             cuMemcpyHtoD_v2, cuMemcpyDtoH_v2 (synchronous)
-//	MemcpyDtoD                         cuMemcpyDtoD_v2, then cuCtxSynchronize (CUDA runs it asynchronously)
-//	Memset                             cuMemsetD8_v2, then cuCtxSynchronize (likewise)
+//	UnmapMem(ptr)                      cuMemUnmap(ptr, remembered size): no wait
+//	MemSetAccess                       cuMemSetAccess (DEVICE, PROT_READWRITE), one call per run of mappings
+//	MemcpyHtoD, MemcpyDtoH             cuMemcpyHtoD_v2, cuMemcpyDtoH_v2 (synchronous, legacy default stream)
+//	MemcpyDtoD                         cuMemcpyDtoDAsync_v2 on the driver's own stream + cuStreamSynchronize of it
+//	Memset                             cuMemsetD8Async on the driver's own stream + cuStreamSynchronize of it
 //	GetMemInfo                         cuMemGetInfo_v2
-//	Close                              (release what is left), cuDevicePrimaryCtxRelease_v2
+//	CreateStream, DestroyStream        cuStreamCreate(CU_STREAM_NON_BLOCKING); cuStreamQuery, cuStreamDestroy_v2
+//	SynchronizeStream                  cuStreamSynchronize (Stream 0: the legacy default stream, CUstream NULL)
+//	SynchronizeDevice                  cuCtxSynchronize
+//	CreateEvent, DestroyEvent          cuEventCreate(CU_EVENT_DISABLE_TIMING), cuEventDestroy_v2
+//	RecordEvent                        cuEventRecord
+//	QueryEvent                         cuEventQuery: CUDA_SUCCESS complete, CUDA_ERROR_NOT_READY not yet
+//	SynchronizeEvent                   cuEventSynchronize
+//	MemsetAsync                        cuMemsetD8Async on the caller's stream
+//	Caps                               {AccessSpan: true, Fresh: FreshProcess} (no call)
+//	Close                              (release what is left), cuStreamDestroy_v2, cuDevicePrimaryCtxRelease_v2
 //
 // The contract is the strictest of ACL and CUDA. Where CUDA is laxer, the
 // driver enforces ACL's rules itself, from its own record of reservations,
-// mappings and handles, and refuses a violation with the code the host
-// driver gives it, before CUDA is called:
+// mappings, handles, streams and events, and refuses a violation with the
+// code the host driver gives it, before CUDA is called:
 //
 //   - sizes and addresses are multiples of the device's granularity;
 //   - MapMem maps a whole allocation (size equal to its size) at offset 0,
@@ -71,11 +83,17 @@
 //     at its last unmap (CUDA's cuMemRelease semantics exactly); a second
 //     FreePhysical is an error;
 //   - a mapping has no access until MemSetAccess (CUDA's rule, which ACL
-//     devices without the call relax); MemSetAccess must name exactly one
-//     mapping, and granting it again is a no-op;
-//   - copies and memsets must lie in mapped ranges with access, checked in
-//     Go so that a bad one never reaches the GPU, where it would fault and
-//     poison the context.
+//     devices without the call relax); MemSetAccess covers exactly one
+//     mapping or a run of adjacent mappings of one reservation, a gap or an
+//     end inside a mapping is refused, and granting again is a no-op;
+//   - copies, memsets and queued memsets must lie in mapped ranges with
+//     access, checked in Go so that a bad one never reaches the GPU, where it
+//     would fault and poison the context;
+//   - streams and events are the driver's own ids: a destroyed or unknown one
+//     is refused (107000; 100000 for a NULL event) instead of reaching CUDA
+//     as a dangling handle; a stream with work pending (cuStreamQuery says
+//     CUDA_ERROR_NOT_READY), or a stream or event another call is waiting
+//     on, cannot be destroyed (107000), where CUDA would destroy it later.
 //
 // ACL handles are the driver's own numbers, not CUDA's: CUDA may hand out a
 // released handle's value again while the old allocation is still mapped.
@@ -83,13 +101,37 @@
 // The state of a range and of an allocation, and the call that moves it:
 //
 //	address range: none ──cuMemAddressReserve──▶ reserved ──cuMemMap──▶ mapped, no access ──cuMemSetAccess──▶ mapped
-//	               none ◀──cuMemAddressFree───── reserved ◀─────────cuCtxSynchronize + cuMemUnmap────────── mapped
+//	               none ◀──cuMemAddressFree───── reserved ◀──────────────cuMemUnmap──────────────────────── mapped
 //	allocation:    none ──cuMemCreate──▶ owned ──cuMemMap──▶ owned+mapped ──cuMemRelease──▶ mapped only ──last cuMemUnmap──▶ none
 //	               owned ──cuMemRelease──▶ none
 //
-// Unmapping synchronises the primary context first, so that a kernel or copy
-// still in flight cannot fault on the range. Callers that order their own
-// streams before every unmap can skip it with Config.SkipUnmapSync.
+// # Ordering
+//
+// UnmapMem does not wait for device work, and neither does CUDA: work still
+// queued on the range faults (CUDA_ERROR_ILLEGAL_ADDRESS, which poisons the
+// context) or, if the range is mapped again first, writes into the new
+// owner's memory. The caller orders each unmap: it records an event on the
+// streams that used the range and waits for it, or calls SynchronizeDevice as
+// the fallback. In vmarena the chunk pool does that, in one place. No call of
+// the driver waits for the whole device except SynchronizeDevice, and Close
+// when it tears down leaked mappings or streams.
+//
+// The synchronous MemcpyDtoD and Memset are asynchronous in CUDA. The driver
+// queues them on a non-blocking stream of its own, created at Open, and waits
+// for that stream alone, so they do not wait for (or hold back) the callers'
+// work. They are not ordered after work queued on other streams either: a
+// range that queued work may still write must be waited for first. The host
+// copies are CUDA's synchronous cuMemcpyHtoD_v2 and cuMemcpyDtoH_v2 on the
+// legacy default stream, so they also wait for work queued there (and on
+// blocking streams other code may create; the driver's are non-blocking).
+//
+// # Fresh memory
+//
+// Caps().Fresh is acl.FreshProcess: the NVIDIA kernel driver clears device
+// memory a process frees before another can allocate it ("scrub on free"),
+// but nothing promises that this process's own freed bytes are cleared.
+// Config.NoScrubOnFree makes it acl.FreshUnknown for machines where the
+// scrubber is off. docs/cuda.md gives the evidence and its limits.
 //
 // # Errors
 //

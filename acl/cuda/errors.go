@@ -24,6 +24,7 @@ const (
 	ResultAlreadyMapped        Result = 208 // CUDA_ERROR_ALREADY_MAPPED
 	ResultNotMapped            Result = 211 // CUDA_ERROR_NOT_MAPPED
 	ResultInvalidHandle        Result = 400 // CUDA_ERROR_INVALID_HANDLE
+	ResultNotReady             Result = 600 // CUDA_ERROR_NOT_READY: work queued before it has not finished (a query's answer, not a failure)
 	ResultIllegalAddress       Result = 700 // CUDA_ERROR_ILLEGAL_ADDRESS
 	ResultNotPermitted         Result = 800 // CUDA_ERROR_NOT_PERMITTED
 	ResultNotSupported         Result = 801 // CUDA_ERROR_NOT_SUPPORTED
@@ -45,6 +46,7 @@ var resultNames = map[Result]string{
 	ResultAlreadyMapped:        "CUDA_ERROR_ALREADY_MAPPED",
 	ResultNotMapped:            "CUDA_ERROR_NOT_MAPPED",
 	ResultInvalidHandle:        "CUDA_ERROR_INVALID_HANDLE",
+	ResultNotReady:             "CUDA_ERROR_NOT_READY",
 	ResultIllegalAddress:       "CUDA_ERROR_ILLEGAL_ADDRESS",
 	ResultNotPermitted:         "CUDA_ERROR_NOT_PERMITTED",
 	ResultNotSupported:         "CUDA_ERROR_NOT_SUPPORTED",
@@ -74,8 +76,9 @@ func (r Result) String() string {
 //	CUDA_ERROR_NO_DEVICE                       207004 ACL_ERROR_RT_NO_DEVICE         ResultNoDevice
 //	CUDA_ERROR_INVALID_HANDLE                  107017 ACL_ERROR_RT_INVALID_HANDLE    ResultInvalidHandle
 //	CUDA_ERROR_NOT_PERMITTED                   207006 ACL_ERROR_RT_NO_PERMISSION
-//	anything else (NOT_MAPPED, ILLEGAL_ADDRESS,
-//	  NOT_INITIALIZED, UNKNOWN, …)             507899 ACL_ERROR_RT_DRV_INTERNAL_ERROR
+//	anything else (NOT_MAPPED, NOT_READY,
+//	  ILLEGAL_ADDRESS, NOT_INITIALIZED,
+//	  UNKNOWN, …)                              507899 ACL_ERROR_RT_DRV_INTERNAL_ERROR
 //
 // ACLCode(ResultSuccess) is acl.Success.
 func ACLCode(r Result) int32 {

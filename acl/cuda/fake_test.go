@@ -14,6 +14,8 @@ import (
 
 	"github.com/ebitengine/purego"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/acl"
 )
 
 // The test double of libcuda (testdata/fakecuda.c) is compiled once per test
@@ -88,11 +90,15 @@ type fake struct {
 
 	failFn     func(fn string, nth int64, result int32) int32
 	callsFn    func(fn string) int64
-	liveFn     func(allocs, maps, resv *int64, bytes *uintptr, refs *int64)
+	liveFn     func(allocs, maps, resv *int64, bytes *uintptr, refs, streams, events *int64)
 	setFn      func(knob string, value uintptr) int32
 	current    func() uintptr
 	setCurrent func(ctx uintptr)
 	primary    func(dev int32) uintptr
+	flags      func(h uintptr) int32                      // a stream's or event's creation flags, or -1
+	launchFn   func(s uintptr, p uint64, n uintptr) int32 // a kernel's id, or -CUresult
+	finish     func(id int32) int32
+	faults     func() int64
 }
 
 // newFake copies the double to a new path in t.TempDir() and loads it.
@@ -118,6 +124,10 @@ func newFake(t testing.TB, env ...string) *fake {
 		"fakecuda_current":     &f.current,
 		"fakecuda_set_current": &f.setCurrent,
 		"fakecuda_primary":     &f.primary,
+		"fakecuda_flags":       &f.flags,
+		"fakecuda_launch":      &f.launchFn,
+		"fakecuda_finish":      &f.finish,
+		"fakecuda_faults":      &f.faults,
 	} {
 		sym, err := purego.Dlsym(h, name)
 		require.NoError(t, err)
@@ -164,16 +174,17 @@ type fakeLive struct {
 	Allocations, Mappings, Reservations int64
 	Bytes                               uintptr
 	ContextRefs                         int64
+	Streams, Events                     int64
 }
 
 func (f *fake) live() fakeLive {
 	var l fakeLive
-	f.liveFn(&l.Allocations, &l.Mappings, &l.Reservations, &l.Bytes, &l.ContextRefs)
+	f.liveFn(&l.Allocations, &l.Mappings, &l.Reservations, &l.Bytes, &l.ContextRefs, &l.Streams, &l.Events)
 	return l
 }
 
 // requireClean asserts the double holds nothing: no allocation, mapping,
-// reservation or context reference.
+// reservation, stream, event or context reference.
 func (f *fake) requireClean(t testing.TB) {
 	t.Helper()
 	require.Equal(t, fakeLive{}, f.live(), "the libcuda double still holds objects")
@@ -191,12 +202,79 @@ func openFake(t testing.TB, capacity uintptr, cfg Config) (*Driver, *fake) {
 	cfg.Library = f.path
 	d, err := Open(cfg)
 	require.NoError(t, err)
+	fakes.Store(d, f)
 	t.Cleanup(func() {
 		require.NoError(t, d.Close())
 		f.requireClean(t)
+		fakes.Delete(d)
 	})
 	return d, f
 }
+
+// fakes maps each driver openFake opened to its double, for the launcher.
+var fakes sync.Map // *Driver → *fake
+
+// launcher queues stand-in kernels on a driver's streams through the
+// double's test hooks: it is the acl.Launcher of the conformance suite.
+type launcher struct {
+	d *Driver
+	f *fake
+}
+
+// launcherOf returns the launcher of a driver openFake opened.
+func launcherOf(d acl.Driver) acl.Launcher {
+	cd, ok := d.(*Driver)
+	if !ok {
+		return nil
+	}
+	f, ok := fakes.Load(cd)
+	if !ok {
+		return nil
+	}
+	return &launcher{d: cd, f: f.(*fake)}
+}
+
+// Launch queues a kernel touching [ptr, ptr+n) on s; it finishes once done
+// is closed (at once for a nil done), when a goroutine lets the double
+// finish it.
+func (l *launcher) Launch(s acl.Stream, ptr acl.DevicePtr, n uintptr, done <-chan struct{}) error {
+	id, err := l.launch(s, ptr, n)
+	if err != nil {
+		return err
+	}
+	if done == nil {
+		l.f.finish(id)
+		return nil
+	}
+	go func() {
+		<-done
+		l.f.finish(id)
+	}()
+	return nil
+}
+
+// launch queues a kernel that stays unfinished until l.f.finish(id).
+func (l *launcher) launch(s acl.Stream, ptr acl.DevicePtr, n uintptr) (int32, error) {
+	const op = "Launch"
+	st, cu, err := l.d.holdStream(op, s)
+	if err != nil {
+		return 0, err
+	}
+	defer l.d.releaseStream(st)
+	b, err := l.d.bind()
+	if err != nil {
+		return 0, err
+	}
+	id := l.f.launchFn(cu, uint64(ptr), n)
+	l.d.unbind(b)
+	if id < 0 {
+		return 0, l.d.lib.newError("fakecuda_launch", Result(-id))
+	}
+	return id, nil
+}
+
+// Faults returns the double's count of faults.
+func (l *launcher) Faults() int { return int(l.f.faults()) }
 
 // resultOf returns the CUresult carried by err, or -1.
 func resultOf(err error) Result {

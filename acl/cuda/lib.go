@@ -21,7 +21,7 @@ const (
 // (cudaTypedefs.h names every cuMem* VMM call _v10020).
 const minDriverVersion = 10020
 
-// CUDA enum values (cuda.h, backends.md §B).
+// CUDA enum values, as cuda.h defines them.
 const (
 	cuMemAllocationTypePinned  = 1   // CU_MEM_ALLOCATION_TYPE_PINNED
 	cuMemLocationTypeDevice    = 1   // CU_MEM_LOCATION_TYPE_DEVICE
@@ -29,6 +29,8 @@ const (
 	cuGranularityMinimum       = 0   // CU_MEM_ALLOC_GRANULARITY_MINIMUM
 	cuGranularityRecommended   = 1   // CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
 	cuDevAttrVirtualMemorySupp = 102 // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+	cuStreamNonBlocking        = 1   // CU_STREAM_NON_BLOCKING: not ordered with the legacy default stream
+	cuEventDisableTiming       = 2   // CU_EVENT_DISABLE_TIMING: no timestamp, the cheapest event
 )
 
 // memLocation is CUmemLocation (8 bytes).
@@ -58,10 +60,12 @@ type memAccessDesc struct {
 }
 
 // library is one loaded CUDA driver library: the functions the binding calls,
-// resolved by their exact exported names (the _v2 ones where cuda.h renames
-// the API, backends.md §B). C types: CUresult, CUdevice and enums are int32;
-// CUdeviceptr and CUmemGenericAllocationHandle are uint64; size_t is
-// uintptr; a CUcontext is an opaque C pointer, held as a uintptr.
+// resolved by their exact exported names (the _v2 one where cuda.h renames
+// the API with a macro, and never the _ptds/_ptsz per-thread-stream variants).
+// C types: CUresult, CUdevice and enums are int32; CUdeviceptr and
+// CUmemGenericAllocationHandle are uint64; size_t is uintptr; a CUcontext,
+// CUstream or CUevent is an opaque C pointer, held as a uintptr (a NULL
+// CUstream is the legacy default stream).
 type library struct {
 	path string
 
@@ -83,11 +87,20 @@ type library struct {
 	cuMemMap                      func(ptr uint64, size, offset uintptr, h uint64, flags uint64) Result
 	cuMemUnmap                    func(ptr uint64, size uintptr) Result
 	cuMemSetAccess                func(ptr uint64, size uintptr, desc *memAccessDesc, count uintptr) Result
-	cuMemcpyHtoD                  func(dst uint64, src []byte, n uintptr) Result  // cuMemcpyHtoD_v2
-	cuMemcpyDtoH                  func(dst []byte, src uint64, n uintptr) Result  // cuMemcpyDtoH_v2
-	cuMemcpyDtoD                  func(dst, src uint64, n uintptr) Result         // cuMemcpyDtoD_v2
-	cuMemsetD8                    func(dst uint64, value uint8, n uintptr) Result // cuMemsetD8_v2
-	cuMemGetInfo                  func(free, total *uintptr) Result               // cuMemGetInfo_v2
+	cuMemcpyHtoD                  func(dst uint64, src []byte, n uintptr) Result             // cuMemcpyHtoD_v2
+	cuMemcpyDtoH                  func(dst []byte, src uint64, n uintptr) Result             // cuMemcpyDtoH_v2
+	cuMemcpyDtoDAsync             func(dst, src uint64, n uintptr, s uintptr) Result         // cuMemcpyDtoDAsync_v2
+	cuMemsetD8Async               func(dst uint64, value uint8, n uintptr, s uintptr) Result // no _v2: cuda.h keeps the name
+	cuMemGetInfo                  func(free, total *uintptr) Result                          // cuMemGetInfo_v2
+	cuStreamCreate                func(s *uintptr, flags uint32) Result
+	cuStreamDestroy               func(s uintptr) Result // cuStreamDestroy_v2
+	cuStreamQuery                 func(s uintptr) Result
+	cuStreamSynchronize           func(s uintptr) Result
+	cuEventCreate                 func(e *uintptr, flags uint32) Result
+	cuEventRecord                 func(e, s uintptr) Result
+	cuEventQuery                  func(e uintptr) Result
+	cuEventSynchronize            func(e uintptr) Result
+	cuEventDestroy                func(e uintptr) Result // cuEventDestroy_v2
 	cuGetErrorName                func(r Result, s **byte) Result
 	cuGetErrorString              func(r Result, s **byte) Result
 }
@@ -116,9 +129,18 @@ func (l *library) symbols() []symbol {
 		{"cuMemSetAccess", &l.cuMemSetAccess},
 		{"cuMemcpyHtoD_v2", &l.cuMemcpyHtoD},
 		{"cuMemcpyDtoH_v2", &l.cuMemcpyDtoH},
-		{"cuMemcpyDtoD_v2", &l.cuMemcpyDtoD},
-		{"cuMemsetD8_v2", &l.cuMemsetD8},
+		{"cuMemcpyDtoDAsync_v2", &l.cuMemcpyDtoDAsync},
+		{"cuMemsetD8Async", &l.cuMemsetD8Async},
 		{"cuMemGetInfo_v2", &l.cuMemGetInfo},
+		{"cuStreamCreate", &l.cuStreamCreate},
+		{"cuStreamDestroy_v2", &l.cuStreamDestroy},
+		{"cuStreamQuery", &l.cuStreamQuery},
+		{"cuStreamSynchronize", &l.cuStreamSynchronize},
+		{"cuEventCreate", &l.cuEventCreate},
+		{"cuEventRecord", &l.cuEventRecord},
+		{"cuEventQuery", &l.cuEventQuery},
+		{"cuEventSynchronize", &l.cuEventSynchronize},
+		{"cuEventDestroy_v2", &l.cuEventDestroy},
 		{"cuGetErrorName", &l.cuGetErrorName},
 		{"cuGetErrorString", &l.cuGetErrorString},
 	}

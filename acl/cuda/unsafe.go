@@ -7,8 +7,8 @@ package cuda
 import "unsafe"
 
 // The Go mirrors of the CUDA structs must have the C layout exactly, since
-// purego hands their bytes to the driver unchanged (backends.md §B, checked
-// against cuda.h 12.6 on amd64 and arm64). Each line fails to compile if a
+// purego hands their bytes to the driver unchanged (checked against cuda.h
+// 12.6 on amd64 and arm64, where the layouts are the same). Each line fails to compile if a
 // size or offset drifts: an array type of length n-want is only assignable
 // to [0]byte when n == want.
 var (

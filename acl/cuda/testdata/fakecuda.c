@@ -1,26 +1,66 @@
 // fakecuda.c: a test double of the CUDA driver library (libcuda.so.1) for the
 // tests of package acl/cuda. It exports the symbols the binding resolves, with
-// the prototypes, struct layouts and enum values of cuda.h (backends.md §B),
-// and models the semantics the binding depends on:
+// the prototypes, struct layouts and enum values of cuda.h, and models the
+// semantics the binding depends on:
 //
 //   - cuInit must come first (CUDA_ERROR_NOT_INITIALIZED otherwise);
 //   - the current context is per thread; calls that need one fail with
 //     CUDA_ERROR_INVALID_CONTEXT (201) without it, or when it is a primary
-//     context whose last reference was released;
+//     context whose last reference was released (which also destroys the
+//     context's streams and events, and drops their work);
 //   - cuMemMap maps only unmapped reserved address space, at offset 0, and
-//     gives no access: copies into a mapping fail until cuMemSetAccess;
-//   - cuMemUnmap takes whole mappings only; cuMemRelease is legal while the
-//     allocation is mapped, and the memory goes when the last mapping does;
+//     gives no access: copies into a mapping fail until cuMemSetAccess, which
+//     takes any run of whole, adjacent mappings;
+//   - cuMemUnmap takes whole mappings only, and does not wait for device work;
+//     cuMemRelease is legal while the allocation is mapped, and the memory goes
+//     when the last mapping does;
 //   - cuMemCreate fails with CUDA_ERROR_OUT_OF_MEMORY past a capacity;
 //   - structs are checked field by field at their cuda.h offsets, so a binding
 //     that lays one out wrongly gets CUDA_ERROR_INVALID_VALUE.
 //
-// It is deliberately laxer than ACL where CUDA is (a mapping may be smaller
-// than its allocation; one cuMemUnmap may cover several adjacent mappings), so
-// the tests prove the binding enforces the ACL rules itself.
+// Device work in flight. Each stream is a FIFO of work items: memsets
+// (cuMemsetD8Async), copies (cuMemcpyDtoDAsync_v2) and stand-in kernels queued
+// by the test hook fakecuda_launch. An item runs when it reaches the head of
+// its stream: a memset or copy does its write then and finishes at once; a
+// kernel stays unfinished until a test calls fakecuda_finish (from any
+// thread). Each context has a legacy default stream (CUstream NULL); work on
+// it waits for work queued before it on the context's blocking streams
+// (created with flags 0), and work on those waits for work queued before it on
+// the legacy stream, as CUDA orders them; non-blocking streams
+// (CU_STREAM_NON_BLOCKING) are ordered with nothing else. The synchronous
+// cuMemcpyHtoD_v2 and cuMemcpyDtoH_v2 run on the legacy stream, so they first
+// wait for the work they are ordered after. An event marks the end of a
+// stream's queue when recorded and completes when the items before the mark
+// have finished; cuEventQuery and cuStreamQuery answer CUDA_ERROR_NOT_READY
+// (600) until then; cuStreamSynchronize, cuEventSynchronize and
+// cuCtxSynchronize block until it is so. An event never recorded is complete.
+//
+// Faults, counted by fakecuda_faults (what a device reports as an illegal
+// address, or what would be a data race):
+//
+//   - cuMemUnmap of a range that queued or running work touches succeeds, and
+//     each such item is marked faulted: a faulted memset or copy writes
+//     nothing, and when a faulted item finishes its stream holds
+//     CUDA_ERROR_ILLEGAL_ADDRESS (700) until its next cuStreamSynchronize or
+//     the context's next cuCtxSynchronize returns it. (A real GPU makes 700
+//     sticky for the whole context; the double reports it once, as the host
+//     driver does, so that a test can go on.)
+//   - a synchronous copy touching a range that unfinished work will still
+//     write (or, for a write, read), and a memset or copy that runs while
+//     unfinished work on another stream touches its range in the same way,
+//     count one fault each.
+//
+// The double is laxer than ACL where CUDA is (a mapping may be smaller than
+// its allocation; one cuMemUnmap or cuMemSetAccess may cover several adjacent
+// mappings), so the tests prove the binding enforces the ACL rules itself.
 //
 // "Device memory" is host memory from mmap; device addresses are the double's
-// own integers, translated through its mapping table on every copy.
+// own integers, translated through its mapping table on every access. Stream
+// and event handles are the double's own integers too, never reused, so a
+// stale handle is CUDA_ERROR_INVALID_HANDLE rather than a crash.
+//
+// One mutex guards all state and one condition variable signals progress, so
+// the double may be called from any number of threads.
 //
 // Test controls (exported, prefixed fakecuda_), and environment variables read
 // at load: FAKECUDA_CAPACITY (bytes), FAKECUDA_DEVICES (count),
@@ -41,6 +81,8 @@ typedef int CUdevice;
 typedef uint64_t CUdeviceptr;
 typedef uint64_t CUmemGenericAllocationHandle;
 typedef struct fake_ctx *CUcontext;
+typedef struct fake_stream_handle *CUstream; // the value is a handle number, never dereferenced
+typedef struct fake_event_handle *CUevent;   // likewise
 
 enum {
 	CUDA_SUCCESS = 0,
@@ -52,10 +94,19 @@ enum {
 	CUDA_ERROR_INVALID_DEVICE = 101,
 	CUDA_ERROR_INVALID_CONTEXT = 201,
 	CUDA_ERROR_INVALID_HANDLE = 400,
+	CUDA_ERROR_NOT_READY = 600,
 	CUDA_ERROR_ILLEGAL_ADDRESS = 700,
 	CUDA_ERROR_NOT_SUPPORTED = 801,
 	CUDA_ERROR_UNKNOWN = 999,
 };
+
+enum {
+	CU_STREAM_NON_BLOCKING = 0x1,
+	CU_EVENT_BLOCKING_SYNC = 0x1,
+	CU_EVENT_DISABLE_TIMING = 0x2,
+	CU_EVENT_INTERPROCESS = 0x4,
+};
+#define CU_STREAM_LEGACY ((uintptr_t)0x1)
 
 typedef struct {
 	int type; // CUmemLocationType
@@ -88,17 +139,20 @@ _Static_assert(offsetof(CUmemAllocationProp, allocFlags) == 24, "allocFlags");
 _Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc");
 
 #define MAX_DEVICES 8
-#define MAX_FAULTS 16
 #define ATTR_UNIFIED_ADDRESSING 41
 #define ATTR_VMM_SUPPORTED 102
 
 // ---- global state, guarded by mu ----
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t progressed = PTHREAD_COND_INITIALIZER; // broadcast whenever work finishes or objects go
+
+struct fstream;
 
 struct fake_ctx {
 	int device;
-	int refs; // primary context retains
+	int refs;               // primary context retains
+	struct fstream *legacy; // the legacy default stream, CUstream NULL
 };
 
 struct alloc {
@@ -124,6 +178,47 @@ struct reservation {
 	struct reservation *next;
 };
 
+enum item_kind { ITEM_MEMSET, ITEM_COPY, ITEM_KERNEL };
+
+// item is one piece of device work queued on a stream.
+struct item {
+	enum item_kind kind;
+	int id;             // a kernel's id, for fakecuda_finish
+	uint64_t seq;       // position in its stream, from 1
+	uint64_t gseq;      // position among all work, for the legacy stream's ordering
+	CUdeviceptr dst;    // memset and copy: written; kernel: read and written
+	CUdeviceptr src;    // copy: read
+	size_t n;
+	unsigned char value;
+	int released;       // kernel: fakecuda_finish was called
+	int faulted;        // its range was unmapped while it was unfinished
+	struct item *next;
+};
+
+struct fstream {
+	uintptr_t handle; // 0 for a legacy stream
+	struct fake_ctx *ctx;
+	unsigned flags;
+	int legacy;
+	int dead;    // destroyed; freed once drained and unwaited
+	int waiters; // threads blocked in cuStreamSynchronize on it
+	struct item *head, *tail;
+	uint64_t queued, finished; // seq of the last item queued, finished
+	CUresult err;              // fault to report at the next synchronisation
+	struct fstream *next;
+};
+
+struct fevent {
+	uintptr_t handle;
+	struct fake_ctx *ctx;
+	unsigned flags;
+	int dead;
+	int waiters;
+	struct fstream *s; // where it was last recorded; NULL if never, or the stream is gone
+	uint64_t seq;      // complete once s->finished reaches it
+	struct fevent *next;
+};
+
 static int initialized;
 static int stub;
 static int ndevices = 1;
@@ -131,7 +226,7 @@ static int vmm_supported = 1;
 static int driver_version = 12060;
 static size_t granularity = 2u << 20;
 static size_t capacity = (size_t)1 << 30;
-static size_t used;           // bytes of physical memory held
+static size_t used;                       // bytes of physical memory held
 static size_t va_limit = (size_t)1 << 42; // reservable bytes in all
 static size_t va_used;
 static CUdeviceptr va_next = 0x200000000000ull;
@@ -139,7 +234,13 @@ static struct fake_ctx ctxs[MAX_DEVICES];
 static struct alloc *allocs;
 static struct mapping *mappings;
 static struct reservation *reservations;
-static long live_allocs, live_maps, live_resv;
+static struct fstream *streams; // every stream, the legacy ones included
+static struct fevent *events;
+static long live_allocs, live_maps, live_resv, live_streams, live_events;
+static uintptr_t next_handle = 0x1000; // stream and event handles
+static uint64_t next_gseq;
+static int next_kernel;
+static long faults;
 
 static __thread CUcontext current;
 
@@ -158,8 +259,12 @@ static struct fn_stat stats[] = {
 	{"cuCtxSetCurrent", 0, 0, 0}, {"cuCtxGetCurrent", 0, 0, 0}, {"cuCtxSynchronize", 0, 0, 0},
 	{"cuMemGetAllocationGranularity", 0, 0, 0}, {"cuMemCreate", 0, 0, 0}, {"cuMemRelease", 0, 0, 0},
 	{"cuMemAddressReserve", 0, 0, 0}, {"cuMemAddressFree", 0, 0, 0}, {"cuMemMap", 0, 0, 0}, {"cuMemUnmap", 0, 0, 0},
-	{"cuMemSetAccess", 0, 0, 0}, {"cuMemcpyHtoD_v2", 0, 0, 0}, {"cuMemcpyDtoH_v2", 0, 0, 0}, {"cuMemcpyDtoD_v2", 0, 0, 0},
-	{"cuMemsetD8_v2", 0, 0, 0}, {"cuMemGetInfo_v2", 0, 0, 0}, {"cuGetErrorName", 0, 0, 0}, {"cuGetErrorString", 0, 0, 0},
+	{"cuMemSetAccess", 0, 0, 0}, {"cuMemcpyHtoD_v2", 0, 0, 0}, {"cuMemcpyDtoH_v2", 0, 0, 0},
+	{"cuMemcpyDtoDAsync_v2", 0, 0, 0}, {"cuMemsetD8Async", 0, 0, 0}, {"cuMemGetInfo_v2", 0, 0, 0},
+	{"cuStreamCreate", 0, 0, 0}, {"cuStreamDestroy_v2", 0, 0, 0}, {"cuStreamQuery", 0, 0, 0},
+	{"cuStreamSynchronize", 0, 0, 0}, {"cuEventCreate", 0, 0, 0}, {"cuEventRecord", 0, 0, 0},
+	{"cuEventQuery", 0, 0, 0}, {"cuEventSynchronize", 0, 0, 0}, {"cuEventDestroy_v2", 0, 0, 0},
+	{"cuGetErrorName", 0, 0, 0}, {"cuGetErrorString", 0, 0, 0},
 };
 #define NSTATS (sizeof(stats) / sizeof(stats[0]))
 
@@ -193,21 +298,21 @@ static CUresult need_ctx(void) {
 	return CUDA_SUCCESS;
 }
 
-#define BEGIN(fn, check)                         \
-	pthread_mutex_lock(&mu);                     \
-	CUresult rc_ = enter(fn);                    \
-	if (rc_ == CUDA_SUCCESS)                     \
-		rc_ = (check);                           \
-	if (rc_ != CUDA_SUCCESS) {                   \
-		pthread_mutex_unlock(&mu);               \
-		return rc_;                              \
+#define BEGIN(fn, check)               \
+	pthread_mutex_lock(&mu);           \
+	CUresult rc_ = enter(fn);          \
+	if (rc_ == CUDA_SUCCESS)           \
+		rc_ = (check);                 \
+	if (rc_ != CUDA_SUCCESS) {         \
+		pthread_mutex_unlock(&mu);     \
+		return rc_;                    \
 	}
 
-#define END(rc)                  \
-	do {                         \
-		CUresult r_ = (rc);      \
-		pthread_mutex_unlock(&mu); \
-		return r_;               \
+#define END(rc)                        \
+	do {                               \
+		CUresult r_ = (rc);            \
+		pthread_mutex_unlock(&mu);     \
+		return r_;                     \
 	} while (0)
 
 static size_t env_size(const char *name, size_t def) {
@@ -224,8 +329,295 @@ __attribute__((constructor)) static void load(void) {
 		ndevices = MAX_DEVICES;
 	granularity = env_size("FAKECUDA_GRANULARITY", granularity);
 	stub = env_size("FAKECUDA_STUB", 0) != 0;
-	for (int i = 0; i < MAX_DEVICES; i++)
+	for (int i = 0; i < MAX_DEVICES; i++) {
+		struct fstream *s = calloc(1, sizeof *s);
+		s->ctx = &ctxs[i];
+		s->legacy = 1;
+		s->next = streams;
+		streams = s;
 		ctxs[i].device = i;
+		ctxs[i].legacy = s;
+	}
+}
+
+// ---- device work ----
+
+static int overlap(CUdeviceptr a, size_t an, CUdeviceptr b, size_t bn) { return a < b + bn && b < a + an; }
+
+// touches reports whether it reads or writes [lo, lo+n).
+static int touches(const struct item *it, CUdeviceptr lo, size_t n) {
+	return overlap(it->dst, it->n, lo, n) || (it->kind == ITEM_COPY && overlap(it->src, it->n, lo, n));
+}
+
+// conflicts reports whether it and an access to [lo, lo+n) race: it writes
+// the range, or the access writes what it reads.
+static int conflicts(const struct item *it, CUdeviceptr lo, size_t n, int writes) {
+	return overlap(it->dst, it->n, lo, n) || (writes && it->kind == ITEM_COPY && overlap(it->src, it->n, lo, n));
+}
+
+// blocking reports whether s is a blocking stream: created without
+// CU_STREAM_NON_BLOCKING, so ordered with the legacy stream.
+static int blocking(const struct fstream *s) { return !s->legacy && (s->flags & CU_STREAM_NON_BLOCKING) == 0; }
+
+// can_start reports whether it, at the head of s, may start: work it is
+// ordered after through the legacy stream has finished.
+static int can_start(const struct fstream *s, const struct item *it) {
+	if (!s->legacy && !blocking(s))
+		return 1;
+	for (struct fstream *o = streams; o != NULL; o = o->next) {
+		if (o == s || o->ctx != s->ctx || o->head == NULL)
+			continue;
+		int ordered = s->legacy ? blocking(o) : o->legacy;
+		if (ordered && o->head->gseq < it->gseq)
+			return 0;
+	}
+	return 1;
+}
+
+// racing reports whether unfinished work conflicts with an access to
+// [lo, lo+n): by it, at the head of s, or by a synchronous call (s and it
+// NULL). Work on s itself, and work the legacy stream orders after it, does
+// not race with it.
+static int racing(const struct fstream *s, const struct item *it, CUdeviceptr lo, size_t n, int writes) {
+	for (struct fstream *o = streams; o != NULL; o = o->next) {
+		if (o == s)
+			continue;
+		int after = s != NULL && o->ctx == s->ctx && ((s->legacy && blocking(o)) || (blocking(s) && o->legacy));
+		for (struct item *x = o->head; x != NULL; x = x->next)
+			if (!(after && x->gseq > it->gseq) && conflicts(x, lo, n, writes))
+				return 1;
+	}
+	return 0;
+}
+
+static struct mapping *mapping_at(CUdeviceptr va) {
+	for (struct mapping *m = mappings; m != NULL; m = m->next)
+		if (va >= m->va && va - m->va < m->size)
+			return m;
+	return NULL;
+}
+
+// host_ptr translates [va, va+n) to host memory; the whole range must be one
+// mapping with at least the given access. It returns NULL if not.
+static unsigned char *host_ptr(CUdeviceptr va, size_t n, int need) {
+	struct mapping *m = mapping_at(va);
+	if (m == NULL || (m->access & need) != need)
+		return NULL;
+	if (n > m->va + m->size - va)
+		return NULL;
+	return (unsigned char *)m->a->mem + (va - m->va);
+}
+
+// span returns how many bytes from va lie in va's mapping, or 0 if va is not
+// mapped with the given access.
+static size_t span(CUdeviceptr va, int need) {
+	struct mapping *m = mapping_at(va);
+	if (m == NULL || (m->access & need) != need)
+		return 0;
+	return m->va + m->size - va;
+}
+
+// check_range reports whether [va, va+n) is mapped with access throughout.
+static int check_range(CUdeviceptr va, size_t n, int need) {
+	while (n > 0) {
+		size_t s = span(va, need);
+		if (s == 0)
+			return 0;
+		if (s > n)
+			s = n;
+		va += s;
+		n -= s;
+	}
+	return 1;
+}
+
+// read_dev and write_dev copy between host memory and a range checked with
+// check_range.
+static void read_dev(unsigned char *dst, CUdeviceptr src, size_t n) {
+	while (n > 0) {
+		size_t k = span(src, 1);
+		if (k > n)
+			k = n;
+		memcpy(dst, host_ptr(src, k, 1), k);
+		src += k;
+		dst += k;
+		n -= k;
+	}
+}
+
+static void write_dev(CUdeviceptr dst, const unsigned char *src, size_t n) {
+	while (n > 0) {
+		size_t k = span(dst, 3);
+		if (k > n)
+			k = n;
+		memcpy(host_ptr(dst, k, 3), src, k);
+		dst += k;
+		src += k;
+		n -= k;
+	}
+}
+
+static void set_dev(CUdeviceptr dst, unsigned char value, size_t n) {
+	while (n > 0) {
+		size_t k = span(dst, 3);
+		if (k > n)
+			k = n;
+		memset(host_ptr(dst, k, 3), value, k);
+		dst += k;
+		n -= k;
+	}
+}
+
+static void copy_dev(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+	unsigned char *tmp = malloc(n ? n : 1);
+	read_dev(tmp, src, n);
+	write_dev(dst, tmp, n);
+	free(tmp);
+}
+
+// run does a memset's or copy's write, at the head of s.
+static void run(struct fstream *s, struct item *it) {
+	int race = racing(s, it, it->dst, it->n, 1);
+	if (it->kind == ITEM_COPY)
+		race = race || racing(s, it, it->src, it->n, 0);
+	if (race)
+		faults++;
+	if (it->faulted)
+		return; // its memory was unmapped under it: nothing is written
+	if (it->kind == ITEM_MEMSET) {
+		if (check_range(it->dst, it->n, 3))
+			set_dev(it->dst, it->value, it->n);
+	} else if (check_range(it->src, it->n, 1) && check_range(it->dst, it->n, 3)) {
+		copy_dev(it->dst, it->src, it->n);
+	}
+}
+
+// pop finishes the item at the head of s.
+static void pop(struct fstream *s) {
+	struct item *it = s->head;
+	s->head = it->next;
+	if (s->head == NULL)
+		s->tail = NULL;
+	s->finished = it->seq;
+	if (it->faulted && s->err == CUDA_SUCCESS)
+		s->err = CUDA_ERROR_ILLEGAL_ADDRESS;
+	free(it);
+}
+
+static void free_stream(struct fstream *s) {
+	struct fstream **pp = &streams;
+	while (*pp != s)
+		pp = &(*pp)->next;
+	*pp = s->next;
+	for (struct fevent *e = events; e != NULL; e = e->next)
+		if (e->s == s)
+			e->s = NULL; // its work finished: the event is complete
+	free(s);
+}
+
+static void free_event(struct fevent *e) {
+	struct fevent **pp = &events;
+	while (*pp != e)
+		pp = &(*pp)->next;
+	*pp = e->next;
+	free(e);
+}
+
+// progress runs every item that may run, until none can, frees destroyed
+// streams that have drained, and wakes the waiters. Called with mu held.
+static void progress(void) {
+	int changed;
+	do {
+		changed = 0;
+		for (struct fstream *s = streams; s != NULL; s = s->next) {
+			while (s->head != NULL && can_start(s, s->head)) {
+				struct item *it = s->head;
+				if (it->kind == ITEM_KERNEL && !it->released)
+					break;
+				if (it->kind != ITEM_KERNEL)
+					run(s, it);
+				pop(s);
+				changed = 1;
+			}
+		}
+	} while (changed);
+	for (struct fstream *s = streams, *next; s != NULL; s = next) {
+		next = s->next;
+		if (s->dead && s->head == NULL && s->waiters == 0)
+			free_stream(s);
+	}
+	pthread_cond_broadcast(&progressed);
+}
+
+// enqueue queues it on s.
+static void enqueue(struct fstream *s, struct item *it) {
+	it->seq = ++s->queued;
+	it->gseq = ++next_gseq;
+	if (s->tail == NULL)
+		s->head = it;
+	else
+		s->tail->next = it;
+	s->tail = it;
+	progress();
+}
+
+// stream_of returns the live stream h of the current context's device, the
+// legacy stream for NULL, or NULL.
+static struct fstream *stream_of(CUstream h) {
+	uintptr_t v = (uintptr_t)h;
+	if (v == 0 || v == CU_STREAM_LEGACY)
+		return current->legacy;
+	for (struct fstream *s = streams; s != NULL; s = s->next)
+		if (!s->legacy && !s->dead && s->handle == v)
+			return s;
+	return NULL;
+}
+
+static struct fevent *event_of(CUevent h) {
+	uintptr_t v = (uintptr_t)h;
+	for (struct fevent *e = events; e != NULL; e = e->next)
+		if (!e->dead && e->handle == v)
+			return e;
+	return NULL;
+}
+
+static int event_complete(const struct fevent *e) { return e->s == NULL || e->s->finished >= e->seq; }
+
+// drop_items forgets the work queued on s, unrun.
+static void drop_items(struct fstream *s) {
+	while (s->head != NULL) {
+		struct item *it = s->head;
+		s->head = it->next;
+		free(it);
+	}
+	s->tail = NULL;
+	s->finished = s->queued;
+}
+
+// reset_ctx destroys c's streams and events, as the release of a primary
+// context's last reference does.
+static void reset_ctx(struct fake_ctx *c) {
+	for (struct fstream *s = streams; s != NULL; s = s->next) {
+		if (s->ctx != c)
+			continue;
+		drop_items(s);
+		s->err = CUDA_SUCCESS;
+		if (!s->legacy && !s->dead) {
+			s->dead = 1;
+			live_streams--;
+		}
+	}
+	for (struct fevent *e = events, *next; e != NULL; e = next) {
+		next = e->next;
+		if (e->ctx != c)
+			continue;
+		if (!e->dead)
+			live_events--;
+		e->dead = 1;
+		if (e->waiters == 0)
+			free_event(e);
+	}
+	progress();
 }
 
 // ---- initialisation, devices, contexts ----
@@ -298,7 +690,8 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 		END(CUDA_ERROR_INVALID_DEVICE);
 	if (ctxs[dev].refs == 0)
 		END(CUDA_ERROR_INVALID_CONTEXT);
-	ctxs[dev].refs--;
+	if (--ctxs[dev].refs == 0)
+		reset_ctx(&ctxs[dev]);
 	END(CUDA_SUCCESS);
 }
 
@@ -325,8 +718,154 @@ EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) {
 	END(CUDA_SUCCESS);
 }
 
+// ctx_busy reports whether a stream of c has work queued at or before gseq g.
+static int ctx_busy(const struct fake_ctx *c, uint64_t g) {
+	for (struct fstream *s = streams; s != NULL; s = s->next)
+		if (s->ctx == c && s->head != NULL && s->head->gseq <= g)
+			return 1;
+	return 0;
+}
+
+// cuCtxSynchronize waits for the work queued in the current context, and
+// returns (and clears) the first fault its streams hold.
 EXPORT CUresult cuCtxSynchronize(void) {
 	BEGIN("cuCtxSynchronize", need_ctx());
+	struct fake_ctx *c = current;
+	uint64_t g = next_gseq;
+	while (ctx_busy(c, g) && c->refs > 0)
+		pthread_cond_wait(&progressed, &mu);
+	CUresult rc = CUDA_SUCCESS;
+	for (struct fstream *s = streams; s != NULL; s = s->next) {
+		if (s->ctx != c)
+			continue;
+		if (rc == CUDA_SUCCESS)
+			rc = s->err;
+		s->err = CUDA_SUCCESS;
+	}
+	END(rc);
+}
+
+// ---- streams and events ----
+
+EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags) {
+	BEGIN("cuStreamCreate", need_ctx());
+	if (ph == NULL || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING) != 0)
+		END(CUDA_ERROR_INVALID_VALUE);
+	struct fstream *s = calloc(1, sizeof *s);
+	next_handle += 0x10;
+	s->handle = next_handle;
+	s->ctx = current;
+	s->flags = flags;
+	s->next = streams;
+	streams = s;
+	live_streams++;
+	*ph = (CUstream)s->handle;
+	END(CUDA_SUCCESS);
+}
+
+// cuStreamDestroy_v2 returns at once; work still queued runs, and the stream
+// goes when it has drained.
+EXPORT CUresult cuStreamDestroy_v2(CUstream h) {
+	BEGIN("cuStreamDestroy_v2", need_ctx());
+	if (h == NULL || (uintptr_t)h == CU_STREAM_LEGACY)
+		END(CUDA_ERROR_INVALID_HANDLE);
+	struct fstream *s = stream_of(h);
+	if (s == NULL)
+		END(CUDA_ERROR_INVALID_HANDLE);
+	s->dead = 1;
+	live_streams--;
+	progress();
+	END(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuStreamQuery(CUstream h) {
+	BEGIN("cuStreamQuery", need_ctx());
+	struct fstream *s = stream_of(h);
+	if (s == NULL)
+		END(CUDA_ERROR_INVALID_HANDLE);
+	END(s->head == NULL ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+}
+
+// cuStreamSynchronize waits for the work queued on h, and returns (and
+// clears) the fault the stream holds.
+EXPORT CUresult cuStreamSynchronize(CUstream h) {
+	BEGIN("cuStreamSynchronize", need_ctx());
+	struct fstream *s = stream_of(h);
+	if (s == NULL)
+		END(CUDA_ERROR_INVALID_HANDLE);
+	uint64_t target = s->queued;
+	s->waiters++;
+	while (s->finished < target)
+		pthread_cond_wait(&progressed, &mu);
+	s->waiters--;
+	CUresult rc = s->err;
+	s->err = CUDA_SUCCESS;
+	progress(); // frees s if it was destroyed meanwhile
+	END(rc);
+}
+
+EXPORT CUresult cuEventCreate(CUevent *ph, unsigned int flags) {
+	BEGIN("cuEventCreate", need_ctx());
+	unsigned all = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+	if (ph == NULL || (flags & ~all) != 0 ||
+	    ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING)))
+		END(CUDA_ERROR_INVALID_VALUE);
+	struct fevent *e = calloc(1, sizeof *e);
+	next_handle += 0x10;
+	e->handle = next_handle;
+	e->ctx = current;
+	e->flags = flags;
+	e->next = events;
+	events = e;
+	live_events++;
+	*ph = (CUevent)e->handle;
+	END(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuEventRecord(CUevent he, CUstream hs) {
+	BEGIN("cuEventRecord", need_ctx());
+	struct fevent *e = event_of(he);
+	struct fstream *s = stream_of(hs);
+	if (e == NULL || s == NULL || e->ctx != s->ctx)
+		END(CUDA_ERROR_INVALID_HANDLE);
+	e->s = s;
+	e->seq = s->queued;
+	END(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuEventQuery(CUevent h) {
+	BEGIN("cuEventQuery", need_ctx());
+	struct fevent *e = event_of(h);
+	if (e == NULL)
+		END(CUDA_ERROR_INVALID_HANDLE);
+	END(event_complete(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY);
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent h) {
+	BEGIN("cuEventSynchronize", need_ctx());
+	struct fevent *e = event_of(h);
+	if (e == NULL)
+		END(CUDA_ERROR_INVALID_HANDLE);
+	e->waiters++;
+	while (!event_complete(e) && !e->dead)
+		pthread_cond_wait(&progressed, &mu);
+	e->waiters--;
+	if (e->dead && e->waiters == 0)
+		free_event(e);
+	END(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent h) {
+	BEGIN("cuEventDestroy_v2", need_ctx());
+	struct fevent *e = event_of(h);
+	if (e == NULL)
+		END(CUDA_ERROR_INVALID_HANDLE);
+	e->dead = 1;
+	live_events--;
+	if (e->waiters == 0)
+		free_event(e);
+	else
+		pthread_cond_broadcast(&progressed);
 	END(CUDA_SUCCESS);
 }
 
@@ -509,13 +1048,6 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
 	END(CUDA_SUCCESS);
 }
 
-static struct mapping *mapping_at(CUdeviceptr va) {
-	for (struct mapping *m = mappings; m != NULL; m = m->next)
-		if (va >= m->va && va - m->va < m->size)
-			return m;
-	return NULL;
-}
-
 // whole_mappings reports whether [ptr, ptr+size) is a run of whole, adjacent
 // mappings.
 static int whole_mappings(CUdeviceptr ptr, size_t size) {
@@ -531,10 +1063,18 @@ static int whole_mappings(CUdeviceptr ptr, size_t size) {
 	return 1;
 }
 
+// cuMemUnmap does not wait for device work: work still touching the range is
+// marked faulted, and counted.
 EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 	BEGIN("cuMemUnmap", need_ctx());
 	if (!whole_mappings(ptr, size))
 		END(CUDA_ERROR_INVALID_VALUE);
+	for (struct fstream *s = streams; s != NULL; s = s->next)
+		for (struct item *it = s->head; it != NULL; it = it->next)
+			if (!it->faulted && touches(it, ptr, size)) {
+				it->faulted = 1;
+				faults++;
+			}
 	struct mapping **pp = &mappings;
 	while (*pp != NULL) {
 		struct mapping *m = *pp;
@@ -573,40 +1113,23 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
 	END(CUDA_SUCCESS);
 }
 
-// ---- copies ----
+// ---- copies and memsets ----
 
-// host_ptr translates [va, va+n) to host memory; the whole range must be one
-// mapping with at least the given access. It returns NULL if not.
-static unsigned char *host_ptr(CUdeviceptr va, size_t n, int need) {
-	struct mapping *m = mapping_at(va);
-	if (m == NULL || (m->access & need) != need)
-		return NULL;
-	if (n > m->va + m->size - va)
-		return NULL;
-	return (unsigned char *)m->a->mem + (va - m->va);
-}
-
-// span returns how many bytes from va lie in va's mapping, or 0 if va is not
-// mapped with the given access.
-static size_t span(CUdeviceptr va, int need) {
-	struct mapping *m = mapping_at(va);
-	if (m == NULL || (m->access & need) != need)
-		return 0;
-	return m->va + m->size - va;
-}
-
-// check_range reports whether [va, va+n) is mapped with access throughout.
-static int check_range(CUdeviceptr va, size_t n, int need) {
-	while (n > 0) {
-		size_t s = span(va, need);
-		if (s == 0)
-			return 0;
-		if (s > n)
-			s = n;
-		va += s;
-		n -= s;
+// legacy_wait blocks until the work the legacy stream of the current context
+// orders a new call after has finished: its own, and that of the context's
+// blocking streams.
+static void legacy_wait(void) {
+	struct fake_ctx *c = current;
+	uint64_t g = next_gseq;
+	for (;;) {
+		int busy = 0;
+		for (struct fstream *s = streams; s != NULL && !busy; s = s->next)
+			if (s->ctx == c && (s->legacy || blocking(s)) && s->head != NULL && s->head->gseq <= g)
+				busy = 1;
+		if (!busy || c->refs == 0)
+			return;
+		pthread_cond_wait(&progressed, &mu);
 	}
-	return 1;
 }
 
 EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
@@ -615,16 +1138,12 @@ EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
 		END(CUDA_ERROR_INVALID_VALUE);
 	if (!check_range(dst, n, 3))
 		END(CUDA_ERROR_INVALID_VALUE);
-	const unsigned char *s = src;
-	while (n > 0) {
-		size_t k = span(dst, 3);
-		if (k > n)
-			k = n;
-		memcpy(host_ptr(dst, k, 3), s, k);
-		dst += k;
-		s += k;
-		n -= k;
-	}
+	legacy_wait();
+	if (!check_range(dst, n, 3)) // unmapped while it waited
+		END(CUDA_ERROR_INVALID_VALUE);
+	if (racing(NULL, NULL, dst, n, 1))
+		faults++;
+	write_dev(dst, src, n);
 	END(CUDA_SUCCESS);
 }
 
@@ -634,62 +1153,48 @@ EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 		END(CUDA_ERROR_INVALID_VALUE);
 	if (!check_range(src, n, 1))
 		END(CUDA_ERROR_INVALID_VALUE);
-	unsigned char *d = dst;
-	while (n > 0) {
-		size_t k = span(src, 1);
-		if (k > n)
-			k = n;
-		memcpy(d, host_ptr(src, k, 1), k);
-		src += k;
-		d += k;
-		n -= k;
-	}
+	legacy_wait();
+	if (!check_range(src, n, 1))
+		END(CUDA_ERROR_INVALID_VALUE);
+	if (racing(NULL, NULL, src, n, 0))
+		faults++;
+	read_dev(dst, src, n);
 	END(CUDA_SUCCESS);
 }
 
-EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
-	BEGIN("cuMemcpyDtoD_v2", need_ctx());
+EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+	BEGIN("cuMemcpyDtoDAsync_v2", need_ctx());
+	struct fstream *s = stream_of(h);
+	if (s == NULL)
+		END(CUDA_ERROR_INVALID_HANDLE);
 	if (!check_range(src, n, 1) || !check_range(dst, n, 3))
 		END(CUDA_ERROR_INVALID_VALUE);
-	unsigned char *tmp = malloc(n ? n : 1);
-	size_t left = n;
-	unsigned char *t = tmp;
-	for (CUdeviceptr at = src; left > 0;) {
-		size_t k = span(at, 1);
-		if (k > left)
-			k = left;
-		memcpy(t, host_ptr(at, k, 1), k);
-		at += k;
-		t += k;
-		left -= k;
-	}
-	left = n;
-	t = tmp;
-	for (CUdeviceptr at = dst; left > 0;) {
-		size_t k = span(at, 3);
-		if (k > left)
-			k = left;
-		memcpy(host_ptr(at, k, 3), t, k);
-		at += k;
-		t += k;
-		left -= k;
-	}
-	free(tmp);
+	if (n == 0)
+		END(CUDA_SUCCESS);
+	struct item *it = calloc(1, sizeof *it);
+	it->kind = ITEM_COPY;
+	it->dst = dst;
+	it->src = src;
+	it->n = n;
+	enqueue(s, it);
 	END(CUDA_SUCCESS);
 }
 
-EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n) {
-	BEGIN("cuMemsetD8_v2", need_ctx());
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream h) {
+	BEGIN("cuMemsetD8Async", need_ctx());
+	struct fstream *s = stream_of(h);
+	if (s == NULL)
+		END(CUDA_ERROR_INVALID_HANDLE);
 	if (!check_range(dst, n, 3))
 		END(CUDA_ERROR_INVALID_VALUE);
-	while (n > 0) {
-		size_t k = span(dst, 3);
-		if (k > n)
-			k = n;
-		memset(host_ptr(dst, k, 3), value, k);
-		dst += k;
-		n -= k;
-	}
+	if (n == 0)
+		END(CUDA_SUCCESS);
+	struct item *it = calloc(1, sizeof *it);
+	it->kind = ITEM_MEMSET;
+	it->dst = dst;
+	it->n = n;
+	it->value = value;
+	enqueue(s, it);
 	END(CUDA_SUCCESS);
 }
 
@@ -717,6 +1222,7 @@ static const struct {
 	{CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
 	{CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
 	{CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+	{CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
 	{CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered"},
 	{CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
 	{CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
@@ -746,7 +1252,8 @@ EXPORT CUresult cuGetErrorString(CUresult code, const char **desc) {
 // ---- test controls ----
 
 // fakecuda_fail makes the nth next call of fn (1 = the next one) fail with
-// result, without effect. It returns -1 if fn is not a function of the double.
+// result, without effect (a synchronisation fails without waiting). It
+// returns -1 if fn is not a function of the double.
 EXPORT int fakecuda_fail(const char *fn, long nth, int result) {
 	pthread_mutex_lock(&mu);
 	struct fn_stat *s = stat_of(fn);
@@ -768,9 +1275,11 @@ EXPORT long fakecuda_calls(const char *fn) {
 }
 
 // fakecuda_live reports the live objects: allocations not yet freed (released
-// or not), mappings, reservations, bytes of physical memory held and primary
-// context references on all devices.
-EXPORT void fakecuda_live(long *allocations, long *maps, long *resv, size_t *bytes, long *ctx_refs) {
+// or not), mappings, reservations, bytes of physical memory held, primary
+// context references on all devices, streams and events created and not
+// destroyed.
+EXPORT void fakecuda_live(long *allocations, long *maps, long *resv, size_t *bytes, long *ctx_refs, long *nstreams,
+                          long *nevents) {
 	pthread_mutex_lock(&mu);
 	*allocations = live_allocs;
 	*maps = live_maps;
@@ -780,6 +1289,8 @@ EXPORT void fakecuda_live(long *allocations, long *maps, long *resv, size_t *byt
 	for (int i = 0; i < MAX_DEVICES; i++)
 		refs += ctxs[i].refs;
 	*ctx_refs = refs;
+	*nstreams = live_streams;
+	*nevents = live_events;
 	pthread_mutex_unlock(&mu);
 }
 
@@ -818,3 +1329,73 @@ EXPORT void fakecuda_set_current(CUcontext ctx) { current = ctx; }
 
 // fakecuda_primary returns device dev's primary context, retained or not.
 EXPORT CUcontext fakecuda_primary(int dev) { return dev >= 0 && dev < MAX_DEVICES ? &ctxs[dev] : NULL; }
+
+// fakecuda_flags returns the creation flags of the live stream or event h, or
+// -1 if h is neither.
+EXPORT int fakecuda_flags(uintptr_t h) {
+	int flags = -1;
+	pthread_mutex_lock(&mu);
+	for (struct fstream *s = streams; s != NULL; s = s->next)
+		if (!s->legacy && !s->dead && s->handle == h)
+			flags = (int)s->flags;
+	for (struct fevent *e = events; e != NULL; e = e->next)
+		if (!e->dead && e->handle == h)
+			flags = (int)e->flags;
+	pthread_mutex_unlock(&mu);
+	return flags;
+}
+
+// fakecuda_launch queues a stand-in kernel on stream h of the calling
+// thread's context that reads and writes [p, p+n), which must be mapped with
+// read-write access. The kernel starts when it reaches the head of its stream
+// and stays unfinished until fakecuda_finish. It returns the kernel's id (at
+// least 1), or minus the CUresult of a refusal.
+EXPORT int fakecuda_launch(CUstream h, CUdeviceptr p, size_t n) {
+	pthread_mutex_lock(&mu);
+	CUresult rc = need_ctx();
+	struct fstream *s = rc == CUDA_SUCCESS ? stream_of(h) : NULL;
+	if (rc == CUDA_SUCCESS && s == NULL)
+		rc = CUDA_ERROR_INVALID_HANDLE;
+	if (rc == CUDA_SUCCESS && (n == 0 || !check_range(p, n, 3)))
+		rc = CUDA_ERROR_INVALID_VALUE;
+	if (rc != CUDA_SUCCESS) {
+		pthread_mutex_unlock(&mu);
+		return -rc;
+	}
+	struct item *it = calloc(1, sizeof *it);
+	it->kind = ITEM_KERNEL;
+	it->id = ++next_kernel;
+	it->dst = p;
+	it->n = n;
+	int id = it->id;
+	enqueue(s, it);
+	pthread_mutex_unlock(&mu);
+	return id;
+}
+
+// fakecuda_finish lets kernel id finish: at once if it has started, else when
+// it reaches the head of its stream. It returns -1 if no such kernel is queued.
+EXPORT int fakecuda_finish(int id) {
+	int rc = -1;
+	pthread_mutex_lock(&mu);
+	for (struct fstream *s = streams; s != NULL && rc < 0; s = s->next)
+		for (struct item *it = s->head; it != NULL; it = it->next)
+			if (it->kind == ITEM_KERNEL && it->id == id) {
+				it->released = 1;
+				rc = 0;
+				break;
+			}
+	if (rc == 0)
+		progress();
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+// fakecuda_faults returns how many faults the double has seen (see the top
+// of this file).
+EXPORT long fakecuda_faults(void) {
+	pthread_mutex_lock(&mu);
+	long n = faults;
+	pthread_mutex_unlock(&mu);
+	return n;
+}

@@ -24,17 +24,15 @@ type Config struct {
 	// ACLConfig is the path of the JSON configuration passed to aclInit.
 	// "" passes NULL. It matters only to the Open that initialises ACL.
 	ACLConfig string
-	// SkipUnmapSync makes UnmapMem unmap at once. By default UnmapMem first
-	// waits until the device has finished the work this process queued on it
-	// (aclrtSynchronizeDevice), since unmapping memory that queued work still
-	// reads makes the device fault. Set it only if you synchronise the streams
-	// that use a range yourself before unmapping it.
-	SkipUnmapSync bool
 }
 
 // Driver is the acl.Driver of one Ascend NPU, calling the ACL runtime loaded
 // at run time. It is safe for concurrent use: every call runs on a locked OS
 // thread with the device's context made current (see the package doc).
+//
+// A Driver keeps books of what it holds for its callers (streams, events,
+// reservations, mappings, physical memory): it implements acl.Counter, and
+// refuses stream and event handles it did not create or has destroyed.
 type Driver struct {
 	lib  *library
 	dev  *device
@@ -43,9 +41,14 @@ type Driver struct {
 
 	mu     sync.RWMutex // shared by calls, exclusive in Close
 	closed bool
+
+	books books
 }
 
-var _ acl.Driver = (*Driver)(nil)
+var (
+	_ acl.Driver  = (*Driver)(nil)
+	_ acl.Counter = (*Driver)(nil)
+)
 
 // Open loads the ACL runtime (once per process), initialises it (aclInit)
 // unless that is done, sets the device (aclrtSetDevice, once per device and
@@ -69,6 +72,7 @@ func Open(cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	d := &Driver{lib: lib, dev: dev, cfg: cfg, name: name}
+	d.books.init()
 	// The probe ggml-cann uses: a device whose granularity query fails has no
 	// VMM (310P on CANN 7.0, drivers without the hal* VMM calls: 207000).
 	prop := acl.DeviceProp(cfg.Device, acl.HBMMemHuge)
@@ -107,6 +111,20 @@ func (d *Driver) SocName() string {
 	return s
 }
 
+// Caps reports what the NPU allows beyond the rules every driver enforces:
+// nothing, until an NPU shows otherwise. ACL documents one aclrtMemSetAccess
+// per mapping, and no ACL document or driver path read so far promises what
+// fresh physical memory holds (docs/ascend.md gives the evidence).
+func (d *Driver) Caps() acl.Caps {
+	return acl.Caps{AccessSpan: false, Fresh: acl.FreshUnknown}
+}
+
+// Live reports what the driver holds for its callers: the streams and events
+// it created and has not destroyed, and the reservations, mappings and
+// physical memory made through it. The driver's private copy stream is not
+// counted.
+func (d *Driver) Live() acl.LiveCounts { return d.books.counts() }
+
 // on runs fn on a locked OS thread whose current context is the device's
 // default context, and holds the driver open meanwhile. fn reads the error
 // message of a failed call on that same thread (errors are per thread).
@@ -116,6 +134,11 @@ func (d *Driver) on(op string, fn func() error) error {
 	if d.closed {
 		return acl.NewError(op, acl.ErrCodeRTContextNull, "driver closed")
 	}
+	return d.bound(op, fn)
+}
+
+// bound runs fn on a locked OS thread with the device's context current.
+func (d *Driver) bound(op string, fn func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if code := d.lib.setContext(d.dev.ctx); code != acl.Success {
@@ -140,16 +163,24 @@ func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option a
 	return g, nil
 }
 
-// MallocPhysical is aclrtMallocPhysical. The memory is not zeroed: the
-// runtime does not promise it (acl-api.md §6.2), so a caller that needs zeros
-// writes them (Memset).
+// MallocPhysical is aclrtMallocPhysical. The driver does not promise what the
+// memory holds (Caps().Fresh is acl.FreshUnknown), so a caller that needs
+// zeros writes them (Memset, MemsetAsync).
 func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
 	const op = "aclrtMallocPhysical"
 	var h acl.PhysicalHandle
 	err := d.on(op, func() error {
 		d.dev.vmm.Lock()
 		defer d.dev.vmm.Unlock()
-		return d.check(op, d.lib.fns.mallocPhysical(&h, size, prop, flags))
+		if err := d.check(op, d.lib.fns.mallocPhysical(&h, size, prop, flags)); err != nil {
+			return err
+		}
+		var attr acl.MemAttr
+		if prop != nil { // the runtime refuses NULL, but the books never rely on it
+			attr = prop.MemAttr
+		}
+		d.books.allocated(h, size, attr)
+		return nil
 	})
 	if err != nil {
 		return 0, err
@@ -157,13 +188,18 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 	return h, nil
 }
 
-// FreePhysical is aclrtFreePhysical.
+// FreePhysical is aclrtFreePhysical. Memory still mapped stays held until its
+// last mapping goes.
 func (d *Driver) FreePhysical(h acl.PhysicalHandle) error {
 	const op = "aclrtFreePhysical"
 	return d.on(op, func() error {
 		d.dev.vmm.Lock()
 		defer d.dev.vmm.Unlock()
-		return d.check(op, d.lib.fns.freePhysical(h))
+		if err := d.check(op, d.lib.fns.freePhysical(h)); err != nil {
+			return err
+		}
+		d.books.freed(h)
+		return nil
 	})
 }
 
@@ -174,7 +210,11 @@ func (d *Driver) ReserveMemAddress(size, alignment uintptr, expect acl.DevicePtr
 	err := d.on(op, func() error {
 		d.dev.vmm.Lock()
 		defer d.dev.vmm.Unlock()
-		return d.check(op, d.lib.fns.reserveMemAddress(&p, size, alignment, expect, flags))
+		if err := d.check(op, d.lib.fns.reserveMemAddress(&p, size, alignment, expect, flags)); err != nil {
+			return err
+		}
+		d.books.reserved(p, size)
+		return nil
 	})
 	if err != nil {
 		return 0, err
@@ -188,43 +228,54 @@ func (d *Driver) ReleaseMemAddress(base acl.DevicePtr) error {
 	return d.on(op, func() error {
 		d.dev.vmm.Lock()
 		defer d.dev.vmm.Unlock()
-		return d.check(op, d.lib.fns.releaseMemAddress(base))
+		if err := d.check(op, d.lib.fns.releaseMemAddress(base)); err != nil {
+			return err
+		}
+		d.books.released(base)
+		return nil
 	})
 }
 
-// MapMem is aclrtMapMem. The owning device can use the mapping at once
-// (acl-api.md §6.4); MemSetAccess is not needed for it.
+// MapMem is aclrtMapMem. The owning device can use the mapping at once (the
+// ACL documentation's VMM sequence has no access call for it); MemSetAccess
+// is not needed for it.
 func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, h acl.PhysicalHandle, flags uint64) error {
 	const op = "aclrtMapMem"
 	return d.on(op, func() error {
 		d.dev.vmm.Lock()
 		defer d.dev.vmm.Unlock()
-		return d.check(op, d.lib.fns.mapMem(ptr, size, offset, h, flags))
+		if err := d.check(op, d.lib.fns.mapMem(ptr, size, offset, h, flags)); err != nil {
+			return err
+		}
+		d.books.mapped(ptr, size, h)
+		return nil
 	})
 }
 
-// UnmapMem is aclrtUnmapMem, preceded (unless Config.SkipUnmapSync) by
-// aclrtSynchronizeDevice: it waits until the device has finished all work
-// this process queued on it, on every stream, so that no kernel or copy still
-// reads the range when it goes. Work of other processes is not waited for. If
-// the wait fails, the range stays mapped and the error says so.
+// UnmapMem is aclrtUnmapMem, and nothing more: it does not wait for device
+// work. The caller makes sure that nothing queued on any stream still reads
+// or writes the range, by synchronising an event recorded after that work
+// (SynchronizeEvent, or QueryEvent until it reports true), or else the whole
+// device (SynchronizeDevice). Work that touches the range after the unmap
+// faults on the NPU and fails its stream.
 func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 	const op = "aclrtUnmapMem"
 	return d.on(op, func() error {
-		if !d.cfg.SkipUnmapSync {
-			if code := d.lib.fns.synchronizeDevice(); code != acl.Success {
-				return fmt.Errorf("%s %v: not unmapped, waiting for the device's work failed: %w", op, ptr,
-					d.lib.fail("aclrtSynchronizeDevice", code))
-			}
-		}
 		d.dev.vmm.Lock()
 		defer d.dev.vmm.Unlock()
-		return d.check(op, d.lib.fns.unmapMem(ptr))
+		if err := d.check(op, d.lib.fns.unmapMem(ptr)); err != nil {
+			return err
+		}
+		d.books.unmapped(ptr)
+		return nil
 	})
 }
 
-// MemSetAccess is aclrtMemSetAccess, which is optional: the runtime has it
-// from CANN 8.5 on. Without it the call fails with code 207000 (matching
+// MemSetAccess is aclrtMemSetAccess, for one mapping per call: ACL asks for
+// the exact pointer and size of one aclrtMapMem, and whether a run of
+// adjacent mappings is accepted is unknown until an NPU shows it (Caps
+// reports AccessSpan false). The call is optional: the runtime has it from
+// CANN 8.5 on. Without it the call fails with code 207000 (matching
 // acl.ErrNotSupported), and mappings are usable by their device anyway.
 func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
 	const op = "aclrtMemSetAccess"
@@ -244,7 +295,8 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 	})
 }
 
-// MemcpyHtoD is aclrtMemcpy from host to device, synchronous.
+// MemcpyHtoD is aclrtMemcpy from host to device, synchronous. Like every
+// synchronous call of the driver, it waits for nothing queued on a stream.
 func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	if len(src) == 0 {
 		return nil
@@ -273,11 +325,12 @@ func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 const bounceSize = 4 << 20
 
 // MemcpyDtoD copies n bytes of device memory; the ranges may overlap. Inside
-// one process, reserved memory copies device to device only with
-// aclrtMemcpyAsync, and only between 64-byte aligned addresses (acl-api.md
-// §6.3, §6.11): an aligned, non-overlapping copy is aclrtMemcpyAsync on the
-// device's copy stream followed by aclrtSynchronizeStream; any other goes
-// through host memory, bounceSize bytes at a time.
+// one process, ACL copies reserved memory device to device only with
+// aclrtMemcpyAsync, and only between 64-byte aligned addresses: an aligned,
+// non-overlapping copy is aclrtMemcpyAsync on the driver's private copy
+// stream followed by aclrtSynchronizeStream of that stream alone (never of
+// the device); any other goes through host memory, bounceSize bytes at a
+// time.
 func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
 	if n == 0 {
 		return nil
@@ -298,13 +351,13 @@ func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
 	})
 }
 
-// copyStream returns the device's stream for copies, creating it on first
-// use. It runs inside on.
-func (d *Driver) copyStream() (uintptr, error) {
+// copyStream returns the device's private stream for copies, creating it on
+// first use. It runs inside on.
+func (d *Driver) copyStream() (acl.Stream, error) {
 	d.dev.streamMu.Lock()
 	defer d.dev.streamMu.Unlock()
 	if d.dev.stream == 0 {
-		var s uintptr
+		var s acl.Stream
 		if err := d.check("aclrtCreateStream", d.lib.fns.createStream(&s)); err != nil {
 			return 0, err
 		}
@@ -358,11 +411,15 @@ func (d *Driver) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
 	return free, total, nil
 }
 
-// Close gives the device back: the last Driver of a device destroys its copy
-// stream and resets it (aclrtResetDevice), which frees its default context.
-// It does not free memory the caller still holds. Close waits for calls in
-// progress; calls after it fail with code 107002. Close is safe to call more
-// than once and on a nil *Driver. It does not finalise ACL (see Finalize).
+// Close gives the device back. It first releases what the caller leaked:
+// every stream it created and did not destroy is synchronised and destroyed,
+// every event destroyed, and the error reports them. Memory still held
+// (mappings, physical allocations, reservations) is reported and left to the
+// runtime, since device work may still use it. The last Driver of a device
+// then destroys its copy stream and resets it (aclrtResetDevice), which frees
+// its default context. Close waits for calls in progress; calls after it
+// fail with code 107002. Close is safe to call more than once and on a nil
+// *Driver. It does not finalise ACL (see Finalize).
 func (d *Driver) Close() error {
 	if d == nil {
 		return nil
@@ -373,8 +430,51 @@ func (d *Driver) Close() error {
 		return nil
 	}
 	d.closed = true
+	var errs []error
+	if err := d.releaseLeaks(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := d.lib.release(d.dev); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("%s: close: %w", d.name, err)
 	}
 	return nil
+}
+
+// releaseLeaks destroys the streams and events the caller left, and reports
+// them and any memory still held. Close calls it with d.mu held.
+func (d *Driver) releaseLeaks() error {
+	streams, events := d.books.takeObjects()
+	var errs []error
+	if len(streams) > 0 || len(events) > 0 {
+		errs = append(errs, fmt.Errorf("%d streams and %d events were still live: destroyed them", len(streams), len(events)))
+		err := d.bound("Close", func() error {
+			var errs []error
+			for _, s := range streams { // let their work finish before their events go
+				errs = append(errs, d.check("aclrtSynchronizeStream", d.lib.fns.synchronizeStream(s)))
+			}
+			if len(events) > 0 {
+				ev, err := d.lib.events.get(d.lib)
+				if err != nil {
+					return err // cannot happen: the events were created through it
+				}
+				for _, e := range events {
+					errs = append(errs, d.check("aclrtDestroyEvent", ev.destroy(e)))
+				}
+			}
+			for _, s := range streams {
+				errs = append(errs, d.check("aclrtDestroyStream", d.lib.fns.destroyStream(s)))
+			}
+			return errors.Join(errs...)
+		})
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if mem := d.books.memoryString(); mem != "" {
+		errs = append(errs, fmt.Errorf("memory still held, left to the runtime: %s", mem))
+	}
+	return errors.Join(errs...)
 }

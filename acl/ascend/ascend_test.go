@@ -24,18 +24,22 @@ import (
 	"github.com/vmarena/vmarena/arena/arenatest"
 )
 
-// factory opens drivers over the double at path for the conformance suite.
+// factory opens drivers over the double at path for the conformance suite,
+// with the double's stand-in kernels as the Launcher.
 func factory(path string, cfg ascend.Config) acltest.Factory {
 	return acltest.Factory{
 		Open: func(t testing.TB) acl.Driver {
 			d, dbl := openDouble(t, path, 1<<30, cfg)
-			return counted{d, dbl}
+			return counted{d, dbl, t}
 		},
 		OpenCapacity: func(t testing.TB, c uintptr) acl.Driver {
 			d, dbl := openDouble(t, path, c, cfg)
-			return counted{d, dbl}
+			return counted{d, dbl, t}
 		},
 		ExactCodes: true,
+		Launcher: func(d acl.Driver) acl.Launcher {
+			return launcher{d.(counted).dbl, d.Device()}
+		},
 	}
 }
 
@@ -68,22 +72,33 @@ func TestConformanceSetAccessUnsupported(t *testing.T) {
 	acltest.Run(t, factory(path, ascend.Config{}))
 }
 
+// A runtime without aclrtStreamQuery: DestroyStream asks an event whether
+// the stream is idle.
+func TestConformanceNoStreamQuery(t *testing.T) {
+	acltest.Run(t, factory(variantPath(t, "nostreamquery"), ascend.Config{}))
+}
+
 // The arena-level suite, over the binding and the double.
 func TestArena(t *testing.T) {
 	path := variantPath(t, "full")
 	arenatest.Run(t, func(t testing.TB, capacity uintptr) acl.Driver {
 		d, dbl := openDouble(t, path, capacity, ascend.Config{})
-		return counted{d, dbl}
+		return counted{d, dbl, t}
 	})
 }
 
-// The arena over a runtime without aclrtMemSetAccess.
-func TestArenaNoSetAccessSymbol(t *testing.T) {
-	path := variantPath(t, "nosetaccess")
-	arenatest.Run(t, func(t testing.TB, capacity uintptr) acl.Driver {
-		d, dbl := openDouble(t, path, capacity, ascend.Config{})
-		return counted{d, dbl}
-	})
+// The arena over a runtime without aclrtMemSetAccess, and over one without
+// the event calls.
+func TestArenaOlderRuntimes(t *testing.T) {
+	for _, v := range []string{"nosetaccess", "noevents"} {
+		t.Run(v, func(t *testing.T) {
+			path := variantPath(t, v)
+			arenatest.Run(t, func(t testing.TB, capacity uintptr) acl.Driver {
+				d, dbl := openDouble(t, path, capacity, ascend.Config{})
+				return counted{d, dbl, t}
+			})
+		})
+	}
 }
 
 // The Go types and the C structs agree on every size and offset, and a
@@ -252,49 +267,6 @@ func onThread(fn func()) {
 		fn()
 	}()
 	<-done
-}
-
-// UnmapMem waits for the device's queued work first; SkipUnmapSync does not,
-// and then unmapping memory that queued work reads is a device fault.
-func TestUnmapSynchronises(t *testing.T) {
-	for _, skip := range []bool{false, true} {
-		t.Run(fmt.Sprintf("SkipUnmapSync=%v", skip), func(t *testing.T) {
-			d, dbl := openDouble(t, variantPath(t, "full"), 1<<30, ascend.Config{SkipUnmapSync: skip})
-			base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
-			require.NoError(t, err)
-			h, err := d.MallocPhysical(g, prop(0), 0)
-			require.NoError(t, err)
-			require.NoError(t, d.MapMem(base, g, 0, h, 0))
-			before := dbl.Stats()
-			dbl.submitRead(0, base+4096, 8192) // a kernel still reading the chunk
-			require.NoError(t, d.UnmapMem(base))
-			after := dbl.Stats()
-			if skip {
-				assert.Equal(t, before.SyncDeviceCalls, after.SyncDeviceCalls)
-				assert.Equal(t, before.Faults+1, after.Faults, "the device read unmapped memory")
-				dbl.drain()
-			} else {
-				assert.Equal(t, before.SyncDeviceCalls+1, after.SyncDeviceCalls)
-				assert.Equal(t, before.Faults, after.Faults, "no fault: the work finished before the unmap")
-				assert.Zero(t, after.PendingWork)
-			}
-			require.NoError(t, d.FreePhysical(h))
-			require.NoError(t, d.ReleaseMemAddress(base))
-		})
-	}
-}
-
-// A failed wait leaves the range mapped, and says why.
-func TestUnmapSyncFailure(t *testing.T) {
-	d, dbl := openDouble(t, variantPath(t, "full"), 1<<30, ascend.Config{})
-	base, h := mapped(t, d, 1)
-	dbl.Inject(t, "aclrtSynchronizeDevice", 1, acl.ErrCodeRTInternal)
-	err := d.UnmapMem(base)
-	requireACLError(t, err, "aclrtSynchronizeDevice", acl.ErrCodeRTInternal)
-	assert.Contains(t, err.Error(), "aclrtUnmapMem")
-	assert.Contains(t, err.Error(), "not unmapped")
-	assert.Equal(t, 1, dbl.Live().Mappings, "still mapped")
-	unmapped(t, d, base, h) // a second try succeeds
 }
 
 // Faults injected below the binding come back as typed errors with the

@@ -135,8 +135,8 @@ func BenchmarkCall(b *testing.B) {
 }
 
 // BenchmarkChunkCycle is one chunk's round trip through the VMM calls:
-// MallocPhysical, MapMem, UnmapMem (with its device synchronisation),
-// FreePhysical; that is, five bound calls.
+// MallocPhysical, MapMem, UnmapMem (the bare call: it synchronises nothing),
+// FreePhysical; that is, four bound calls.
 func BenchmarkChunkCycle(b *testing.B) {
 	d, _ := openDouble(b, variantPath(b, "full"), 1<<30, ascend.Config{})
 	base, err := d.ReserveMemAddress(g, 0, 0, 0)

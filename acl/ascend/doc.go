@@ -24,11 +24,24 @@
 // that lacks a required function is an error naming the function and the
 // files searched; the search does not go on to the next candidate.
 //
-// Functions newer than the VMM core are resolved on first use and are
-// optional: without aclrtMemSetAccess (before CANN 8.5) MemSetAccess fails
-// with code 207000, which matches acl.ErrNotSupported and which callers (the
-// arena, the conformance suite) treat as "mappings are accessible anyway".
-// The library is never unloaded.
+// Functions newer than the VMM core, or that a caller may do without, are
+// resolved on first use, and a missing one is an error with code 207000,
+// matching acl.ErrNotSupported, that names it; the rest of the driver works:
+//
+//   - aclrtMemSetAccess (CANN 8.5 on): callers (the arena, the conformance
+//     suite) read 207000 as "mappings are accessible anyway";
+//   - the event calls aclrtCreateEvent, aclrtRecordEvent,
+//     aclrtQueryEventStatus, aclrtSynchronizeEvent and aclrtDestroyEvent,
+//     resolved together: where any is missing every event method fails, and
+//     callers order their unmaps with SynchronizeDevice instead;
+//   - aclrtMemsetAsync;
+//   - aclrtStreamQuery, which DestroyStream uses to refuse a busy stream
+//     (without it, it records an event on the stream and queries that);
+//   - aclFinalize and aclrtGetSocName.
+//
+// The stream calls (aclrtCreateStream, aclrtDestroyStream,
+// aclrtSynchronizeStream, aclrtSynchronizeDevice) are resolved at load with
+// the VMM core: every runtime has them. The library is never unloaded.
 //
 // # Runtime and device states
 //
@@ -77,14 +90,61 @@
 // serialised per device, since no ACL document says they are thread-safe;
 // copies and queries run in parallel.
 //
+// # Streams and events
+//
+// A Stream or Event of this driver is the runtime's own handle (the
+// aclrtStream or aclrtEvent pointer), so a caller can pass a stream it
+// created here to the code that launches its kernels. Stream 0 is the
+// default stream of the device's context (NULL in ACL).
+//
+// The runtime does not validate these handles: it dereferences them, so a
+// destroyed one is a use after free. The driver therefore keeps books of the
+// streams and events it created, and refuses any other non-NULL handle before
+// the runtime sees it: a double destroy, a record on a destroyed stream, a
+// query of a destroyed event, or a handle created elsewhere fail with 107000
+// (ACL_ERROR_RT_PARAM_INVALID); a NULL event, and destroying stream 0, fail
+// with 100000, as ACL's own NULL checks do. A call that passes a handle holds
+// it until it returns, and DestroyStream and DestroyEvent refuse (107000) a
+// handle another call is using, so that nothing is destroyed under a
+// SynchronizeEvent in progress. DestroyStream also refuses a stream with work
+// pending, which ACL requires but does not check. The same books count the
+// reservations, mappings and physical memory made through the driver: Live
+// (acl.Counter) reports them exactly, and Close destroys the streams and
+// events a caller leaked, after synchronising those streams, and reports
+// them and any memory still held.
+//
+// QueryEvent calls aclrtQueryEventStatus, whose aclrtEventRecordedStatus has
+// NOT_READY = 0 and COMPLETE = 1. The deprecated aclrtQueryEvent reports an
+// aclrtEventStatus with the opposite values; the driver never calls it. An
+// event never recorded is not complete, and SynchronizeEvent on it returns at
+// once.
+//
+// # Unmapping
+//
+// UnmapMem is the bare aclrtUnmapMem. Like the runtime, it does not wait for
+// device work: unmapping memory that queued or running work still touches
+// makes the NPU fault (an illegal address), and the stream reports it at its
+// next synchronisation. The caller orders the unmap: vmarena's chunk pool
+// records an event on the streams of the chunk's last owner and unmaps once
+// the event is complete, or, where it has no stream to go by (or the runtime
+// has no events), calls SynchronizeDevice first, which waits for all the
+// process's work on the device.
+//
+// The synchronous calls (the copies and Memset) wait for no stream either,
+// and never for the whole device: a device-to-device copy runs on a private
+// stream of the driver and synchronises that stream alone.
+//
 // # Hardware semantics
 //
-// Unmapping memory that queued device work still reads makes the NPU fault
-// (an illegal-address error). UnmapMem therefore first calls
-// aclrtSynchronizeDevice: it blocks until the device finishes all work this
-// process queued on it, on every stream. Callers that synchronise their own
-// streams before unmapping set Config.SkipUnmapSync to skip the wait.
-// Physical memory from MallocPhysical is not zeroed.
+// MemSetAccess grants access to one mapping per call, with the pointer and
+// size of one MapMem: ACL documents nothing else, and whether a run of
+// adjacent mappings is accepted is unknown until an NPU shows it, so Caps
+// reports AccessSpan false.
+//
+// No ACL document promises what fresh physical memory holds. The driver
+// source suggests it is cleared (docs/ascend.md gives the evidence), but
+// until an NPU confirms it Caps reports acl.FreshUnknown, and vmarena clears
+// fresh chunks before a new owner reads them.
 //
 // Device-to-device copies of reserved memory must use aclrtMemcpyAsync with
 // 64-byte aligned addresses; MemcpyDtoD does so on a per-device stream and

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -26,10 +27,13 @@ var variants = map[string]struct {
 	flags []string
 	file  string
 }{
-	"full":        {nil, "libascendcl.so"},
-	"nosetaccess": {[]string{"-DFAKEACL_NO_SETACCESS"}, "libascendcl.so"},
-	"broken":      {[]string{"-DFAKEACL_NO_MAPMEM"}, "libascendcl.so"},
-	"compat":      {[]string{"-DFAKEACL_COMPAT_ONLY"}, "libascendcl.so"},
+	"full":          {nil, "libascendcl.so"},
+	"nosetaccess":   {[]string{"-DFAKEACL_NO_SETACCESS"}, "libascendcl.so"},
+	"broken":        {[]string{"-DFAKEACL_NO_MAPMEM"}, "libascendcl.so"},
+	"compat":        {[]string{"-DFAKEACL_COMPAT_ONLY"}, "libascendcl.so"},
+	"nostreamquery": {[]string{"-DFAKEACL_NO_STREAMQUERY"}, "libascendcl.so"},
+	// An old runtime: no event calls and no aclrtStreamQuery.
+	"noevents": {[]string{"-DFAKEACL_NO_EVENTS", "-DFAKEACL_NO_STREAMQUERY"}, "libascendcl.so"},
 }
 
 var built struct {
@@ -132,7 +136,9 @@ type double struct {
 	setCapacity    func(dev int32, bytes uintptr)
 	setNoSetAccess func(on int32)
 	inject         func(fn string, nth, code int32) int32
-	submitRead     func(dev int32, addr acl.DevicePtr, n uintptr)
+	launch         func(dev int32, stream acl.Stream, ptr acl.DevicePtr, n uintptr) int32
+	finish         func(id int32) int32
+	faults         func() int64
 	live           func(out *acl.LiveCounts)
 	stats          func(out *stats)
 	layout         func(out *uint64, n uintptr) uintptr
@@ -149,6 +155,8 @@ type double struct {
 	setCurrentContext func(ctx uintptr) int32
 	getMemInfo        func(attr acl.MemAttr, free, total *uintptr) int32
 	getRecentErrMsg   func() string
+	createStream      func(s *acl.Stream) int32
+	destroyStream     func(s acl.Stream) int32
 }
 
 var doubles sync.Map // path → *double
@@ -168,7 +176,9 @@ func control(t testing.TB, path string) *double {
 		"fakeacl_set_capacity":     &d.setCapacity,
 		"fakeacl_set_no_setaccess": &d.setNoSetAccess,
 		"fakeacl_inject":           &d.inject,
-		"fakeacl_submit_read":      &d.submitRead,
+		"fakeacl_launch":           &d.launch,
+		"fakeacl_finish":           &d.finish,
+		"fakeacl_faults":           &d.faults,
 		"fakeacl_live":             &d.live,
 		"fakeacl_stats":            &d.stats,
 		"fakeacl_layout":           &d.layout,
@@ -183,6 +193,8 @@ func control(t testing.TB, path string) *double {
 		"aclrtSetCurrentContext":   &d.setCurrentContext,
 		"aclrtGetMemInfo":          &d.getMemInfo,
 		"aclGetRecentErrMsg":       &d.getRecentErrMsg,
+		"aclrtCreateStream":        &d.createStream,
+		"aclrtDestroyStream":       &d.destroyStream,
 	} {
 		sym, err := purego.Dlsym(h, name)
 		require.NoError(t, err, name)
@@ -213,14 +225,63 @@ func (d *double) Inject(t testing.TB, fn string, nth int, code int32) {
 	t.Cleanup(func() { d.inject(fn, 0, 0) })
 }
 
-// counted is a Driver over the double that reports the double's live
-// objects, so that the conformance suites check for leaks.
+// Launch queues a stand-in kernel on s (0: the default stream of dev) that
+// touches [ptr, ptr+n), finished when done is closed (at once for a nil
+// done). It is the acl.Launcher of a driver over the double.
+func (d *double) Launch(dev int32, s acl.Stream, ptr acl.DevicePtr, n uintptr, done <-chan struct{}) error {
+	var id int32
+	var msg string
+	func() {
+		runtime.LockOSThread() // the error message is the thread's
+		defer runtime.UnlockOSThread()
+		if id = d.launch(dev, s, ptr, n); id < 0 {
+			msg = d.getRecentErrMsg()
+		}
+	}()
+	if id < 0 {
+		return acl.NewError("fakeacl_launch", -id, msg)
+	}
+	if done == nil {
+		d.finish(id)
+		return nil
+	}
+	go func() {
+		<-done
+		d.finish(id)
+	}()
+	return nil
+}
+
+// launcher is the acl.Launcher of a driver over the double.
+type launcher struct {
+	dbl *double
+	dev int32
+}
+
+func (l launcher) Launch(s acl.Stream, ptr acl.DevicePtr, n uintptr, done <-chan struct{}) error {
+	return l.dbl.Launch(l.dev, s, ptr, n, done)
+}
+
+func (l launcher) Faults() int { return int(l.dbl.faults()) }
+
+// counted is a Driver over the double whose Live is the driver's own books,
+// checked against the double's live objects (less the driver's private copy
+// stream) every time it is read: the books must be exact.
 type counted struct {
 	*ascend.Driver
 	dbl *double
+	t   testing.TB
 }
 
-func (c counted) Live() acl.LiveCounts { return c.dbl.Live() }
+func (c counted) Live() acl.LiveCounts {
+	got := c.Driver.Live()
+	want := c.dbl.Live()
+	want.Streams -= ascend.PrivateStreams(c.Driver)
+	if got != want {
+		c.t.Errorf("%s: the driver's books %+v differ from the runtime's live objects %+v", c.Name(), got, want)
+	}
+	return got
+}
 
 // openDouble opens the driver over the library at path, with capacity bytes
 // of device memory (0 leaves it as it is), and closes it when the test ends.

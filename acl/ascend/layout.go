@@ -10,7 +10,7 @@ import (
 
 // The only use of unsafe in the package: compile-time proof that the acl
 // types the driver hands to the runtime by pointer have the C layouts of
-// acl-api.md §3 on LP64 (purego copies no struct and inserts no padding; C
+// acl_rt.h's structs on LP64 (purego copies no struct and inserts no padding; C
 // reads the Go memory as it lies). Each pair of array lengths is negative,
 // and the build fails, unless the size or offset is exactly the C one. The
 // tests check the same numbers against the C compiler's, through the double.

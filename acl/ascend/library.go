@@ -91,9 +91,12 @@ type library struct {
 	files    []string   // their paths
 	fallback string     // why libacl_rt.so could not be opened, once tried
 
-	setAccess lazy[memSetAccessFunc]
-	finalize  lazy[finalizeFunc]
-	socName   lazy[socNameFunc]
+	setAccess   lazy[memSetAccessFunc]
+	finalize    lazy[finalizeFunc]
+	socName     lazy[socNameFunc]
+	memsetAsync lazy[memsetAsyncFunc]
+	streamQuery lazy[streamQueryFunc]
+	events      lazySet[eventFuncs, *eventFuncs]
 
 	mu      sync.Mutex // guards init and devices
 	init    initState
@@ -107,13 +110,13 @@ type device struct {
 	ctx  uintptr // the device's default context, made current on every call
 	refs int     // Drivers open on it; guarded by library.mu
 
-	// vmm serialises the calls that change the VMM state: nothing documents
-	// them as thread-safe (acl-api.md §6.10), and the runtime's own users call
-	// them under a lock.
+	// vmm serialises the calls that change the VMM state: no ACL document
+	// says they are thread-safe, and their best-known users (torch_npu's
+	// caching allocator, ggml-cann's pool) call them under a lock of their own.
 	vmm sync.Mutex
 
 	streamMu sync.Mutex
-	stream   uintptr // for device-to-device copies, created on first use
+	stream   acl.Stream // private, for device-to-device copies, created on first use
 }
 
 // lazy is a symbol resolved on first use.
@@ -133,6 +136,48 @@ func (z *lazy[F]) get(l *library, name string) (F, error) {
 		register(&z.fn, addr)
 	})
 	return z.fn, z.err
+}
+
+// lazySet is a group of symbols resolved together on first use: all of them,
+// or, when any is missing, none.
+type lazySet[T any, PT interface {
+	*T
+	table() []symbol
+}] struct {
+	once sync.Once
+	fns  T
+	err  error
+}
+
+// get returns the group, or an error naming every symbol missing from it.
+func (z *lazySet[T, PT]) get(l *library) (*T, error) {
+	z.once.Do(func() {
+		syms := PT(&z.fns).table()
+		addrs := make([]uintptr, len(syms))
+		var missing []string
+		for i, s := range syms {
+			addr, err := l.lookup(s.name)
+			if err != nil {
+				missing = append(missing, s.name)
+				continue
+			}
+			addrs[i] = addr
+		}
+		if len(missing) > 0 {
+			l.dlMu.Lock()
+			where := strings.Join(l.files, " and ")
+			l.dlMu.Unlock()
+			z.err = fmt.Errorf("the runtime lacks %s (looked in %s)", strings.Join(missing, ", "), where)
+			return
+		}
+		for i, s := range syms {
+			register(s.fn, addrs[i])
+		}
+	})
+	if z.err != nil {
+		return nil, z.err
+	}
+	return &z.fns, nil
 }
 
 // load returns the runtime the search finds, loading it on first use.
@@ -223,7 +268,7 @@ func (l *library) resolve() error {
 
 // lookup finds a symbol in the library, and then in libacl_rt.so beside it,
 // which is opened the first time the library itself lacks a symbol (the
-// open-source 9.x runtime defines aclrt* there, acl-api.md §1).
+// open-source 9.x runtime builds the aclrt* functions into libacl_rt.so).
 func (l *library) lookup(name string) (uintptr, error) {
 	l.dlMu.Lock()
 	defer l.dlMu.Unlock()

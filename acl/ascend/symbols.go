@@ -3,11 +3,12 @@ package ascend
 import "github.com/vmarena/vmarena/acl"
 
 // symbols are the ACL functions the driver calls, with Go signatures that
-// match acl_rt.h under the LP64 mapping of acl-api.md §1: aclError and every
-// enum are int32; size_t is uintptr; device addresses, physical handles,
-// contexts and streams (void*) are integers; host memory and out-parameters
-// are Go pointers, which the runtime uses only during the call. Structs go by
-// pointer, in the exact C layouts of the acl types (checked in layout.go).
+// match acl_rt.h on LP64 Linux: aclError and every enum are int32 (C enums
+// are 4 bytes); size_t is uintptr; device addresses, physical handles,
+// contexts, streams and events (all void* in C) are integers; host memory and
+// out-parameters are Go pointers, which the runtime uses only during the call.
+// Structs go by pointer, in the exact C layouts of the acl types (checked in
+// layout.go).
 type symbols struct {
 	aclInit         func(configPath *byte) int32
 	getRecentErrMsg func() string // NULL reads as ""
@@ -18,9 +19,9 @@ type symbols struct {
 	getCurrentContext func(ctx *uintptr) int32
 	setCurrentContext uintptr // the address: called with purego.SyscallN (library.setContext)
 	synchronizeDevice func() int32
-	createStream      func(stream *uintptr) int32
-	destroyStream     func(stream uintptr) int32
-	synchronizeStream func(stream uintptr) int32
+	createStream      func(stream *acl.Stream) int32
+	destroyStream     func(stream acl.Stream) int32
+	synchronizeStream func(stream acl.Stream) int32
 
 	memGetAllocationGranularity func(prop *acl.PhysicalMemProp, option acl.MemGranularityOptions, granularity *uintptr) int32
 	mallocPhysical              func(handle *acl.PhysicalHandle, size uintptr, prop *acl.PhysicalMemProp, flags uint64) int32
@@ -34,7 +35,7 @@ type symbols struct {
 	// pointer and device memory an integer.
 	memcpyHtoD  func(dst acl.DevicePtr, destMax uintptr, src *byte, count uintptr, kind acl.MemcpyKind) int32
 	memcpyDtoH  func(dst *byte, destMax uintptr, src acl.DevicePtr, count uintptr, kind acl.MemcpyKind) int32
-	memcpyAsync func(dst acl.DevicePtr, destMax uintptr, src acl.DevicePtr, count uintptr, kind acl.MemcpyKind, stream uintptr) int32
+	memcpyAsync func(dst acl.DevicePtr, destMax uintptr, src acl.DevicePtr, count uintptr, kind acl.MemcpyKind, stream acl.Stream) int32
 	memset      func(devPtr acl.DevicePtr, maxCount uintptr, value int32, count uintptr) int32
 	getMemInfo  func(attr acl.MemAttr, free, total *uintptr) int32
 }
@@ -46,8 +47,10 @@ type symbol struct {
 	required bool // Open fails without it
 }
 
-// table lists the symbols resolved at load. Newer or optional calls are not
-// here: they are resolved on first use (library.setAccess and friends).
+// table lists the symbols resolved at load: the runtime is unusable without
+// any of them, and every release with the VMM calls (CANN 7.0 on) has them.
+// Newer or optional calls are not here: they are resolved on first use
+// (library.setAccess, library.events and friends).
 func (s *symbols) table() []symbol {
 	return []symbol{
 		{"aclInit", &s.aclInit, true},
@@ -81,7 +84,45 @@ type (
 	memSetAccessFunc = func(virPtr acl.DevicePtr, size uintptr, desc *acl.MemAccessDesc, count uintptr) int32
 	finalizeFunc     = func() int32
 	socNameFunc      = func() string
+	memsetAsyncFunc  = func(devPtr acl.DevicePtr, maxCount uintptr, value int32, count uintptr, stream acl.Stream) int32
+	// streamQueryFunc is aclrtStreamQuery; status is an aclrtStreamStatus.
+	streamQueryFunc = func(stream acl.Stream, status *int32) int32
 )
+
+// aclrtStreamStatus, the status aclrtStreamQuery reports.
+const (
+	streamStatusComplete int32 = 0 // ACL_STREAM_STATUS_COMPLETE: every task on the stream has run
+	streamStatusNotReady int32 = 1 // ACL_STREAM_STATUS_NOT_READY: at least one has not
+)
+
+// aclrtEventRecordedStatus, the status aclrtQueryEventStatus reports. The
+// deprecated aclrtQueryEvent reports an aclrtEventStatus, whose values are
+// the other way round (COMPLETE = 0); the driver never calls it.
+const (
+	eventRecordedNotReady int32 = 0 // ACL_EVENT_RECORDED_STATUS_NOT_READY: not recorded, or the work before it has not run
+	eventRecordedComplete int32 = 1 // ACL_EVENT_RECORDED_STATUS_COMPLETE
+)
+
+// eventFuncs are the event calls. They are resolved together on first use,
+// all or none, so that a runtime lacking one of them refuses events from
+// CreateEvent on, rather than after an event exists.
+type eventFuncs struct {
+	create  func(event *acl.Event) int32
+	record  func(event acl.Event, stream acl.Stream) int32
+	query   func(event acl.Event, status *int32) int32 // aclrtQueryEventStatus
+	sync    func(event acl.Event) int32
+	destroy func(event acl.Event) int32
+}
+
+func (e *eventFuncs) table() []symbol {
+	return []symbol{
+		{"aclrtCreateEvent", &e.create, true},
+		{"aclrtRecordEvent", &e.record, true},
+		{"aclrtQueryEventStatus", &e.query, true},
+		{"aclrtSynchronizeEvent", &e.sync, true},
+		{"aclrtDestroyEvent", &e.destroy, true},
+	}
+}
 
 // cString returns s as a NUL-terminated C string, or nil for "".
 func cString(s string) *byte {

@@ -1,34 +1,47 @@
 // fakeacl.c: a test double of the Huawei Ascend ACL runtime (libascendcl.so /
 // libacl_rt.so), for testing the purego binding in package acl/ascend without
 // an NPU. It exports the aclrt* functions the binding uses, with the
-// prototypes of acl_rt.h, and implements the simulator rules of acl-api.md
-// §11 with the error codes the host driver (acl/host) chose where ACL's are
-// UNCONFIRMED, so the conformance suite can run with ExactCodes.
+// prototypes of acl_rt.h, and follows ACL's rules with ACL's error codes;
+// where ACL's code is not documented it uses the code the host driver
+// (acl/host) chose, so the conformance suite can run with ExactCodes.
 //
 // What it simulates:
 //   - aclInit / aclFinalize, with 100002 on a repeated aclInit;
 //   - devices (2 by default) with a reference-counted aclrtSetDevice /
-//     aclrtResetDevice and one default context per device;
+//     aclrtResetDevice, one default context and one default stream per device;
 //   - a per-thread current context: every call that needs one fails with
-//     107002 on a thread that has none, as the real runtime does;
+//     107002 on a thread that has none, as the real runtime does (the event
+//     query, synchronise and destroy calls need none, as in the runtime);
 //   - a per-thread aclGetRecentErrMsg that is cleared when read;
 //   - the VMM calls: 2 MiB / 1 GiB granularity, exact map and unmap rules,
 //     reference-counted physical memory, OOM (207001) at a per-device
 //     capacity, device addresses that the host cannot dereference (they lie in
 //     the SVM window at 16 TB, as on the device); physical memory is not zeroed;
+//   - device work in flight, as acl/host/streams.go models it: each stream is
+//     a FIFO of work that runs in order; aclrtMemsetAsync and device-to-device
+//     aclrtMemcpyAsync run when they reach the head of their stream; stand-in
+//     kernels (fakeacl_launch) stay at the head until a test finishes them
+//     (fakeacl_finish), from any thread. Events complete when the work queued
+//     before their record has run; aclrtSynchronize{Stream,Event,Device}
+//     block until then;
+//   - faults, counted by fakeacl_faults: unmapping a range that queued or
+//     running work touches succeeds, fails that work (a memset or copy that
+//     has not run then writes nothing) and gives its stream a sticky error,
+//     507899, returned by its next synchronisation; a synchronous copy or
+//     memset of a range that queued work touches is a race;
 //   - aclrtMemcpy / aclrtMemcpyAsync / aclrtMemset through the mappings, with
 //     the VMM rule that device-to-device copies of reserved memory go through
-//     aclrtMemcpyAsync only, 64-byte aligned;
-//   - device work that reads memory (fakeacl_submit_read), finished by
-//     aclrtSynchronizeDevice; unmapping memory that pending work reads counts
-//     an illegal-address fault.
+//     aclrtMemcpyAsync only, 64-byte aligned.
 //
-// Test-only functions (fakeacl_*) configure it, inject faults, report live
-// objects and expose the C struct layouts. Build variants:
-//   -DFAKEACL_NO_SETACCESS  no aclrtMemSetAccess symbol (CANN before 8.5)
-//   -DFAKEACL_NO_MAPMEM     no aclrtMapMem symbol (a broken install)
-//   -DFAKEACL_COMPAT_ONLY   no ACL symbol at all: the libascendcl.so of a
-//                           split install whose aclrt* live in libacl_rt.so
+// Test-only functions (fakeacl_*) configure it, inject faults, queue and
+// finish stand-in kernels, report live objects and expose the C struct
+// layouts. Build variants:
+//   -DFAKEACL_NO_SETACCESS   no aclrtMemSetAccess symbol (CANN before 8.5)
+//   -DFAKEACL_NO_MAPMEM      no aclrtMapMem symbol (a broken install)
+//   -DFAKEACL_NO_EVENTS      none of the event calls (an old runtime)
+//   -DFAKEACL_NO_STREAMQUERY no aclrtStreamQuery
+//   -DFAKEACL_COMPAT_ONLY    no ACL symbol at all: the libascendcl.so of a
+//                            split install whose aclrt* live in libacl_rt.so
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdarg.h>
@@ -45,12 +58,17 @@
 API int fakeacl_compat_stub = 1;
 #else
 
-// ---- acl_base_rt.h / acl_rt.h types, with the layouts of acl-api.md §3 ----
+// ---- acl_base_rt.h / acl_rt.h types, with their C layouts on LP64 ----
 
 typedef int aclError;
 typedef void *aclrtDrvMemHandle;
 typedef void *aclrtContext;
 typedef void *aclrtStream;
+typedef void *aclrtEvent;
+typedef enum { ACL_EVENT_RECORDED_STATUS_NOT_READY = 0, ACL_EVENT_RECORDED_STATUS_COMPLETE = 1 } aclrtEventRecordedStatus;
+typedef enum {
+    ACL_STREAM_STATUS_COMPLETE = 0, ACL_STREAM_STATUS_NOT_READY = 1, ACL_STREAM_STATUS_RESERVED = 0xFFFF,
+} aclrtStreamStatus;
 typedef enum { ACL_MEM_HANDLE_TYPE_NONE = 0, ACL_MEM_HANDLE_TYPE_POSIX = 2 } aclrtMemHandleType;
 typedef enum { ACL_MEM_ALLOCATION_TYPE_PINNED = 0 } aclrtMemAllocationType;
 typedef enum {
@@ -104,7 +122,7 @@ _Static_assert(sizeof(aclrtPhysicalMemProp) == 32, "aclrtPhysicalMemProp is 32 b
 _Static_assert(offsetof(aclrtPhysicalMemProp, reserve) == 24, "reserve at 24");
 _Static_assert(sizeof(aclrtMemAccessDesc) == 24, "aclrtMemAccessDesc is 24 bytes");
 
-// ---- error codes (acl-api.md §5) ----
+// ---- error codes (acl_base_rt.h, rt_error_codes.h) ----
 
 enum {
     ACL_SUCCESS = 0,
@@ -122,7 +140,6 @@ enum {
 };
 
 #define MAXDEV 8
-#define MAXSTREAM 256
 #define PAGE_2M ((size_t)2 << 20)
 #define PAGE_1G ((size_t)1 << 30)
 #define MAX_RESERVE ((size_t)128 << 30)
@@ -132,18 +149,57 @@ enum {
 // ---- state; all of it under mu, except the thread-locals ----
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+// cv is broadcast whenever device work finishes, or a device is reset: the
+// synchronise calls wait on it.
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 
 #define CTX_MAGIC 0xacc7acc7acc7acc7ULL
+
+struct stream;
 
 struct ctx {
     uint64_t magic; // CTX_MAGIC: contexts are never freed, so stale pointers stay checkable
     int dev;
     int alive;
+    struct stream *defstream; // the default stream, which NULL names
 };
 
+enum work_kind { WORK_KERNEL, WORK_MEMSET, WORK_COPY };
+
+// work is one piece of device work queued on a stream.
+struct work {
+    struct work *next;
+    enum work_kind kind;
+    uint64_t seq;                // its position in its stream, from 1
+    int id;                      // kernels: the id fakeacl_finish takes
+    int released;                // kernels: fakeacl_finish was called
+    uintptr_t lo[2], hi[2];      // the ranges it touches: [lo, hi)
+    int nranges;
+    int value;                   // memsets
+    uintptr_t dst, src;          // copies (device to device)
+    size_t count;                // memsets and copies
+    int faulted;                 // a range was unmapped while it was queued or running
+};
+
+// stream is a FIFO of device work. Streams are never freed, so that a stale
+// handle stays checkable (it reads as destroyed, never as another stream).
 struct stream {
+    struct stream *next_all;     // every stream ever made
     int dev;
     int alive;
+    int is_default;
+    struct work *head, *tail;    // queued and not finished; head may be running
+    uint64_t queued, finished;   // seq of the last work queued, finished
+    aclError err;                // the first fault since the last synchronisation
+};
+
+// event is a position in a stream's queue. Events are never freed either.
+struct event {
+    struct event *next_all;
+    int dev;
+    int alive;
+    struct stream *st;           // NULL until recorded
+    uint64_t seq;                // complete once st->finished reaches it
 };
 
 struct handle {
@@ -169,12 +225,6 @@ struct resv {
     int nmaps, capmaps;
 };
 
-struct work {
-    int dev;
-    uintptr_t addr;
-    size_t size;
-};
-
 // The live-object counts, laid out like acl.LiveCounts on LP64.
 typedef struct {
     int64_t reservations;
@@ -183,6 +233,8 @@ typedef struct {
     uint64_t mapped_bytes;
     int64_t handles;
     uint64_t physical_bytes;
+    int64_t streams; // created with aclrtCreateStream and not destroyed
+    int64_t events;  // created with aclrtCreateEvent and not destroyed
 } fakeacl_live_t;
 
 // Everything else a test asserts on.
@@ -194,8 +246,8 @@ typedef struct {
     int64_t contexts_alive;    // default contexts of devices that are set
     int64_t streams_alive;     // streams created and not destroyed
     int64_t sync_device_calls; // successful aclrtSynchronizeDevice calls
-    int64_t pending_work;      // submitted reads not yet synchronised
-    int64_t faults;            // unmaps of memory that pending work read
+    int64_t pending_work;      // work queued on streams and not finished
+    int64_t faults;            // what fakeacl_faults returns
     int64_t no_context_errors; // calls refused with 107002 for want of a context
     int64_t set_context_calls; // aclrtSetCurrentContext calls
     int64_t threads_seen;      // OS threads that made calls needing a context
@@ -208,7 +260,9 @@ static size_t capacity[MAXDEV];
 static size_t phys[MAXDEV];
 static int dev_refs[MAXDEV];
 static struct ctx *dev_ctx[MAXDEV];
-static struct stream streams[MAXSTREAM];
+static struct stream *all_streams;
+static struct event *all_events;
+static int next_kernel;
 static int no_setaccess;
 
 static struct resv **resvs; // sorted by base
@@ -216,8 +270,6 @@ static int nresv, capresv;
 static struct handle **handles;
 static int nhandles, caphandles;
 static uintptr_t next_handle = 0x7e0000000000ULL;
-static struct work *works;
-static int nworks, capworks;
 static fakeacl_live_t live;
 
 static aclrtPhysicalMemProp last_prop;
@@ -306,6 +358,28 @@ static aclError enter(const char *fn) {
         if (e_) return e_;                   \
     } while (0)
 
+// enter_noctx is enter for the calls that the runtime serves without a
+// current context (querying, synchronising and destroying an event).
+__attribute__((unused)) static aclError enter_noctx(const char *fn) {
+    pthread_mutex_lock(&mu);
+    if (!initialised) {
+        pthread_mutex_unlock(&mu);
+        return fail(fn, ACL_ERROR_UNINITIALIZE, "aclInit has not been called");
+    }
+    aclError c = injected(fn);
+    if (c) {
+        pthread_mutex_unlock(&mu);
+        return fail(fn, c, "injected fault");
+    }
+    return ACL_SUCCESS;
+}
+
+#define ENTER_NOCTX()                        \
+    do {                                     \
+        aclError e_ = enter_noctx(__func__); \
+        if (e_) return e_;                   \
+    } while (0)
+
 // RET releases mu and returns.
 #define RET(x)                               \
     do {                                     \
@@ -314,6 +388,161 @@ static aclError enter(const char *fn) {
         return r_;                           \
     } while (0)
 #define FAIL(code, ...) RET(fail(__func__, (code), __VA_ARGS__))
+
+// ---- device work ----
+
+static int check_mapped(uintptr_t addr, size_t n);
+static void dev_copy(uintptr_t addr, unsigned char *host, size_t n, int to_dev);
+
+// new_stream makes a stream of dev. Caller holds mu.
+static struct stream *new_stream(int dev, int is_default) {
+    struct stream *st = calloc(1, sizeof *st); // never freed: see struct stream
+    if (st == NULL) abort();
+    st->dev = dev;
+    st->alive = 1;
+    st->is_default = is_default;
+    st->next_all = all_streams;
+    all_streams = st;
+    return st;
+}
+
+// find_stream returns the stream s points to if it is one of ours, alive or
+// not, without reading through a pointer that is not. Caller holds mu.
+static struct stream *find_stream(aclrtStream s) {
+    for (struct stream *st = all_streams; st != NULL; st = st->next_all) {
+        if (st == s) return st;
+    }
+    return NULL;
+}
+
+// resolve_stream returns the live stream a call on the current context names
+// (NULL: the context's default stream), or records why not and returns NULL.
+// Caller holds mu, after ENTER.
+static struct stream *resolve_stream(const char *fn, aclrtStream s, aclError *code) {
+    if (s == NULL) return cur->defstream;
+    struct stream *st = find_stream(s);
+    if (st == NULL || !st->alive) {
+        *code = fail(fn, ACL_ERROR_RT_PARAM_INVALID, "%p is not a live stream", s);
+        return NULL;
+    }
+    if (st->dev != cur->dev) {
+        *code = fail(fn, ACL_ERROR_RT_PARAM_INVALID, "stream %p of device %d used on device %d", s, st->dev, cur->dev);
+        return NULL;
+    }
+    return st;
+}
+
+__attribute__((unused)) static struct event *find_event(aclrtEvent e) {
+    for (struct event *ev = all_events; ev != NULL; ev = ev->next_all) {
+        if (ev == e) return ev;
+    }
+    return NULL;
+}
+
+static int overlaps(const struct work *w, uintptr_t lo, uintptr_t hi) {
+    for (int i = 0; i < w->nranges; i++) {
+        if (w->lo[i] < hi && lo < w->hi[i]) return 1;
+    }
+    return 0;
+}
+
+// enqueue puts w at the end of st's queue and runs what can run. Caller
+// holds mu.
+static void advance(struct stream *st);
+static void enqueue(struct stream *st, struct work *w) {
+    w->seq = ++st->queued;
+    if (st->tail != NULL) {
+        st->tail->next = w;
+    } else {
+        st->head = w;
+    }
+    st->tail = w;
+    advance(st);
+}
+
+// execute runs a memset or copy that reached the head of its stream. Work
+// whose range was unmapped writes nothing.
+static void execute(struct work *w) {
+    if (w->faulted) return;
+    switch (w->kind) {
+    case WORK_MEMSET: {
+        if (!check_mapped(w->lo[0], w->count)) return;
+        unsigned char buf[4096];
+        memset(buf, w->value, sizeof buf);
+        for (size_t off = 0; off < w->count; off += sizeof buf) {
+            size_t k = w->count - off < sizeof buf ? w->count - off : sizeof buf;
+            dev_copy(w->lo[0] + off, buf, k, 1);
+        }
+        break;
+    }
+    case WORK_COPY: {
+        if (!check_mapped(w->dst, w->count) || !check_mapped(w->src, w->count)) return;
+        unsigned char *tmp = malloc(w->count);
+        if (tmp == NULL) abort();
+        dev_copy(w->src, tmp, w->count, 0);
+        dev_copy(w->dst, tmp, w->count, 1);
+        free(tmp);
+        break;
+    }
+    case WORK_KERNEL:
+        break; // it touched its range while it ran
+    }
+}
+
+// advance runs the work at the head of st until it meets a kernel that is
+// still running. Caller holds mu.
+static void advance(struct stream *st) {
+    int progressed = 0;
+    while (st->head != NULL) {
+        struct work *w = st->head;
+        if (w->kind == WORK_KERNEL && !w->released) break;
+        execute(w);
+        st->head = w->next;
+        if (st->head == NULL) st->tail = NULL;
+        st->finished = w->seq;
+        if (w->faulted && st->err == ACL_SUCCESS) st->err = ACL_ERROR_RT_DRV_INTERNAL_ERROR;
+        free(w);
+        progressed = 1;
+    }
+    if (progressed) pthread_cond_broadcast(&cv);
+}
+
+// drop_work forgets the work queued on st, as a device reset does.
+static void drop_work(struct stream *st) {
+    while (st->head != NULL) {
+        struct work *w = st->head;
+        st->head = w->next;
+        free(w);
+    }
+    st->tail = NULL;
+    st->finished = st->queued;
+}
+
+// fault_unmap fails the work that touches [lo, hi), which is being unmapped:
+// the work's stream reports it when the work finishes.
+static void fault_unmap(uintptr_t lo, uintptr_t hi) {
+    for (struct stream *st = all_streams; st != NULL; st = st->next_all) {
+        for (struct work *w = st->head; w != NULL; w = w->next) {
+            if (!w->faulted && overlaps(w, lo, hi)) {
+                w->faulted = 1;
+                faults++; // the device would touch unmapped memory: an illegal-address fault
+            }
+        }
+    }
+}
+
+// race_check counts a fault if queued or running work touches [lo, hi),
+// which a synchronous call is about to touch: a data race on a device.
+static void race_check(uintptr_t lo, size_t n) {
+    for (struct stream *st = all_streams; st != NULL; st = st->next_all) {
+        for (struct work *w = st->head; w != NULL; w = w->next) {
+            if (overlaps(w, lo, lo + n)) {
+                faults++;
+                return;
+            }
+        }
+    }
+}
 
 // ---- init, devices, contexts ----
 
@@ -367,6 +596,7 @@ API aclError aclrtSetDevice(int32_t deviceId) {
         c->magic = CTX_MAGIC;
         c->dev = deviceId;
         c->alive = 1;
+        c->defstream = new_stream(deviceId, 1);
         dev_ctx[deviceId] = c;
     }
     dev_refs[deviceId]++;
@@ -381,7 +611,21 @@ API aclError aclrtResetDevice(int32_t deviceId) {
         FAIL(ACL_ERROR_RT_INVALID_DEVICEID, "device %d: %u devices", deviceId, device_count);
     if (dev_refs[deviceId] == 0) FAIL(ACL_ERROR_RT_PARAM_INVALID, "device %d was not set", deviceId);
     if (--dev_refs[deviceId] == 0) {
-        // The default context goes, and with it the device's streams.
+        // The default context goes, and with it the device's streams, their
+        // work and its events.
+        for (struct stream *st = all_streams; st != NULL; st = st->next_all) {
+            if (st->dev != deviceId || !st->alive) continue;
+            drop_work(st);
+            st->alive = 0;
+            if (!st->is_default) live.streams--;
+        }
+        for (struct event *ev = all_events; ev != NULL; ev = ev->next_all) {
+            if (ev->dev == deviceId && ev->alive) {
+                ev->alive = 0;
+                live.events--;
+            }
+        }
+        pthread_cond_broadcast(&cv);
         dev_ctx[deviceId]->alive = 0;
         if (cur == dev_ctx[deviceId]) cur = NULL;
         dev_ctx[deviceId] = NULL;
@@ -416,50 +660,152 @@ API aclError aclrtSetCurrentContext(aclrtContext context) {
     RET(ACL_SUCCESS);
 }
 
-API aclError aclrtSynchronizeDevice(void) {
-    ENTER();
-    int j = 0;
-    for (int i = 0; i < nworks; i++) {
-        if (works[i].dev != cur->dev) works[j++] = works[i];
-    }
-    nworks = j;
-    sync_calls++;
-    RET(ACL_SUCCESS);
-}
-
-static struct stream *find_stream(aclrtStream s) {
-    struct stream *st = s;
-    if (st < &streams[0] || st >= &streams[MAXSTREAM] || !st->alive) return NULL;
-    return st;
-}
+// ---- streams and events ----
 
 API aclError aclrtCreateStream(aclrtStream *stream) {
     ENTER();
     if (stream == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "stream is NULL");
-    for (int i = 0; i < MAXSTREAM; i++) {
-        if (!streams[i].alive) {
-            streams[i].alive = 1;
-            streams[i].dev = cur->dev;
-            *stream = &streams[i];
-            RET(ACL_SUCCESS);
-        }
-    }
-    FAIL(ACL_ERROR_RT_DRV_INTERNAL_ERROR, "out of streams");
+    *stream = new_stream(cur->dev, 0);
+    live.streams++;
+    RET(ACL_SUCCESS);
 }
 
 API aclError aclrtDestroyStream(aclrtStream stream) {
     ENTER();
+    if (stream == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "stream is NULL");
     struct stream *st = find_stream(stream);
-    if (st == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "%p is not a stream", stream);
+    if (st == NULL || !st->alive || st->is_default) FAIL(ACL_ERROR_RT_PARAM_INVALID, "%p is not a live stream", stream);
+    if (st->head != NULL)
+        FAIL(ACL_ERROR_RT_PARAM_INVALID, "stream %p has %llu tasks pending: synchronise it first", stream,
+             (unsigned long long)(st->queued - st->finished));
     st->alive = 0;
+    live.streams--;
     RET(ACL_SUCCESS);
+}
+
+// sync_err returns and clears the sticky error of st, as the error of fn.
+static aclError sync_err(const char *fn, struct stream *st) {
+    aclError e = st->err;
+    st->err = ACL_SUCCESS;
+    if (e == ACL_SUCCESS) return ACL_SUCCESS;
+    return fail(fn, e, "device work on stream %p touched memory after it was unmapped (illegal address)", (void *)st);
 }
 
 API aclError aclrtSynchronizeStream(aclrtStream stream) {
     ENTER();
-    if (find_stream(stream) == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "%p is not a stream", stream);
-    RET(ACL_SUCCESS); // copies run when they are queued
+    aclError code = 0;
+    struct stream *st = resolve_stream(__func__, stream, &code);
+    if (st == NULL) RET(code);
+    while (st->alive && st->head != NULL) pthread_cond_wait(&cv, &mu);
+    RET(sync_err(__func__, st));
 }
+
+#ifndef FAKEACL_NO_STREAMQUERY
+API aclError aclrtStreamQuery(aclrtStream stream, aclrtStreamStatus *status) {
+    ENTER();
+    if (status == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "status is NULL");
+    aclError code = 0;
+    struct stream *st = resolve_stream(__func__, stream, &code);
+    if (st == NULL) RET(code);
+    *status = st->head != NULL ? ACL_STREAM_STATUS_NOT_READY : ACL_STREAM_STATUS_COMPLETE;
+    RET(ACL_SUCCESS);
+}
+#endif
+
+API aclError aclrtSynchronizeDevice(void) {
+    ENTER();
+    int dev = cur->dev;
+    for (;;) {
+        int busy = 0;
+        for (struct stream *st = all_streams; st != NULL; st = st->next_all) {
+            if (st->alive && st->dev == dev && st->head != NULL) busy = 1;
+        }
+        if (!busy || !cur->alive) break;
+        pthread_cond_wait(&cv, &mu);
+    }
+    sync_calls++;
+    aclError first = ACL_SUCCESS;
+    for (struct stream *st = all_streams; st != NULL; st = st->next_all) {
+        if (st->dev != dev || !st->alive) continue;
+        aclError e = sync_err(__func__, st);
+        if (first == ACL_SUCCESS) first = e;
+    }
+    RET(first);
+}
+
+#ifndef FAKEACL_NO_EVENTS
+API aclError aclrtCreateEvent(aclrtEvent *event) {
+    ENTER();
+    if (event == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "event is NULL");
+    struct event *ev = calloc(1, sizeof *ev); // never freed: see struct event
+    if (ev == NULL) abort();
+    ev->dev = cur->dev;
+    ev->alive = 1;
+    ev->next_all = all_events;
+    all_events = ev;
+    live.events++;
+    *event = ev;
+    RET(ACL_SUCCESS);
+}
+
+// live_event returns the live event e, or records why not. Caller holds mu.
+static struct event *live_event(const char *fn, aclrtEvent e, aclError *code) {
+    if (e == NULL) {
+        *code = fail(fn, ACL_ERROR_INVALID_PARAM, "event is NULL");
+        return NULL;
+    }
+    struct event *ev = find_event(e);
+    if (ev == NULL || !ev->alive) {
+        *code = fail(fn, ACL_ERROR_RT_PARAM_INVALID, "%p is not a live event", e);
+        return NULL;
+    }
+    return ev;
+}
+
+static int event_complete(const struct event *ev) { return ev->st != NULL && ev->st->finished >= ev->seq; }
+
+API aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
+    ENTER();
+    aclError code = 0;
+    struct event *ev = live_event(__func__, event, &code);
+    if (ev == NULL) RET(code);
+    struct stream *st = resolve_stream(__func__, stream, &code);
+    if (st == NULL) RET(code);
+    ev->st = st;
+    ev->seq = st->queued;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus *status) {
+    ENTER_NOCTX();
+    aclError code = 0;
+    struct event *ev = live_event(__func__, event, &code);
+    if (ev == NULL) RET(code);
+    if (status == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "status is NULL");
+    *status = event_complete(ev) ? ACL_EVENT_RECORDED_STATUS_COMPLETE : ACL_EVENT_RECORDED_STATUS_NOT_READY;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtSynchronizeEvent(aclrtEvent event) {
+    ENTER_NOCTX();
+    aclError code = 0;
+    struct event *ev = live_event(__func__, event, &code);
+    if (ev == NULL) RET(code);
+    // An event never recorded returns at once, as in the runtime.
+    while (ev->alive && ev->st != NULL && !event_complete(ev)) pthread_cond_wait(&cv, &mu);
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtDestroyEvent(aclrtEvent event) {
+    ENTER_NOCTX();
+    aclError code = 0;
+    struct event *ev = live_event(__func__, event, &code);
+    if (ev == NULL) RET(code);
+    ev->alive = 0;
+    live.events--;
+    RET(ACL_SUCCESS);
+}
+#endif
 
 // ---- physical memory ----
 
@@ -504,8 +850,9 @@ static int physical_supported(aclrtMemAttr a) {
     }
 }
 
-// check_prop runs the ACL layer's checks of a prop (acl-api.md §6.2), in the
-// host driver's order and with its codes. Caller holds mu.
+// check_prop runs the ACL layer's checks of a prop (the order of
+// aclrtMallocPhysical's checks in the open-source runtime), with the host
+// driver's codes. Caller holds mu.
 static aclError check_prop(const char *fn, const aclrtPhysicalMemProp *p) {
     if (p == NULL) return fail(fn, ACL_ERROR_INVALID_PARAM, "prop is NULL");
     last_prop = *p;
@@ -702,12 +1049,9 @@ API aclError aclrtUnmapMem(void *virPtr) {
         FAIL(ACL_ERROR_RT_DRV_INTERNAL_ERROR, "Addr can not unmap: %p is not the start of a mapping", virPtr);
     struct resv *r = resvs[ri];
     struct mapping m = r->maps[i];
-    for (int w = 0; w < nworks; w++) {
-        if (works[w].addr < m.addr + m.size && m.addr < works[w].addr + works[w].size) {
-            faults++; // the device would now read unmapped memory: an illegal-address fault
-            break;
-        }
-    }
+    // Like the runtime, the unmap itself does not wait for device work: work
+    // that still touches the range faults.
+    fault_unmap(m.addr, m.addr + m.size);
     memmove(&r->maps[i], &r->maps[i + 1], (size_t)(r->nmaps - i - 1) * sizeof r->maps[0]);
     r->nmaps--;
     live.mappings--;
@@ -792,9 +1136,10 @@ static void dev_copy(uintptr_t addr, unsigned char *host, size_t n, int to_dev) 
     }
 }
 
-// do_copy runs one copy whose direction comes from kind. Caller holds mu.
+// do_copy runs one copy whose direction comes from kind: a synchronous one
+// (st NULL), or one on stream st. Caller holds mu.
 static aclError do_copy(const char *fn, void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind,
-                        int async) {
+                        struct stream *st) {
     if (count == 0) return ACL_SUCCESS;
     if (dst == NULL || src == NULL) return fail(fn, ACL_ERROR_INVALID_PARAM, "NULL pointer");
     if ((int)kind < 0 || kind > ACL_MEMCPY_HOST_TO_BUF_TO_DEVICE) return fail(fn, ACL_ERROR_INVALID_PARAM, "kind %d", kind);
@@ -812,6 +1157,17 @@ static aclError do_copy(const char *fn, void *dst, size_t destMax, const void *s
         return fail(fn, ACL_ERROR_RT_PARAM_INVALID, "[%p, +%zu) is not mapped device memory", src, count);
     if (!want_dd && dd) return fail(fn, ACL_ERROR_RT_PARAM_INVALID, "dst %p is device memory, kind %d", dst, kind);
     if (!want_sd && sd) return fail(fn, ACL_ERROR_RT_PARAM_INVALID, "src %p is device memory, kind %d", src, kind);
+    if (st == NULL) {
+        // A synchronous copy is not ordered after queued work: touching what
+        // it touches is a race.
+        if (want_dd) race_check((uintptr_t)dst, count);
+        if (want_sd) race_check((uintptr_t)src, count);
+    } else if (kind != ACL_MEMCPY_DEVICE_TO_DEVICE) {
+        // Host memory that is not page-locked (the double has no other) makes
+        // the async copy return only once it is done: after the stream's
+        // earlier work.
+        while (st->alive && st->head != NULL) pthread_cond_wait(&cv, &mu);
+    }
     switch (kind) {
     case ACL_MEMCPY_HOST_TO_HOST:
         memmove(dst, src, count);
@@ -824,17 +1180,22 @@ static aclError do_copy(const char *fn, void *dst, size_t destMax, const void *s
         break;
     default: {
         // In one process, reserved memory copies device to device only with
-        // aclrtMemcpyAsync, 64-byte aligned (acl-api.md §6.3, §6.11).
-        if (!async)
+        // aclrtMemcpyAsync, 64-byte aligned.
+        if (st == NULL)
             return fail(fn, ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
                         "reserved memory supports only aclrtMemcpyAsync for device-to-device copies");
         if (((uintptr_t)dst | (uintptr_t)src) % 64 != 0)
             return fail(fn, ACL_ERROR_RT_PARAM_INVALID, "device-to-device copy needs 64-byte aligned addresses (%p, %p)", dst, src);
-        unsigned char *tmp = malloc(count);
-        if (tmp == NULL) abort();
-        dev_copy((uintptr_t)src, tmp, count, 0);
-        dev_copy((uintptr_t)dst, tmp, count, 1);
-        free(tmp);
+        struct work *w = calloc(1, sizeof *w);
+        if (w == NULL) abort();
+        w->kind = WORK_COPY;
+        w->dst = (uintptr_t)dst;
+        w->src = (uintptr_t)src;
+        w->count = count;
+        w->lo[0] = w->dst, w->hi[0] = w->dst + count;
+        w->lo[1] = w->src, w->hi[1] = w->src + count;
+        w->nranges = 2;
+        enqueue(st, w); // it runs when it reaches the head of the stream
     }
     }
     return ACL_SUCCESS;
@@ -842,16 +1203,16 @@ static aclError do_copy(const char *fn, void *dst, size_t destMax, const void *s
 
 API aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind) {
     ENTER();
-    RET(do_copy(__func__, dst, destMax, src, count, kind, 0));
+    RET(do_copy(__func__, dst, destMax, src, count, kind, NULL));
 }
 
 API aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind,
                               aclrtStream stream) {
     ENTER();
-    struct stream *st = find_stream(stream);
-    if (st == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "%p is not a stream", stream);
-    if (st->dev != cur->dev) FAIL(ACL_ERROR_RT_PARAM_INVALID, "stream of device %d used on device %d", st->dev, cur->dev);
-    RET(do_copy(__func__, dst, destMax, src, count, kind, 1));
+    aclError code = 0;
+    struct stream *st = resolve_stream(__func__, stream, &code);
+    if (st == NULL) RET(code);
+    RET(do_copy(__func__, dst, destMax, src, count, kind, st));
 }
 
 API aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count) {
@@ -860,12 +1221,33 @@ API aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t co
     if (devPtr == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "devPtr is NULL");
     if (count > maxCount) FAIL(ACL_ERROR_RT_PARAM_INVALID, "count %zu > maxCount %zu", count, maxCount);
     if (!check_mapped((uintptr_t)devPtr, count)) FAIL(ACL_ERROR_RT_PARAM_INVALID, "[%p, +%zu) is not mapped device memory", devPtr, count);
+    race_check((uintptr_t)devPtr, count); // not ordered after queued work
     unsigned char buf[4096];
     memset(buf, value, sizeof buf);
     for (size_t off = 0; off < count; off += sizeof buf) {
         size_t k = count - off < sizeof buf ? count - off : sizeof buf;
         dev_copy((uintptr_t)devPtr + off, buf, k, 1);
     }
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtMemsetAsync(void *devPtr, size_t maxCount, int32_t value, size_t count, aclrtStream stream) {
+    ENTER();
+    if (count == 0) RET(ACL_SUCCESS);
+    if (devPtr == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "devPtr is NULL");
+    if (count > maxCount) FAIL(ACL_ERROR_RT_PARAM_INVALID, "count %zu > maxCount %zu", count, maxCount);
+    aclError code = 0;
+    struct stream *st = resolve_stream(__func__, stream, &code);
+    if (st == NULL) RET(code);
+    if (!check_mapped((uintptr_t)devPtr, count)) FAIL(ACL_ERROR_RT_PARAM_INVALID, "[%p, +%zu) is not mapped device memory", devPtr, count);
+    struct work *w = calloc(1, sizeof *w);
+    if (w == NULL) abort();
+    w->kind = WORK_MEMSET;
+    w->value = value;
+    w->count = count;
+    w->lo[0] = (uintptr_t)devPtr, w->hi[0] = (uintptr_t)devPtr + count;
+    w->nranges = 1;
+    enqueue(st, w); // it runs when it reaches the head of the stream
     RET(ACL_SUCCESS);
 }
 
@@ -934,20 +1316,74 @@ API int fakeacl_inject(const char *fn, int nth, int code) {
 // as a thread that never set one.
 API void fakeacl_clear_context(void) { cur = NULL; }
 
-// fakeacl_submit_read queues device work on dev that reads [addr, addr+n),
-// until the next aclrtSynchronizeDevice on dev.
-API void fakeacl_submit_read(int32_t dev, uintptr_t addr, size_t n) {
+// fakeacl_launch queues a stand-in kernel on stream (NULL: dev's default
+// stream) that touches [ptr, ptr+n) and stays running until fakeacl_finish
+// is called with the id it returns. The range must be mapped. It returns the
+// id (> 0), or minus the aclError and sets the thread's error message.
+API int fakeacl_launch(int32_t dev, void *stream, void *ptr, size_t n) {
     pthread_mutex_lock(&mu);
-    GROW(works, nworks, capworks);
-    works[nworks++] = (struct work){dev, addr, n};
+    int r;
+    struct stream *st = stream == NULL ? NULL : find_stream(stream);
+    if (!initialised) {
+        r = -fail(__func__, ACL_ERROR_UNINITIALIZE, "aclInit has not been called");
+    } else if (dev < 0 || dev >= MAXDEV || dev_ctx[dev] == NULL) {
+        r = -fail(__func__, ACL_ERROR_RT_INVALID_DEVICEID, "device %d is not set", dev);
+    } else if (stream != NULL && (st == NULL || !st->alive || st->dev != dev)) {
+        r = -fail(__func__, ACL_ERROR_RT_PARAM_INVALID, "%p is not a live stream of device %d", stream, dev);
+    } else if (n == 0 || ptr == NULL) {
+        r = -fail(__func__, ACL_ERROR_INVALID_PARAM, "empty range");
+    } else if (!check_mapped((uintptr_t)ptr, n)) {
+        r = -fail(__func__, ACL_ERROR_RT_PARAM_INVALID, "[%p, +%zu) is not mapped device memory", ptr, n);
+    } else {
+        if (st == NULL) st = dev_ctx[dev]->defstream;
+        struct work *w = calloc(1, sizeof *w);
+        if (w == NULL) abort();
+        w->kind = WORK_KERNEL;
+        w->id = r = ++next_kernel;
+        w->lo[0] = (uintptr_t)ptr, w->hi[0] = (uintptr_t)ptr + n;
+        w->nranges = 1;
+        enqueue(st, w);
+    }
     pthread_mutex_unlock(&mu);
+    return r;
 }
 
-// fakeacl_drain finishes all queued device work, as if every device had
-// been synchronised.
+// fakeacl_finish lets the kernel id finish; the work queued behind it runs.
+// It returns 0, or -1 when no queued kernel has that id.
+API int fakeacl_finish(int id) {
+    pthread_mutex_lock(&mu);
+    int r = -1;
+    for (struct stream *st = all_streams; st != NULL && r != 0; st = st->next_all) {
+        for (struct work *w = st->head; w != NULL; w = w->next) {
+            if (w->kind == WORK_KERNEL && w->id == id && !w->released) {
+                w->released = 1;
+                advance(st);
+                r = 0;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+// fakeacl_faults returns how many times device work touched a range after it
+// was unmapped, or a synchronous copy or memset touched a range that queued
+// work touches.
+API int64_t fakeacl_faults(void) {
+    pthread_mutex_lock(&mu);
+    int64_t n = faults;
+    pthread_mutex_unlock(&mu);
+    return n;
+}
+
+// fakeacl_drain finishes every kernel, so that all queued work runs.
 API void fakeacl_drain(void) {
     pthread_mutex_lock(&mu);
-    nworks = 0;
+    for (struct stream *st = all_streams; st != NULL; st = st->next_all) {
+        for (struct work *w = st->head; w != NULL; w = w->next) w->released = 1;
+        advance(st);
+    }
     pthread_mutex_unlock(&mu);
 }
 
@@ -969,9 +1405,11 @@ API void fakeacl_stats(fakeacl_stats_t *out) {
         out->device_refs += dev_refs[i];
         out->contexts_alive += dev_ctx[i] != NULL;
     }
-    for (int i = 0; i < MAXSTREAM; i++) out->streams_alive += streams[i].alive;
+    out->streams_alive = live.streams;
+    for (struct stream *st = all_streams; st != NULL; st = st->next_all) {
+        out->pending_work += (int64_t)(st->queued - st->finished);
+    }
     out->sync_device_calls = sync_calls;
-    out->pending_work = nworks;
     out->faults = faults;
     out->no_context_errors = no_ctx_errors;
     out->set_context_calls = set_ctx_calls;

@@ -1,0 +1,29 @@
+package ascend
+
+import "github.com/vmarena/vmarena/acl"
+
+// PrivateStreams returns how many streams the driver's device holds for the
+// driver's own use (the copy stream): they are live in the runtime but not in
+// the books.
+func PrivateStreams(d *Driver) int {
+	d.dev.streamMu.Lock()
+	defer d.dev.streamMu.Unlock()
+	if d.dev.stream != 0 {
+		return 1
+	}
+	return 0
+}
+
+// Users returns how many calls in progress hold the stream s and the event
+// ev in d's books.
+func Users(d *Driver, s acl.Stream, ev acl.Event) (streamUsers, eventUsers int) {
+	d.books.mu.Lock()
+	defer d.books.mu.Unlock()
+	if o, ok := d.books.streams[s]; ok {
+		streamUsers = o.users
+	}
+	if o, ok := d.books.events[ev]; ok {
+		eventUsers = o.users
+	}
+	return streamUsers, eventUsers
+}

@@ -14,6 +14,8 @@
 //	go run ./bench -quick           # seconds: small sizes
 //	go run ./bench -workloads kv -strategies arena,realloc -count 3
 //	VMARENA_DEVICE=ascend go run ./bench
+//	go run ./bench -device model:h200     # on the device model: modelled times
+//	go run ./bench -calibrate -device cuda -profile-out h200.json
 //
 // See docs/benchmarks.md.
 package main
@@ -61,6 +63,10 @@ type options struct {
 	kv      workload.KV
 	scratch workload.Scratch
 	churn   workload.Churn
+
+	calibrate   bool   // measure the driver and write a model profile instead (calibrate.go)
+	profileOut  string // where -calibrate writes the profile
+	profileBase string // the profile -calibrate carries estimates over from
 }
 
 var workloadNames = []string{"kv", "scratch", "churn"}
@@ -151,6 +157,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.churn.Jitter, "churn-jitter", o.churn.Jitter, "churn: demand noise, a fraction")
 	fs.Var(sizeFlag{&o.churn.BudgetBytes}, "churn-budget", "churn: physical budget (0: the most asked at once, ×(1+jitter), +5%, + 2 chunks per tenant)")
 
+	fs.BoolVar(&o.calibrate, "calibrate", false, "measure every driver call on -device and write a device-model profile (acl/model) instead of running the suite")
+	fs.StringVar(&o.profileOut, "profile-out", "", "with -calibrate: the profile's path (default -out/profile-<driver>.json)")
+	fs.StringVar(&o.profileBase, "profile-base", "h200", "with -calibrate: the profile (name or path) whose estimates fill in what cannot be measured")
+
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -203,6 +213,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
 	}
+	run := run
+	if o.calibrate {
+		run = runCalibrate
+	}
 	if err := run(o, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -245,6 +259,9 @@ func run(o *options, stdout io.Writer) error {
 		reason = reason[:97] + "..."
 	}
 	fmt.Fprintf(stdout, "vmarena bench: driver %s (%s)\n", s.device, reason)
+	if m, ok := choice.Driver.(interface{ Modelled() string }); ok {
+		fmt.Fprintln(stdout, "NOTE:", m.Modelled())
+	}
 	fmt.Fprintf(stdout, "%s, %s/%s, GOMAXPROCS=%d, %s\n", cpuModel(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), runtime.Version())
 	for _, w := range o.workloads {
 		fmt.Fprintf(stdout, "  %-8s %s\n", w+":", o.workload(w).Describe())

@@ -1,6 +1,6 @@
 // Package device chooses the driver a program runs on, the same way for the
 // examples, the benchmark suite and users: from a spec such as "host",
-// "ascend:1" or "cuda", usually read from $VMARENA_DEVICE.
+// "ascend:1", "cuda" or "model:h200", usually read from $VMARENA_DEVICE.
 //
 // It imports every driver, so a program that wants only the host driver (and
 // a binary without a dynamic loader) imports acl/host directly instead.
@@ -35,12 +35,19 @@ func FromEnv() (Choice, error) { return Open(os.Getenv(EnvVar)) }
 //	host            the host driver on Linux virtual memory
 //	ascend[:N]      Ascend NPU N (default 0) through the ACL runtime
 //	cuda[:N]        NVIDIA GPU N (default 0) through the CUDA driver API
+//	model:NAME      the device model (acl/model) with a shipped profile,
+//	                e.g. model:h200; its times are modelled, not measured
+//	model:PATH      the device model with the profile in a JSON file
 //	auto or ""      Ascend device 0 when the runtime loads and a device
 //	                answers, else CUDA device 0 likewise, else the host driver
 //
 // An explicit device that cannot be opened is an error; auto falls back and
-// says why in Choice.Reason.
+// says why in Choice.Reason. auto never chooses the model; the model's
+// Reason begins by saying its times are modelled.
 func Open(spec string) (Choice, error) {
+	if arg, ok := modelSpec(spec); ok {
+		return openModel(arg)
+	}
 	spec = strings.TrimSpace(strings.ToLower(spec))
 	if spec == "" {
 		spec = "auto"
@@ -97,7 +104,7 @@ func parse(spec string) (kind string, n int, err error) {
 			return "", 0, fmt.Errorf("device %q: %w: auto takes no device number", spec, acl.ErrInvalidParam)
 		}
 	default:
-		return "", 0, fmt.Errorf("device %q: %w: want host, ascend[:N], cuda[:N] or auto", spec, acl.ErrInvalidParam)
+		return "", 0, fmt.Errorf("device %q: %w: want host, ascend[:N], cuda[:N], model:NAME, model:PATH or auto", spec, acl.ErrInvalidParam)
 	}
 	if hasNum {
 		n, err = strconv.Atoi(num)

@@ -145,24 +145,24 @@ func (c *modelCounts) kinds() string {
 
 // world is the system under test beside its model.
 type world struct {
-	t       testing.TB
-	c       chooser
-	o       modelOpts
-	hd      *host.Driver
-	fd      *faultdriver.Driver
-	pool    *chunk.Pool
-	cs      int
-	open    []*marena
-	closed  []*marena
-	stale   []mbuf // buffers dropped by Truncate or Reset
-	tags    int
-	n       modelCounts
-	trace   []string
-	inject  int64 // fd.Injected(Any) before the current operation
-	lastErr error // the error of the last operation settled
-	shared  chunk.Tenant
+	t          testing.TB
+	c          chooser
+	o          modelOpts
+	hd         *host.Driver
+	fd         *faultdriver.Driver
+	pool       *chunk.Pool
+	cs         int
+	open       []*marena
+	closed     []*marena
+	stale      []mbuf // buffers dropped by Truncate or Reset
+	tags       int
+	n          modelCounts
+	trace      []string
+	inject     int64 // fd.Injected(Any) before the current operation
+	lastErr    error // the error of the last operation settled
+	shared     chunk.Tenant
 	sharedSeen *[256]bool // the byte values the shared tenant's arenas may hold
-	kernels int64         // stand-in kernels queued
+	kernels    int64      // stand-in kernels queued
 }
 
 // marena is the model of one arena.
@@ -175,12 +175,12 @@ type marena struct {
 	trap     bool
 	tag      byte // high nibble of every byte this arena writes
 	bufs     []mbuf
-	shadow   map[int]byte // bytes known to be at these offsets, all below len
-	seen     *[256]bool   // byte values that may be in the arena's memory (its tenant's)
-	strayOK  bool         // a failure's undo was itself failed: strays may exist
-	floor    int          // what Grow promised to keep mapped until the next drop
-	headroom int          // Config.Headroom, rounded up
-	stream   acl.Stream   // its stream, or 0
+	shadow   map[int]byte    // bytes known to be at these offsets, all below len
+	seen     *[256]bool      // byte values that may be in the arena's memory (its tenant's)
+	strayOK  bool            // a failure's undo was itself failed: strays may exist
+	floor    int             // what Grow promised to keep mapped until the next drop
+	headroom int             // Config.Headroom, rounded up
+	stream   acl.Stream      // its stream, or 0
 	busy     []chan struct{} // done channels of kernels that may be in flight on stream
 }
 

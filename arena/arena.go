@@ -1,9 +1,11 @@
 package arena
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -14,7 +16,8 @@ import (
 
 // Config configures an Arena. The zero value works: an arena on the process's
 // default host driver, reserving as much address space as the device has
-// memory, with a private pool of 2 MiB chunks.
+// memory, with a private pool of 2 MiB chunks, as its own tenant, with no
+// headroom and no streams.
 type Config struct {
 	// Driver is the device to allocate on. nil means the pool's driver, or
 	// the process-wide host driver (host.Default) when Pool is nil too.
@@ -30,6 +33,30 @@ type Config struct {
 	// memory (at most 128 GiB, ACL's limit per reservation), halved until the
 	// driver grants it.
 	Reserve int64
+	// Tenant is who may read the arena's bytes. Chunks move between the
+	// arenas of one tenant (say, all the sequences of one model) without
+	// being cleared, and are cleared when they move between tenants. 0 makes
+	// the arena its own tenant, the safe default.
+	Tenant chunk.Tenant
+	// Streams are the device streams whose work may touch the arena's
+	// memory. With them, memory the arena gives back is unmapped only after
+	// the work queued on these streams at that moment has run (an event is
+	// recorded on each), without waiting for the rest of the device; and
+	// chunks that must be cleared for the arena are cleared by memsets
+	// queued on the first stream, ahead of the work the caller queues there
+	// next, without waiting for them. Without streams the arena waits for the
+	// whole device before it unmaps (SynchronizeDevice), and clears chunks
+	// with synchronous memsets. The caller owns the streams and must keep
+	// them alive until the arena is closed.
+	Streams []acl.Stream
+	// Headroom is mapped memory the pool's background worker keeps ready
+	// above Len, so that Alloc finds memory mapped instead of mapping it on
+	// the caller's path. It is rounded up to the chunk size. 0 means none.
+	Headroom int64
+	// LowWater is the headroom below which Alloc asks the worker to refill
+	// it (a request that never blocks). 0 means half of Headroom (at least
+	// one chunk).
+	LowWater int64
 	// TrapStale is a debug mode that makes the memory Truncate and Reset drop
 	// unusable at once, so that a stale pointer into it fails loudly instead
 	// of reading or corrupting what the memory holds next. Truncate and Reset
@@ -39,7 +66,8 @@ type Config struct {
 	// faults (on the host driver a Go program reading it through
 	// host.Driver.Bytes gets a fault, see runtime/debug.SetPanicOnFault); one
 	// into the kept chunk reads poison. It costs an unmap per chunk dropped, a
-	// map per chunk when the arena grows again, and a memset.
+	// map per chunk when the arena grows again, and a memset, and it waits
+	// for the device before unmapping, streams or not.
 	TrapStale bool
 }
 
@@ -65,6 +93,7 @@ const (
 type Arena struct {
 	state atomic.Uint64 // epoch | len, see lenBits
 	cap   atomic.Uint64 // bytes mapped
+	floor atomic.Uint64 // bytes Grow promised to keep mapped: a pool under pressure takes only what lies above it and Len
 
 	base      acl.DevicePtr
 	reserved  uint64
@@ -73,17 +102,24 @@ type Arena struct {
 	drv       acl.Driver
 	pool      *chunk.Pool
 	ownPool   bool
-	owner     chunk.Owner // who the pool lends chunks to, for scrubbing
-	trap      bool        // Config.TrapStale
+	tenant    chunk.Tenant // who the pool lends chunks to, for scrubbing
+	streams   []acl.Stream // Config.Streams
+	headroom  uint64       // Config.Headroom, in whole chunks
+	lowWater  uint64       // refill below this headroom; 0 without headroom
+	member    *chunk.Member
+	trap      bool // Config.TrapStale
+	fence     fence
 
-	mu     sync.Mutex    // serialises the slow path and everything that calls the driver
-	closed atomic.Bool   // set under mu; read without it by Buffer checks
-	chunks []chunk.Chunk // mapped chunks, in address order: chunk i at base + i×chunkSize
-	strays []stray       // chunks left mapped at or above Cap by a failed undo
-	peak   uint64        // the most bytes in use up to the last freeze
-	maps   uint64
-	unmaps uint64
-	grows  uint64
+	mu        sync.Mutex    // serialises the slow path and everything that calls the driver
+	closed    atomic.Bool   // set under mu; read without it by Buffer checks
+	chunks    []chunk.Chunk // mapped chunks, in address order: chunk i at base + i×chunkSize
+	strays    []stray       // chunks left mapped at or above Cap by a failed undo
+	peak      uint64        // the most bytes in use up to the last freeze
+	maps      uint64
+	unmaps    uint64
+	grows     uint64
+	reclaimed uint64
+	refills   uint64
 }
 
 // A stray is a chunk the arena mapped, failed to use, and then failed to
@@ -94,11 +130,15 @@ type stray struct {
 	c  chunk.Chunk
 }
 
-// New reserves the arena's address space. It maps nothing: the first Grow or
-// Alloc does.
+// New reserves the arena's address space. It maps nothing itself: the first
+// Grow or Alloc does, or, with Config.Headroom, the pool's worker.
 func New(cfg Config) (*Arena, error) {
 	if cfg.Reserve < 0 || cfg.Reserve > MaxReserve {
 		return nil, fmt.Errorf("arena: %w: reserve %d bytes (want 0 to %d)", ErrInvalid, cfg.Reserve, int64(MaxReserve))
+	}
+	if cfg.Headroom < 0 || cfg.LowWater < 0 || cfg.LowWater > cfg.Headroom {
+		return nil, fmt.Errorf("arena: %w: headroom %d, low water %d (want 0 ≤ low water ≤ headroom)", ErrInvalid,
+			cfg.Headroom, cfg.LowWater)
 	}
 	pool, own := cfg.Pool, false
 	drv := cfg.Driver
@@ -121,16 +161,46 @@ func New(cfg Config) (*Arena, error) {
 		}
 		pool, own = p, true
 	}
+	tenant := cfg.Tenant
+	if tenant == 0 {
+		tenant = chunk.NewTenant()
+	}
 	a := &Arena{drv: drv, pool: pool, ownPool: own, chunkSize: uint64(pool.ChunkSize()),
-		owner: chunk.NewOwner(), trap: cfg.TrapStale}
-	if err := a.reserve(uint64(cfg.Reserve)); err != nil {
+		tenant: tenant, streams: slices.Clone(cfg.Streams), trap: cfg.TrapStale}
+	if cfg.Headroom > 0 {
+		a.headroom = a.roundUp(uint64(cfg.Headroom))
+		a.lowWater = uint64(cfg.LowWater)
+		if a.lowWater == 0 {
+			a.lowWater = max(a.headroom/2/a.chunkSize*a.chunkSize, a.chunkSize)
+		}
+	}
+	fail := func(err error) (*Arena, error) {
 		if own {
 			err = errors.Join(err, pool.Close())
 		}
 		return nil, err
 	}
+	if err := a.reserve(uint64(cfg.Reserve)); err != nil {
+		return fail(err)
+	}
+	m, err := pool.Join(client{a}, a.headroom > 0)
+	if err != nil {
+		return fail(errors.Join(fmt.Errorf("arena: %w", err), a.releaseReservation()))
+	}
+	a.member = m
 	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), 30)
+	if a.headroom > 0 {
+		m.WantRefill() // the worker maps the first headroom
+	}
 	return a, nil
+}
+
+// releaseReservation gives the reservation back, for a New that fails late.
+func (a *Arena) releaseReservation() error {
+	if err := a.drv.ReleaseMemAddress(a.base); err != nil {
+		return fmt.Errorf("arena: release reservation: %w", err)
+	}
+	return nil
 }
 
 func (a *Arena) roundUp(n uint64) uint64 { return (n + a.chunkSize - 1) / a.chunkSize * a.chunkSize }
@@ -222,7 +292,9 @@ func (a *Arena) Pool() *chunk.Pool { return a.pool }
 // power of two, at most the alignment of Base, which is at least the chunk
 // granularity). It maps more memory when the mapped space is used up, so it
 // can fail with ErrOutOfMemory or ErrExhausted; within Cap it makes no driver
-// call, takes no lock and allocates nothing on the Go heap.
+// call, takes no lock and allocates nothing on the Go heap. With
+// Config.Headroom, an Alloc that leaves less than the low-water mark mapped
+// above Len asks the pool's worker to refill it, without waiting.
 func (a *Arena) Alloc(size, align int) (Buffer, error) {
 	if a == nil {
 		return Buffer{}, ErrClosed
@@ -234,7 +306,11 @@ func (a *Arena) Alloc(size, align int) (Buffer, error) {
 	if s&frozen == 0 {
 		start := (s&lenMask + uint64(align) - 1) &^ (uint64(align) - 1)
 		end := start + uint64(size) // cannot wrap: start < 2^41, size < 2^63
-		if end <= a.cap.Load() && a.state.CompareAndSwap(s, s&^lenMask|end) {
+		c := a.cap.Load()
+		if end <= c && a.state.CompareAndSwap(s, s&^lenMask|end) {
+			if end+a.lowWater > c { // never true without headroom: lowWater is 0
+				a.member.WantRefill()
+			}
 			return Buffer{a: a, off: uintptr(start), n: uintptr(size)}, nil
 		}
 	}
@@ -258,6 +334,7 @@ func (a *Arena) allocSlow(size, align uint64) (Buffer, error) {
 		return Buffer{}, err
 	}
 	defer a.mu.Unlock()
+	a.member.Touch()
 	for {
 		s := a.state.Load() // never frozen: freezing happens under mu
 		start := (s&lenMask + align - 1) &^ (align - 1)
@@ -266,23 +343,36 @@ func (a *Arena) allocSlow(size, align uint64) (Buffer, error) {
 		}
 		end := start + size
 		if end > a.cap.Load() {
-			if err := a.growLocked(end); err != nil {
+			if err := a.growLocked(end, false); err != nil {
 				return Buffer{}, fmt.Errorf("arena: alloc %d bytes: %w", size, err)
 			}
 		}
 		// Lock-free Allocs may have moved Len meanwhile; if so, go round.
 		if a.state.CompareAndSwap(s, s&^lenMask|end) {
+			a.wantHeadroom(end)
 			return Buffer{a: a, off: uintptr(start), n: uintptr(size)}, nil
 		}
 	}
 }
 
+// wantHeadroom asks the worker for a refill when the headroom above end is
+// below the low-water mark.
+func (a *Arena) wantHeadroom(end uint64) {
+	if a.lowWater != 0 && end+a.lowWater > a.cap.Load() {
+		a.member.WantRefill()
+	}
+}
+
 // Grow makes sure that at least n more bytes can be allocated (with
 // alignment 1) without mapping, like bytes.Buffer.Grow: afterwards
-// Cap-Len ≥ n. It maps whole chunks from the pool. A failed Grow leaves the
-// arena as it was and returns an error matching ErrOutOfMemory (device or
-// budget exhausted), ErrExhausted (beyond the reservation), ErrInvalid
-// (negative n) or ErrClosed.
+// Cap-Len ≥ n, and a pool under pressure does not take that memory back
+// until a Truncate, Reset or Shrink drops it. It maps whole chunks: the
+// arena's own chunks still waiting to be unmapped are taken back where they
+// lie, the rest come from the pool, which may reclaim memory other arenas
+// hold mapped and unused. A failed Grow
+// leaves the arena as it was and returns an error matching ErrOutOfMemory
+// (device or budget exhausted), ErrExhausted (beyond the reservation),
+// ErrInvalid (negative n) or ErrClosed.
 func (a *Arena) Grow(n int) error {
 	if n < 0 {
 		return fmt.Errorf("arena: grow: %w: negative size %d", ErrInvalid, n)
@@ -291,72 +381,196 @@ func (a *Arena) Grow(n int) error {
 		return err
 	}
 	defer a.mu.Unlock()
+	a.member.Touch()
 	l := a.state.Load() & lenMask
 	if uint64(n) > a.reserved-l {
 		return fmt.Errorf("arena: grow by %d bytes at %d: %w: %d bytes reserved", n, l, ErrExhausted, a.reserved)
 	}
-	if err := a.growLocked(l + uint64(n)); err != nil {
+	if err := a.growLocked(l+uint64(n), false); err != nil {
 		return fmt.Errorf("arena: grow by %d bytes: %w", n, err)
 	}
+	a.floor.Store(max(a.floor.Load(), l+uint64(n)))
+	a.wantHeadroom(l + uint64(n))
 	return nil
 }
 
-// growLocked maps chunks until Cap ≥ target (≤ reserved). On failure it
-// unmaps what it mapped and returns the chunks to the pool, leaving Cap as it
-// was; a chunk it cannot unmap is left a stray.
-func (a *Arena) growLocked(target uint64) error {
+// growLocked maps chunks until Cap ≥ target (≤ reserved). Chunks of the
+// arena still waiting in the pool for the device at those addresses are
+// taken back as they lie; the others come from the pool (TryAcquire when
+// speculative: a refill takes only free memory) and are mapped in runs. On
+// failure it unmaps what it mapped and gives back what it took, leaving Cap
+// as it was; a chunk it cannot unmap is left a stray. Call with mu held.
+func (a *Arena) growLocked(target uint64, speculative bool) error {
 	c := a.cap.Load()
 	if target <= c {
 		return nil
 	}
 	// Strays lie where growth maps: they must go first.
-	if err := a.unstray(); err != nil {
+	if err := a.unstray(false); err != nil {
 		return err
 	}
+	n0 := len(a.chunks)
 	need := int((a.roundUp(target) - c) / a.chunkSize)
-	var err error
-	got := a.chunks
-	for range need {
-		var ch chunk.Chunk
-		ch, err = a.pool.GetFor(a.owner)
-		if err != nil {
-			break
-		}
-		if err = a.pool.Map(a.at(len(got)), ch); err != nil {
-			if errors.Is(err, chunk.ErrMapped) {
-				a.maps++
-				got = append(got, ch) // still mapped: the rollback unmaps it
-			} else {
-				err = errors.Join(err, a.pool.Put(ch))
-			}
-			break
-		}
-		a.maps++
-		got = append(got, ch)
-	}
-	if err == nil {
-		a.chunks = got
-		a.grows++
-		a.cap.Store(uint64(len(got)) * a.chunkSize)
-		return nil
-	}
-	// Roll back, top down.
-	for i := len(got) - 1; i >= len(a.chunks); i-- {
-		if uerr := a.pool.Unmap(a.at(i)); uerr != nil {
-			err = errors.Join(err, uerr)
-			a.strays = append(a.strays, stray{a.at(i), got[i]})
+	slots := make([]chunk.Chunk, need) // the chunks to place at n0, n0+1, …
+	back := make([]bool, need)         // slots[i] was taken back in place: already mapped
+	nback := 0
+	for i, waits := range a.pool.PendingRange(a.at(n0), need) {
+		if !waits {
 			continue
 		}
-		a.unmaps++
-		err = errors.Join(err, a.pool.Put(got[i]))
+		if ch, ok := a.pool.Reclaim(a.at(n0 + i)); ok {
+			slots[i], back[i] = ch, true
+			nback++
+		}
 	}
-	clear(got[len(a.chunks):])
-	return err
+	acquire := a.pool.Acquire
+	if speculative {
+		acquire = a.pool.TryAcquire
+	}
+	fresh, err := acquire(a.tenant, need-nback)
+	if err != nil {
+		return errors.Join(err, a.giveBack(n0, slots, back))
+	}
+	k := 0
+	for i := range slots {
+		if !back[i] {
+			slots[i] = fresh[k]
+			k++
+		}
+	}
+	// Map the fresh chunks, a run of adjacent slots at a time, so that one
+	// access call can cover a run where the driver allows it.
+	scrubbed := 0
+	for i := 0; i < need; {
+		if back[i] {
+			i++
+			continue
+		}
+		j := i
+		for j < need && !back[j] {
+			j++
+		}
+		sc, err := a.pool.MapRange(a.at(n0+i), slots[i:j], a.streams)
+		if err != nil {
+			return a.undoGrow(n0, slots, back, i, scrubbed > 0, err)
+		}
+		scrubbed += sc
+		i = j
+	}
+	if scrubbed > 0 {
+		if err := a.fence.record(a.drv, a.streams[0]); err != nil {
+			return a.undoGrow(n0, slots, back, need, true, err)
+		}
+	}
+	a.maps += uint64(need)
+	a.chunks = append(a.chunks, slots...)
+	a.grows++
+	a.cap.Store(uint64(len(a.chunks)) * a.chunkSize)
+	return nil
 }
 
-// unstray unmaps the strays and gives them back to the pool. Those it cannot
-// unmap stay strays, and it returns the error.
-func (a *Arena) unstray() error {
+// undoGrow rolls back a growLocked whose mapping of the run at slot failed
+// went wrong: the fresh chunks mapped before that run, and any of that run
+// its own undo left mapped, are unmapped, top down, after the scrubs queued
+// for them have run (queued); a chunk that cannot be unmapped becomes a
+// stray; and every other chunk the growth placed goes back: fresh ones to
+// the pool, ones taken back in place to waiting for the device again. Call
+// with mu held.
+func (a *Arena) undoGrow(n0 int, slots []chunk.Chunk, back []bool, failed int, queued bool, err error) error {
+	mapped := make([]bool, len(slots)) // fresh chunks still mapped
+	for i := 0; i < failed; i++ {
+		mapped[i] = !back[i]
+	}
+	var left *chunk.LeftMappedError
+	if errors.As(err, &left) {
+		for _, m := range left.Left {
+			mapped[int(uint64(m.At-a.at(n0))/a.chunkSize)] = true
+		}
+	}
+	if queued {
+		if werr := a.drv.SynchronizeStream(a.streams[0]); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}
+	for i := len(slots) - 1; i >= 0; i-- {
+		if !mapped[i] {
+			continue
+		}
+		if uerr := a.pool.Unmap(a.at(n0 + i)); uerr != nil {
+			err = errors.Join(err, uerr)
+			a.maps++ // a stray counts as mapped
+			a.strays = append(a.strays, stray{a.at(n0 + i), slots[i]})
+			slots[i] = chunk.Chunk{}
+		}
+	}
+	return errors.Join(err, a.giveBack(n0, slots, back))
+}
+
+// giveBack returns to the pool what a failed growth placed from slot n0:
+// fresh chunks (unmapped) with Put, chunks taken back in place (still
+// mapped) to waiting for the device. Zero slots are skipped.
+func (a *Arena) giveBack(n0 int, slots []chunk.Chunk, back []bool) error {
+	var errs []error
+	var mapped []chunk.Mapped
+	for i, ch := range slots {
+		switch {
+		case ch == chunk.Chunk{}:
+		case back[i]:
+			mapped = append(mapped, chunk.Mapped{At: a.at(n0 + i), C: ch})
+		default:
+			errs = append(errs, a.pool.Put(ch))
+		}
+	}
+	if len(mapped) > 0 {
+		errs = append(errs, a.dropMapped(mapped))
+	}
+	return errors.Join(errs...)
+}
+
+// dropMapped gives back chunks mapped above Cap, outside the arena's
+// counts, that the device may still touch: ordered by events on the arena's
+// streams, or else by waiting for the device. Those it cannot unmap become
+// strays. Call with mu held.
+func (a *Arena) dropMapped(ms []chunk.Mapped) error {
+	if len(a.streams) > 0 {
+		err := a.pool.ReleaseAfter(ms, a.streams)
+		if !errors.Is(err, chunk.ErrNoOrder) {
+			return err
+		}
+	}
+	if err := a.pool.SyncDevice(); err != nil {
+		for _, m := range ms {
+			a.strays = append(a.strays, stray{m.At, m.C})
+		}
+		return err
+	}
+	var errs []error
+	for i := len(ms) - 1; i >= 0; i-- {
+		m := ms[i]
+		if err := a.pool.Release(m.At, m.C); err != nil {
+			errs = append(errs, err)
+			a.maps++ // a stray counts as mapped
+			a.strays = append(a.strays, stray{m.At, m.C})
+			continue
+		}
+		errs = append(errs, a.pool.Put(m.C))
+	}
+	return errors.Join(errs...)
+}
+
+// unstray unmaps the strays and gives them back to the pool, after waiting
+// for the device unless the caller has ordered the unmaps already (a stray
+// may have been in use). Those it cannot unmap stay strays, and it returns
+// the error.
+func (a *Arena) unstray(ordered bool) error {
+	if len(a.strays) == 0 {
+		return nil
+	}
+	if !ordered {
+		if err := a.pool.SyncDevice(); err != nil {
+			return err
+		}
+	}
 	var errs []error
 	kept := a.strays[:0]
 	for _, s := range a.strays {
@@ -373,10 +587,47 @@ func (a *Arena) unstray() error {
 	return errors.Join(errs...)
 }
 
+// dropTop gives back the chunks keep.. at the top of the arena: with streams,
+// to the pool to be unmapped once the work queued on them now has run
+// (the arena does not wait); without, or if that cannot be ordered, after
+// waiting for the device, unmapping them here, top down (a failed unmap maps
+// back what was unmapped, and the arena is as it was). Cap drops to keep
+// chunks on success. Call with mu held and the state frozen.
+func (a *Arena) dropTop(keep int, sync bool) error {
+	n := len(a.chunks)
+	if keep >= n {
+		return nil
+	}
+	if len(a.streams) > 0 && !sync {
+		ms := make([]chunk.Mapped, 0, n-keep)
+		for i := keep; i < n; i++ {
+			ms = append(ms, chunk.Mapped{At: a.at(i), C: a.chunks[i]})
+		}
+		err := a.pool.ReleaseAfter(ms, a.streams)
+		if err == nil {
+			a.unmaps += uint64(n - keep)
+			clear(a.chunks[keep:])
+			a.chunks = a.chunks[:keep]
+			a.cap.Store(uint64(keep) * a.chunkSize)
+			return nil
+		}
+		if !errors.Is(err, chunk.ErrNoOrder) {
+			return err
+		}
+	}
+	if err := a.pool.SyncDevice(); err != nil {
+		return err
+	}
+	if err := a.detach(keep); err != nil {
+		return err
+	}
+	return a.release(keep)
+}
+
 // detach unmaps chunks keep.. top down, in preparation for giving them back:
 // they stay in a.chunks, and Cap stays, until release (or reattach, to undo).
 // If an unmap fails, it maps back what it unmapped and returns the error.
-// Call with mu held and the state frozen.
+// Call with mu held, the state frozen and the device's work ordered.
 func (a *Arena) detach(keep int) error {
 	n := len(a.chunks)
 	for i := n - 1; i >= keep; i-- {
@@ -448,14 +699,17 @@ func (a *Arena) thaw(s, n uint64) {
 }
 
 // Truncate drops every allocation at or above offset n (0 ≤ n ≤ Len), like
-// reslicing s[:n]: Len becomes n, and Cap stays (in TrapStale mode, Cap drops
-// to n rounded up to the chunk size). Buffers above n must not be used
-// afterwards; copies through them fail with ErrRange.
+// reslicing s[:n]: Len becomes n, and Cap stays: the memory stays mapped,
+// to be used again at no cost, until Shrink or a pool under pressure takes
+// it back (in TrapStale mode, Cap drops to n rounded up to the chunk size at
+// once). Buffers above n must not be used afterwards; copies through them
+// fail with ErrRange.
 func (a *Arena) Truncate(n int) error {
 	if err := a.lock(); err != nil {
 		return err
 	}
 	defer a.mu.Unlock()
+	a.member.Touch()
 	s := a.freeze()
 	l := s & lenMask
 	if n < 0 || uint64(n) > l {
@@ -468,15 +722,19 @@ func (a *Arena) Truncate(n int) error {
 			return fmt.Errorf("arena: truncate to %d: %w", n, err)
 		}
 	}
+	a.floor.Store(uint64(n)) // what Grow promised is dropped with the bytes
 	a.thaw(s, uint64(n))
 	return nil
 }
 
 // trapDropped makes the bytes [n, l) that Truncate drops unusable: it unmaps
-// the chunks above n and poisons the rest. Call with mu held and the state
-// frozen.
+// the chunks above n (after waiting for the device) and poisons the rest.
+// Call with mu held and the state frozen.
 func (a *Arena) trapDropped(n, l uint64) error {
-	if err := a.unstray(); err != nil {
+	if err := a.pool.SyncDevice(); err != nil {
+		return err
+	}
+	if err := a.unstray(true); err != nil {
 		return err
 	}
 	keep := int(a.roundUp(n) / a.chunkSize)
@@ -484,6 +742,9 @@ func (a *Arena) trapDropped(n, l uint64) error {
 		return err
 	}
 	if end := min(l, uint64(keep)*a.chunkSize); end > n {
+		if err := a.fence.wait(a.drv); err != nil {
+			return errors.Join(err, a.reattach(keep, len(a.chunks)))
+		}
 		if err := a.drv.Memset(a.base.Add(uintptr(n)), PoisonByte, uintptr(end-n)); err != nil {
 			return errors.Join(fmt.Errorf("poison: %w", err), a.reattach(keep, len(a.chunks)))
 		}
@@ -492,41 +753,51 @@ func (a *Arena) trapDropped(n, l uint64) error {
 }
 
 // Reset drops every allocation: Truncate(0). The memory stays mapped for
-// reuse (except in TrapStale mode); Shrink gives it back.
+// reuse (except in TrapStale mode); Shrink gives it back, and so does a pool
+// under pressure.
 func (a *Arena) Reset() error { return a.Truncate(0) }
 
-// Shrink unmaps the chunks wholly above Len and returns them to the pool
-// (like slices.Clip, at chunk granularity): afterwards Cap is Len rounded up
-// to the chunk size. If an unmap fails, the chunks already unmapped are mapped
-// back (their physical memory was kept, so no data is lost) and the arena is
-// as it was.
+// Shrink gives back the chunks wholly above Len (like slices.Clip, at chunk
+// granularity): afterwards Cap is Len rounded up to the chunk size. With
+// Config.Streams it returns at once: the chunks are unmapped by the pool once
+// the work queued on those streams has run, without a device-wide wait.
+// Without streams it waits for the device, then unmaps; if an unmap fails,
+// the chunks already unmapped are mapped back (their physical memory was
+// kept, so no data is lost) and the arena is as it was.
 func (a *Arena) Shrink() error {
 	if err := a.lock(); err != nil {
 		return err
 	}
 	defer a.mu.Unlock()
+	a.member.Touch()
 	s := a.freeze()
 	defer a.thaw(s, s&lenMask)
-	if err := a.unstray(); err != nil {
+	if err := a.unstray(false); err != nil {
 		return fmt.Errorf("arena: shrink: %w", err)
 	}
-	keep := int(a.roundUp(s&lenMask) / a.chunkSize)
-	if err := a.detach(keep); err != nil {
+	if err := a.dropTop(int(a.roundUp(s&lenMask)/a.chunkSize), false); err != nil {
 		return fmt.Errorf("arena: shrink: %w", err)
 	}
-	if err := a.release(keep); err != nil {
-		return fmt.Errorf("arena: shrink: %w", err)
-	}
+	a.floor.Store(s & lenMask)
 	return nil
 }
 
 // Close unmaps every chunk, releases the reservation, and returns the chunks
-// to the pool (closing a private pool). Buffers must not be used afterwards:
-// copies through them fail with ErrClosed. A failed Close leaves the arena
-// open and as it was, so it can be retried. Close is safe to call more than
-// once, and on a nil *Arena; later calls return nil, unless the private pool
-// failed to free memory, which they try again.
-func (a *Arena) Close() error {
+// to the pool (closing a private pool): CloseContext with a context that is
+// never done.
+func (a *Arena) Close() error { return a.CloseContext(context.Background()) }
+
+// CloseContext unmaps every chunk, releases the reservation, and returns the
+// chunks to the pool (closing a private pool). It first waits for the work
+// queued on Config.Streams to finish with the memory (or, without streams,
+// for the device), including the chunks Shrink handed back that still wait:
+// until ctx is done, after which it returns an error wrapping ctx.Err() and
+// changes nothing. Buffers must not be used afterwards: copies through them
+// fail with ErrClosed. A failed Close leaves the arena open and as it was, so
+// it can be retried. Close is safe to call more than once, and on a nil
+// *Arena; later calls return nil, unless the private pool failed to free
+// memory, which they try again.
+func (a *Arena) CloseContext(ctx context.Context) error {
 	if a == nil {
 		return nil
 	}
@@ -548,7 +819,18 @@ func (a *Arena) Close() error {
 		a.thaw(s, s&lenMask)
 		return fmt.Errorf("arena: close: %w", err)
 	}
-	if err := a.unstray(); err != nil {
+	// The chunks still waiting in the pool for the device lie in the
+	// reservation: take them back, to unmap with the rest once the device is
+	// done (or to hand back to waiting if it is not done in time).
+	back := a.pool.ReclaimRange(a.base, uintptr(a.reserved))
+	if err := a.pool.WaitStreams(ctx, a.streams); err != nil {
+		return fail(errors.Join(err, a.dropMapped(back)))
+	}
+	for _, m := range back {
+		a.maps++ // counted as strays: mapped above Cap
+		a.strays = append(a.strays, stray{m.At, m.C})
+	}
+	if err := a.unstray(true); err != nil {
 		return fail(err)
 	}
 	if err := a.detach(0); err != nil {
@@ -560,7 +842,8 @@ func (a *Arena) Close() error {
 	a.closed.Store(true)
 	// Frozen for good: every Alloc takes the slow path and sees closed.
 	a.state.Store(frozen)
-	err := a.release(0)
+	a.member.Leave()
+	err := errors.Join(a.release(0), a.fence.destroy(a.drv))
 	if a.ownPool {
 		err = errors.Join(err, a.pool.Close())
 	}
@@ -578,9 +861,12 @@ type Stats struct {
 	Used      int           // bytes in use (Len)
 	Peak      int           // the most bytes ever in use at once
 	ChunkSize int           // bytes per chunk
-	Maps      int64         // chunks mapped (driver MapMem calls)
-	Unmaps    int64         // chunks unmapped (driver UnmapMem calls)
-	Grows     int64         // growths that mapped at least one chunk
+	Headroom  int           // Config.Headroom, rounded up to the chunk size
+	Maps      int64         // chunks placed in the arena's range: mapped, or taken back in place while they waited to be unmapped
+	Unmaps    int64         // chunks taken out of it: unmapped, or handed to the pool to unmap once the device is done
+	Grows     int64         // growths that placed at least one chunk
+	Reclaimed int64         // chunks the pool took back under pressure
+	Refills   int64         // growths the pool's worker made to refill the headroom
 	Strays    int           // chunks a failed undo left mapped above Cap; the next Grow, Shrink or Close unmaps them
 	Closed    bool
 }
@@ -597,9 +883,12 @@ func (a *Arena) Stats() Stats {
 		Used:      int(used),
 		Peak:      int(max(a.peak, used)),
 		ChunkSize: int(a.chunkSize),
+		Headroom:  int(a.headroom),
 		Maps:      int64(a.maps),
 		Unmaps:    int64(a.unmaps),
 		Grows:     int64(a.grows),
+		Reclaimed: int64(a.reclaimed),
+		Refills:   int64(a.refills),
 		Strays:    len(a.strays),
 		Closed:    a.closed.Load(),
 	}

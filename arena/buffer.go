@@ -1,6 +1,7 @@
 package arena
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/vmarena/vmarena/acl"
@@ -96,6 +97,9 @@ func CopyIn[T Element](dst Buffer, src []T) error {
 	if uintptr(len(b)) > dst.n {
 		return fmt.Errorf("arena: copy in %d bytes: %w: buffer holds %d", len(b), ErrRange, dst.n)
 	}
+	if err := dst.a.fence.wait(dst.a.drv); err != nil {
+		return err
+	}
 	if err := dst.a.drv.MemcpyHtoD(dst.Ptr(), b); err != nil {
 		return fmt.Errorf("arena: copy in: %w", err)
 	}
@@ -111,6 +115,9 @@ func CopyOut[T Element](dst []T, src Buffer) error {
 	}
 	if uintptr(len(b)) > src.n {
 		return fmt.Errorf("arena: copy out %d bytes: %w: buffer holds %d", len(b), ErrRange, src.n)
+	}
+	if err := src.a.fence.wait(src.a.drv); err != nil {
+		return err
 	}
 	if err := src.a.drv.MemcpyDtoH(b, src.Ptr()); err != nil {
 		return fmt.Errorf("arena: copy out: %w", err)
@@ -138,6 +145,9 @@ func Copy(dst, src Buffer) error {
 	if d, s := dst.Ptr(), src.Ptr(); src.n > 0 && d < s.Add(src.n) && s < d.Add(src.n) {
 		return fmt.Errorf("arena: copy %v to %v: %w: %d bytes overlap", src, dst, ErrInvalid, src.n)
 	}
+	if err := errors.Join(dst.a.fence.wait(dst.a.drv), src.a.fence.wait(src.a.drv)); err != nil {
+		return err
+	}
 	if err := dst.a.drv.MemcpyDtoD(dst.Ptr(), src.Ptr(), src.n); err != nil {
 		return fmt.Errorf("arena: copy: %w", err)
 	}
@@ -147,6 +157,9 @@ func Copy(dst, src Buffer) error {
 // Fill sets every byte of b to v on the device (aclrtMemset).
 func Fill(b Buffer, v byte) error {
 	if err := b.check("fill"); err != nil {
+		return err
+	}
+	if err := b.a.fence.wait(b.a.drv); err != nil {
 		return err
 	}
 	if err := b.a.drv.Memset(b.Ptr(), v, b.n); err != nil {

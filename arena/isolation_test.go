@@ -158,6 +158,10 @@ type dirtyDriver struct {
 	scratch acl.DevicePtr
 }
 
+// Caps says fresh memory may hold anything, as on a device that does not
+// clear it.
+func (d *dirtyDriver) Caps() acl.Caps { return acl.Caps{Fresh: acl.FreshUnknown} }
+
 func (d *dirtyDriver) MallocPhysical(size uintptr, p *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
 	h, err := d.Driver.MallocPhysical(size, p, flags)
 	if err != nil {
@@ -202,7 +206,7 @@ func TestFreshChunksScrubbed(t *testing.T) {
 		require.NoError(t, pool.Close())
 		require.NoError(t, d.ReleaseMemAddress(scratch))
 	}
-	// The host driver says its fresh memory is zero (acl.Zeroing); the pool believes it.
+	// The host driver says its fresh memory is zero (acl.Caps.Fresh); the pool believes it.
 	d := isoDriver(t, 64<<20)
 	a := isoArena(t, arena.Config{Driver: d, Reserve: 8 << 20})
 	require.NoError(t, a.Grow(2*g))

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/faultdriver"
@@ -65,10 +66,33 @@ type modelOpts struct {
 	// model then checks only what must survive that: the arenas stay
 	// consistent with the driver, no byte below Len changes, nothing leaks.
 	weak bool
+	// streams gives some arenas a stream, on which the model queues stand-in
+	// kernels that read their buffers and finish a little later: every
+	// unmap must wait for them, and no device-wide wait may be needed.
+	streams bool
+	// headroom gives some arenas headroom, which the pool's worker refills
+	// between operations (the model lets it settle after each).
+	headroom bool
+	// tenants puts some arenas in one shared tenant, between whose arenas
+	// chunks move without being cleared.
+	tenants bool
+	// skimRefills skips scanning the chunks the worker maps for headroom
+	// for foreign bytes (each scan faults in 512 pages): runs that test
+	// failure atomicity at every call position set it; the runs that test
+	// isolation do not.
+	skimRefills bool
 }
 
 func defaultModelOpts() modelOpts {
 	return modelOpts{ops: 200, limit: 12, maxCached: 6, maxArenas: 4}
+}
+
+// deferredOpts is defaultModelOpts with every mechanism of deferred
+// reclamation and grow-ahead on.
+func deferredOpts() modelOpts {
+	o := defaultModelOpts()
+	o.streams, o.headroom, o.tenants = true, true, true
+	return o
 }
 
 // modelCounts is what a run did, for the figures in docs/reliability.md.
@@ -76,6 +100,7 @@ type modelCounts struct {
 	ops, failed, injected, badInputs, checks, bytesChecked, chunksScanned int64
 	faultFailed                                                           int64                // operations an injected fault failed
 	faultAbsorbed                                                         int64                // operations that succeeded despite one (a free the pool retries)
+	reclaimed, ordered, refills, kernels                                  int64                // chunks reclaimed under pressure, unmapped after their events, refills, kernels queued
 	byKind                                                                [len(faultOps)]int64 // faults injected, per kind of call
 }
 
@@ -83,6 +108,9 @@ var faultOps = [...]faultdriver.Op{
 	faultdriver.MallocPhysical, faultdriver.FreePhysical, faultdriver.ReserveMemAddress,
 	faultdriver.ReleaseMemAddress, faultdriver.MapMem, faultdriver.UnmapMem, faultdriver.MemSetAccess,
 	faultdriver.MemcpyHtoD, faultdriver.MemcpyDtoH, faultdriver.MemcpyDtoD, faultdriver.Memset,
+	faultdriver.MemsetAsync, faultdriver.SynchronizeDevice, faultdriver.SynchronizeStream,
+	faultdriver.CreateEvent, faultdriver.RecordEvent, faultdriver.QueryEvent, faultdriver.SynchronizeEvent,
+	faultdriver.DestroyEvent,
 }
 
 func (c *modelCounts) add(d modelCounts) {
@@ -98,6 +126,10 @@ func (c *modelCounts) add(d modelCounts) {
 	c.checks += d.checks
 	c.bytesChecked += d.bytesChecked
 	c.chunksScanned += d.chunksScanned
+	c.reclaimed += d.reclaimed
+	c.ordered += d.ordered
+	c.refills += d.refills
+	c.kernels += d.kernels
 }
 
 // kinds lists the faults injected per kind of call.
@@ -113,21 +145,24 @@ func (c *modelCounts) kinds() string {
 
 // world is the system under test beside its model.
 type world struct {
-	t       testing.TB
-	c       chooser
-	o       modelOpts
-	hd      *host.Driver
-	fd      *faultdriver.Driver
-	pool    *chunk.Pool
-	cs      int
-	open    []*marena
-	closed  []*marena
-	stale   []mbuf // buffers dropped by Truncate or Reset
-	tags    int
-	n       modelCounts
-	trace   []string
-	inject  int64 // fd.Injected(Any) before the current operation
-	lastErr error // the error of the last operation settled
+	t          testing.TB
+	c          chooser
+	o          modelOpts
+	hd         *host.Driver
+	fd         *faultdriver.Driver
+	pool       *chunk.Pool
+	cs         int
+	open       []*marena
+	closed     []*marena
+	stale      []mbuf // buffers dropped by Truncate or Reset
+	tags       int
+	n          modelCounts
+	trace      []string
+	inject     int64 // fd.Injected(Any) before the current operation
+	lastErr    error // the error of the last operation settled
+	shared     chunk.Tenant
+	sharedSeen *[256]bool // the byte values the shared tenant's arenas may hold
+	kernels    int64      // stand-in kernels queued
 }
 
 // marena is the model of one arena.
@@ -140,9 +175,30 @@ type marena struct {
 	trap     bool
 	tag      byte // high nibble of every byte this arena writes
 	bufs     []mbuf
-	shadow   map[int]byte // bytes known to be at these offsets, all below len
-	seen     [256]bool    // byte values that may be in the arena's memory
-	strayOK  bool         // a failure's undo was itself failed: strays may exist
+	shadow   map[int]byte    // bytes known to be at these offsets, all below len
+	seen     *[256]bool      // byte values that may be in the arena's memory (its tenant's)
+	strayOK  bool            // a failure's undo was itself failed: strays may exist
+	floor    int             // what Grow promised to keep mapped until the next drop
+	headroom int             // Config.Headroom, rounded up
+	stream   acl.Stream      // its stream, or 0
+	busy     []chan struct{} // done channels of kernels that may be in flight on stream
+}
+
+// keep is what a pool under pressure leaves the arena.
+func (m *marena) keep(w *world) int { return min(m.cap, w.roundUp(max(m.len, m.floor))) }
+
+// quiesce waits for the stand-in kernels queued on the arena's stream, as a
+// careful caller does before touching the memory they use from the host.
+func (w *world) quiesce(ms ...*marena) {
+	for _, m := range ms {
+		if len(m.busy) == 0 {
+			continue
+		}
+		if err := w.hd.SynchronizeStream(m.stream); err != nil {
+			w.fatalf("a%d: synchronise its stream: %v", m.id, err)
+		}
+		m.busy = m.busy[:0]
+	}
 }
 
 type mbuf struct {
@@ -163,7 +219,8 @@ func newWorld(t testing.TB, c chooser, o modelOpts) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &world{t: t, c: c, o: o, hd: hd, fd: faultdriver.New(hd)}
+	w := &world{t: t, c: c, o: o, hd: hd, fd: faultdriver.New(hd), shared: chunk.NewTenant(), sharedSeen: new([256]bool)}
+	w.sharedSeen[0] = true
 	budget := int64(0)
 	if !o.byDevice {
 		budget = int64(o.limit) * g
@@ -200,9 +257,66 @@ func (w *world) run() {
 		w.inject = w.fd.Injected(faultdriver.Any)
 		w.step()
 		w.n.ops++
+		w.settleWorker()
 		w.check()
 	}
 	w.teardown()
+}
+
+// settleWorker lets the pool's worker finish the refills the operation asked
+// for, then brings the model's Caps of arenas with headroom in line, within
+// the bounds a refill may reach: it maps only memory that is free, up to
+// Len + Headroom.
+func (w *world) settleWorker() {
+	if !w.o.headroom {
+		return
+	}
+	w.pool.Settle()
+	for _, m := range w.open {
+		if m.headroom == 0 {
+			continue
+		}
+		c := m.a.Cap()
+		hi := max(m.cap, w.roundUp(min(m.len+m.headroom, m.reserved)))
+		if c < m.cap || c > hi {
+			w.fatalf("a%d: Cap %d after the worker's refill, want %d to %d", m.id, c, m.cap, hi)
+		}
+		if c > m.cap && !w.o.skimRefills {
+			w.checkFresh(m, m.cap, c)
+		}
+		m.cap = c
+	}
+}
+
+// reclaimedFrom brings the model's Caps of the arenas other than m in line
+// after m's growth, which may have reclaimed chunks they held above what they
+// keep: idle arenas (Len 0) first.
+func (w *world) reclaimedFrom(m *marena) {
+	lost := false
+	idleLeft := false
+	for _, o := range w.open {
+		if o == m {
+			continue
+		}
+		c := o.a.Cap()
+		switch {
+		case c > o.cap:
+			if o.headroom == 0 {
+				w.fatalf("a%d: Cap rose from %d to %d while a%d grew", o.id, o.cap, c, m.id)
+			}
+		case c < o.keep(w):
+			w.fatalf("a%d: reclaimed down to %d, below what it keeps (%d: len %d, floor %d)", o.id, c, o.keep(w), o.len, o.floor)
+		case c < o.cap && o.len > 0:
+			lost = true
+		}
+		if o.len == 0 && c > o.keep(w) {
+			idleLeft = true
+		}
+		o.cap = c
+	}
+	if lost && idleLeft {
+		w.fatalf("a%d's growth reclaimed from an arena in use while an idle one still held chunks", m.id)
+	}
 }
 
 // faulted reports whether a fault was injected during the current operation.
@@ -339,14 +453,17 @@ func (w *world) check() {
 		}
 	}
 	live, ps := w.hd.Live(), w.pool.Stats()
-	mapped := sumCap/w.cs + strays
+	mapped := sumCap/w.cs + strays + ps.Pending
+	if f := w.hd.Faults(); f != 0 {
+		w.fatalf("the device saw %d faults: memory unmapped under queued work, or copies racing it", f)
+	}
 	switch {
 	case live.Reservations != len(w.open) || live.ReservedBytes != uintptr(sumRes):
 		w.fatalf("driver holds %d reservations (%d bytes); model %d (%d)", live.Reservations, live.ReservedBytes, len(w.open), sumRes)
 	case live.Mappings != mapped || live.MappedBytes != uintptr(mapped*w.cs):
 		w.fatalf("driver holds %d mappings, arenas %d", live.Mappings, mapped)
 	case ps.InUse != mapped:
-		w.fatalf("pool lends %d chunks, arenas map %d", ps.InUse, mapped)
+		w.fatalf("pool lends %d chunks, arenas map %d (%d waiting for the device)", ps.InUse, mapped, ps.Pending)
 	case live.Handles != ps.InUse+ps.Cached || live.PhysicalBytes != uintptr(ps.HeldBytes):
 		w.fatalf("driver holds %d handles (%d bytes), pool %d in use + %d cached (%d bytes)", live.Handles,
 			live.PhysicalBytes, ps.InUse, ps.Cached, ps.HeldBytes)
@@ -356,14 +473,22 @@ func (w *world) check() {
 }
 
 // fits predicts whether the pool can supply need more chunks to m, which
-// first gives back its strays, if any.
+// first gives back its strays, if any. Everything the pool holds is
+// available except what the arenas keep (their bytes in use, what Grow
+// promised, rounded up to chunks) and their strays: cached chunks, chunks
+// waiting for the device, and chunks other arenas hold mapped above what
+// they keep, which the pool reclaims under pressure.
 func (w *world) fits(m *marena, need int) bool {
 	if w.o.limit == 0 {
 		return true
 	}
-	ps := w.pool.Stats()
-	misses := need - min(need, ps.Cached+m.a.Stats().Strays)
-	return int(ps.HeldBytes)+misses*w.cs <= w.o.limit*w.cs
+	used := m.cap / w.cs
+	for _, o := range w.open {
+		if o != m {
+			used += o.keep(w)/w.cs + o.a.Stats().Strays
+		}
+	}
+	return used+need <= w.o.limit
 }
 
 var zeroBlock = make([]byte, 4096)
@@ -374,6 +499,14 @@ var zeroBlock = make([]byte, 4096)
 func (w *world) checkFresh(m *marena, from, to int) {
 	if to <= from || w.o.scrub == chunk.ScrubNever {
 		return
+	}
+	if m.stream != 0 {
+		// Scrubs for an arena with a stream are queued on it: let them run
+		// before looking, as the arena's own copies do.
+		if err := w.hd.SynchronizeStream(m.stream); err != nil {
+			w.fatalf("a%d: synchronise its stream: %v", m.id, err)
+		}
+		m.busy = m.busy[:0]
 	}
 	mem, err := w.hd.Bytes(m.base.Add(uintptr(from)), uintptr(to-from))
 	if err != nil {
@@ -443,6 +576,8 @@ func (w *world) step() {
 		w.closeArena()
 	case k < 93:
 		w.useDropped()
+	case k < 96 && w.o.streams:
+		w.launch()
 	default:
 		w.badInput()
 	}
@@ -456,8 +591,29 @@ func (w *world) newArena() {
 	k := 1 + w.c.intn(8)
 	reserve := k*w.cs - w.c.intn(w.cs)
 	trap := w.c.intn(4) == 0
-	a, err := arena.New(arena.Config{Pool: w.pool, Reserve: int64(reserve), TrapStale: trap})
-	if !w.settle(fmt.Sprintf("New(reserve %d, trap %v)", reserve, trap), err, nil) {
+	cfg := arena.Config{Pool: w.pool, Reserve: int64(reserve), TrapStale: trap}
+	var stream acl.Stream
+	if w.o.streams && w.c.intn(2) == 0 {
+		s, err := w.hd.CreateStream()
+		if err != nil {
+			w.fatalf("create stream: %v", err)
+		}
+		stream = s
+		cfg.Streams = []acl.Stream{s}
+	}
+	if w.o.headroom && w.c.intn(2) == 0 {
+		cfg.Headroom = int64(1+w.c.intn(3)) * int64(w.cs)
+	}
+	shared := w.o.tenants && w.c.intn(2) == 0
+	if shared {
+		cfg.Tenant = w.shared
+	}
+	a, err := arena.New(cfg)
+	op := fmt.Sprintf("New(reserve %d, trap %v, stream %v, headroom %d, shared %v)", reserve, trap, stream != 0, cfg.Headroom, shared)
+	if !w.settle(op, err, nil) {
+		if stream != 0 {
+			_ = w.hd.DestroyStream(stream)
+		}
 		return
 	}
 	w.tags++
@@ -466,7 +622,10 @@ func (w *world) newArena() {
 		tag++ // PoisonByte's nibble is nobody's tag
 	}
 	m := &marena{a: a, id: w.tags, base: a.Base(), reserved: k * w.cs, trap: trap, tag: tag << 4,
-		shadow: make(map[int]byte)}
+		shadow: make(map[int]byte), seen: new([256]bool), stream: stream, headroom: int(a.Stats().Headroom)}
+	if shared {
+		m.seen = w.sharedSeen
+	}
 	m.seen[0] = true
 	for v := range 16 {
 		m.seen[m.tag|byte(v)] = true
@@ -502,9 +661,12 @@ func (w *world) grow() {
 		want = arena.ErrOutOfMemory
 	}
 	err := m.a.Grow(n)
-	if w.settle(fmt.Sprintf("a%d.Grow(%d) len %d cap %d", m.id, n, m.len, m.cap), err, want) {
+	ok := w.settle(fmt.Sprintf("a%d.Grow(%d) len %d cap %d", m.id, n, m.len, m.cap), err, want)
+	w.reclaimedFrom(m)
+	if ok {
 		old := m.cap
 		m.cap = newCap
+		m.floor = max(m.floor, target)
 		w.checkFresh(m, old, newCap)
 		return
 	}
@@ -536,7 +698,11 @@ func (w *world) alloc() {
 		want = arena.ErrOutOfMemory
 	}
 	b, err := m.a.Alloc(size, align)
-	if !w.settle(fmt.Sprintf("a%d.Alloc(%d, %d) len %d cap %d", m.id, size, align, m.len, m.cap), err, want) {
+	ok := w.settle(fmt.Sprintf("a%d.Alloc(%d, %d) len %d cap %d", m.id, size, align, m.len, m.cap), err, want)
+	if newCap > m.cap {
+		w.reclaimedFrom(m)
+	}
+	if !ok {
 		w.afterFailure(m)
 		return
 	}
@@ -563,6 +729,7 @@ func (w *world) write() {
 		return
 	}
 	m := b.m
+	w.quiesce(m)
 	i, j := w.span(b.n, 64)
 	if b.n <= 256 && w.c.intn(2) == 0 {
 		i, j = 0, b.n
@@ -591,6 +758,7 @@ func (w *world) read() {
 		return
 	}
 	m := b.m
+	w.quiesce(m)
 	i, j := w.span(b.n, 4096)
 	sub, _ := b.b.Slice(i, j)
 	got := make([]byte, j-i)
@@ -616,6 +784,7 @@ func (w *world) copyDtoD() {
 		w.alloc()
 		return
 	}
+	w.quiesce(src.m, dst.m)
 	n := 1 + w.c.intn(min(src.n, dst.n, 256))
 	si, di := w.c.intn(src.n-n+1), w.c.intn(dst.n-n+1)
 	s, _ := src.b.Slice(si, si+n)
@@ -659,6 +828,7 @@ func (w *world) fill() {
 		return
 	}
 	m := b.m
+	w.quiesce(m)
 	i, j := w.span(b.n, 512)
 	v := m.tag | byte(w.c.intn(16))
 	sub, _ := b.b.Slice(i, j)
@@ -720,6 +890,7 @@ func (w *world) truncate(reset bool) {
 		}
 	}
 	m.dropAbove(n)
+	m.floor = n
 	if !m.trap {
 		return
 	}
@@ -753,11 +924,32 @@ func (w *world) shrink() {
 		return
 	}
 	m.cap = w.roundUp(m.len)
+	m.floor = m.len
+}
+
+// launch queues a stand-in kernel on an arena's stream that reads one of its
+// buffers and finishes within a couple of milliseconds: the arena must not
+// unmap that memory before it has.
+func (w *world) launch() {
+	b, ok := w.pickBuf()
+	if !ok || b.m.stream == 0 {
+		w.alloc()
+		return
+	}
+	done := make(chan struct{})
+	if err := w.hd.Launch(b.m.stream, b.b.Ptr(), uintptr(b.n), done); err != nil {
+		w.fatalf("a%d: launch on %v: %v", b.m.id, b.b, err)
+	}
+	w.kernels++
+	b.m.busy = append(b.m.busy, done)
+	time.AfterFunc(time.Duration(w.c.intn(2000))*time.Microsecond, func() { close(done) })
+	w.logf("a%d: kernel on %v", b.m.id, b.b)
 }
 
 func (w *world) closeArena() {
 	i := w.c.intn(len(w.open))
 	m := w.open[i]
+	refills := m.a.Stats().Refills
 	if !w.settle(fmt.Sprintf("a%d.Close() len %d cap %d", m.id, m.len, m.cap), m.a.Close(), nil) {
 		w.afterFailure(m)
 		if w.o.scrub == chunk.ScrubOnRelease {
@@ -765,8 +957,22 @@ func (w *world) closeArena() {
 		}
 		return
 	}
+	w.n.refills += refills
 	w.open = append(w.open[:i], w.open[i+1:]...)
 	w.closed = append(w.closed, m)
+	w.dropStream(m)
+}
+
+// dropStream destroys a closed arena's stream.
+func (w *world) dropStream(m *marena) {
+	if m.stream == 0 {
+		return
+	}
+	w.quiesce(m)
+	if err := w.hd.DestroyStream(m.stream); err != nil {
+		w.fatalf("a%d: destroy stream: %v", m.id, err)
+	}
+	m.stream = 0
 }
 
 // useDropped uses what the caller no longer owns: a buffer above Len after
@@ -855,6 +1061,7 @@ func (w *world) teardown() {
 	for len(w.open) > 0 {
 		w.inject = w.fd.Injected(faultdriver.Any)
 		m := w.open[0]
+		refills := m.a.Stats().Refills
 		err := m.a.Close()
 		if !w.settle(fmt.Sprintf("teardown a%d.Close()", m.id), err, nil) {
 			w.afterFailure(m)
@@ -865,10 +1072,14 @@ func (w *world) teardown() {
 			w.fd.Clear() // and try again
 			continue
 		}
+		w.n.refills += refills
 		w.open = w.open[1:]
+		w.dropStream(m)
 		w.check()
 	}
 	w.inject = w.fd.Injected(faultdriver.Any)
+	ps := w.pool.Stats()
+	w.n.reclaimed, w.n.ordered, w.n.kernels = ps.Reclaimed, ps.Ordered, w.kernels
 	if err := w.pool.Close(); err != nil {
 		if !w.faulted() || !isInjected(err) {
 			w.fatalf("pool.Close: %v", err)
@@ -927,22 +1138,27 @@ func TestModel(t *testing.T) {
 		{"no-limit-no-cache", func(o *modelOpts) { o.limit, o.maxCached = 0, -1 }},
 		{"scrub-on-release", func(o *modelOpts) { o.scrub = chunk.ScrubOnRelease }},
 		{"scrub-never", func(o *modelOpts) { o.scrub = chunk.ScrubNever }},
+		{"deferred", func(o *modelOpts) { *o = deferredOpts() }},
+		{"deferred-device-limit", func(o *modelOpts) { *o = deferredOpts(); o.byDevice = true }},
+		{"deferred-scrub-on-release", func(o *modelOpts) { *o = deferredOpts(); o.scrub = chunk.ScrubOnRelease }},
+		{"deferred-tight", func(o *modelOpts) { *o = deferredOpts(); o.limit, o.maxCached = 6, 2 }},
 	}
 	var total modelCounts
 	for _, cfg := range configs {
 		t.Run(cfg.name, func(t *testing.T) {
 			for seed := range seeds {
 				o := defaultModelOpts()
-				o.ops = ops
 				cfg.mod(&o)
+				o.ops = ops
 				w := newWorld(t, rngChooser{rand.New(rand.NewPCG(uint64(seed), 1))}, o)
 				w.run()
 				total.add(w.n)
 			}
 		})
 	}
-	t.Logf("model: %d sequences, %d operations (%d failed as predicted, %d bad inputs), %d checks, %d bytes compared, %d new chunks scanned for foreign bytes",
-		len(configs)*seeds, total.ops, total.failed, total.badInputs, total.checks, total.bytesChecked, total.chunksScanned)
+	t.Logf("model: %d sequences, %d operations (%d failed as predicted, %d bad inputs), %d checks, %d bytes compared, %d new chunks scanned for foreign bytes; %d chunks reclaimed under pressure, %d unmapped after their events, %d headroom refills, %d kernels in flight, no device fault",
+		len(configs)*seeds, total.ops, total.failed, total.badInputs, total.checks, total.bytesChecked, total.chunksScanned,
+		total.reclaimed, total.ordered, total.refills, total.kernels)
 }
 
 // TestModelFaultEveryCall runs one sequence once to count its driver calls,
@@ -963,6 +1179,11 @@ func TestModelFaultEveryCall(t *testing.T) {
 				mk := func(t testing.TB) *world {
 					o := defaultModelOpts()
 					o.ops, o.scrub = ops, scrub
+					// Headroom and shared tenants keep the driver calls in the
+					// same order from run to run; streams would not (the
+					// worker polls events as the kernels finish), so they
+					// take their faults in TestModelRandomFaults.
+					o.headroom, o.tenants, o.skimRefills = true, true, true
 					if scrub == chunk.ScrubOnRelease {
 						o.maxCached = 2 // evictions: frees in the middle of operations
 					}
@@ -994,8 +1215,8 @@ func TestModelFaultEveryCall(t *testing.T) {
 			}
 		}
 	})
-	t.Logf("fault at every call: %d call positions (each a run with that call failing; %s), %d operations, %d faults injected: %d operations failed by them and changed nothing, %d absorbed; %d checks, nothing leaked",
-		positions, total.kinds(), total.ops, total.injected, total.faultFailed, total.faultAbsorbed, total.checks)
+	t.Logf("fault at every call: %d call positions (each a run with that call failing; %s), %d operations, %d faults injected: %d operations failed by them and changed nothing, %d absorbed; %d checks, %d chunks scanned, nothing leaked",
+		positions, total.kinds(), total.ops, total.injected, total.faultFailed, total.faultAbsorbed, total.checks, total.chunksScanned)
 }
 
 // TestModelRandomFaults lets every driver call fail with some probability,
@@ -1013,6 +1234,9 @@ func TestModelRandomFaults(t *testing.T) {
 			o.scrub, o.maxCached = chunk.ScrubOnRelease, 2
 		case 2:
 			o.byDevice = true
+		}
+		if seed%2 == 1 { // and deferred reclamation, grow-ahead, streams
+			o.streams, o.headroom, o.tenants = true, true, true
 		}
 		w := newWorld(t, rngChooser{rand.New(rand.NewPCG(uint64(seed), 3))}, o)
 		w.fd.FailRandom(faultdriver.Any, 0.08, uint64(seed), 0)

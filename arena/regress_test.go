@@ -94,6 +94,19 @@ func (d *sparseDriver) GetMemInfo(acl.MemAttr) (uintptr, uintptr, error) {
 }
 func (d *sparseDriver) Close() error { return nil }
 
+// The sparse device has no work in flight: every stream is idle.
+func (d *sparseDriver) CreateStream() (acl.Stream, error)                          { return 1, nil }
+func (d *sparseDriver) DestroyStream(acl.Stream) error                             { return nil }
+func (d *sparseDriver) SynchronizeStream(acl.Stream) error                         { return nil }
+func (d *sparseDriver) SynchronizeDevice() error                                   { return nil }
+func (d *sparseDriver) CreateEvent() (acl.Event, error)                            { return 1, nil }
+func (d *sparseDriver) RecordEvent(acl.Event, acl.Stream) error                    { return nil }
+func (d *sparseDriver) QueryEvent(acl.Event) (bool, error)                         { return true, nil }
+func (d *sparseDriver) SynchronizeEvent(acl.Event) error                           { return nil }
+func (d *sparseDriver) DestroyEvent(acl.Event) error                               { return nil }
+func (d *sparseDriver) MemsetAsync(acl.DevicePtr, byte, uintptr, acl.Stream) error { return nil }
+func (d *sparseDriver) Caps() acl.Caps                                             { return acl.Caps{} }
+
 // Bug: Len had 40 bits, so an arena of MaxReserve (1 TiB) allocated to its
 // very end stored 2^40 into the state word: Len read 0 and the next Alloc
 // handed out offset 0 again, over live data. Fixed by giving Len 41 bits.
@@ -214,7 +227,8 @@ func TestRegressionRollbackUnmapFailureKeepsCap(t *testing.T) {
 	a, err := arena.New(arena.Config{Driver: fd, Reserve: 16 << 20})
 	require.NoError(t, err)
 	fd.FailNth(faultdriver.MapMem, 3, 0)   // the third chunk fails to map
-	fd.FailNth(faultdriver.UnmapMem, 1, 0) // and the rollback of the second fails
+	fd.FailNth(faultdriver.UnmapMem, 1, 0) // and the rollback of the second fails in the pool's undo
+	fd.FailNth(faultdriver.UnmapMem, 3, 0) // (the first chunk's succeeds), and again in the arena's
 	require.Error(t, a.Grow(4*g))
 	require.Zero(t, a.Cap(), "a failed Grow changes no Cap")
 	require.Equal(t, 1, a.Stats().Strays)

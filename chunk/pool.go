@@ -11,7 +11,7 @@ import (
 )
 
 // ErrBudget is returned (wrapped, together with acl.ErrOutOfMemory) when a
-// Get would take the pool past Config.Budget.
+// Get would take the pool past Config.Budget and nothing could be reclaimed.
 var ErrBudget = errors.New("chunk: pool budget exhausted")
 
 // ErrClosed is returned by a Pool after Close.
@@ -23,24 +23,25 @@ var ErrClosed = errors.New("chunk: pool closed")
 // and must be unmapped before it is Put back.
 var ErrMapped = errors.New("chunk: left mapped by a failed Map")
 
-// Scrub says when a pool clears a chunk's bytes (aclrtMemset to zero), so that
-// no owner reads bytes another owner wrote.
+// Scrub says when a pool clears a chunk's bytes, so that no tenant reads
+// bytes another tenant wrote.
 type Scrub int
 
 const (
-	// ScrubOnReuse, the default, clears a chunk when it is mapped for an owner
-	// other than the one whose bytes it may hold: a chunk another arena gave
-	// back, or fresh physical memory the driver does not promise is zero
-	// (Config.FreshZeroed). An arena that takes its own chunk back skips the
-	// clear, so the common shrink-and-regrow cycle costs nothing.
+	// ScrubOnReuse, the default, clears a chunk when it is mapped for a tenant
+	// other than the one whose bytes it may hold: a chunk another tenant gave
+	// back, or fresh physical memory that may hold bytes this or another
+	// process freed (see acl.Caps.Fresh). A tenant that takes its own chunk
+	// back skips the clear, so the common shrink-and-regrow cycle costs
+	// nothing.
 	ScrubOnReuse Scrub = iota
-	// ScrubOnRelease clears a chunk when its owner gives it back (Release,
-	// before the unmap), so the cache holds zeroed chunks. Chunks that come
-	// back some other way, and fresh ones, are cleared on reuse as above. It
-	// costs a clear per released chunk, whether or not anyone reuses it.
+	// ScrubOnRelease clears a chunk when its tenant gives it back (before the
+	// unmap), so the cache holds zeroed chunks. Chunks that come back some
+	// other way, and fresh ones, are cleared on reuse as above. It costs a
+	// clear per released chunk, whether or not anyone reuses it.
 	ScrubOnRelease
-	// ScrubNever never clears: a chunk's next owner may read what its previous
-	// owner wrote. For pools whose arenas all serve one tenant.
+	// ScrubNever never clears: a chunk's next tenant may read what its
+	// previous tenant wrote. For pools that serve a single tenant.
 	ScrubNever
 )
 
@@ -57,20 +58,22 @@ func (s Scrub) String() string {
 	return fmt.Sprintf("chunk.Scrub(%d)", int(s))
 }
 
-// Owner identifies a user of a pool, usually an arena, so that the pool can
-// tell whose bytes a chunk holds. Make one with NewOwner. The zero Owner is
-// anonymous: every Get by it counts as a different owner.
-type Owner uint64
+// Tenant identifies who may read the bytes of the chunks it holds: the unit
+// of isolation. Chunks move between the arenas of one tenant without being
+// cleared, and are cleared when they move between tenants. Make one with
+// NewTenant; every arena is its own tenant unless its Config names one. The
+// zero Tenant is anonymous: every Get by it counts as a different tenant.
+type Tenant uint64
 
-var lastOwner atomic.Uint64
+var lastTenant atomic.Uint64
 
-// NewOwner returns an Owner distinct from every other in the process.
-func NewOwner() Owner { return Owner(lastOwner.Add(1)) }
+// NewTenant returns a Tenant distinct from every other in the process.
+func NewTenant() Tenant { return Tenant(lastTenant.Add(1)) }
 
-// Holders of a chunk's bytes besides owners.
+// Holders of a chunk's bytes besides tenants.
 const (
-	zeroed  Owner = 0         // the bytes are zero
-	unknown Owner = ^Owner(0) // fresh memory the driver does not promise is zero
+	zeroed Tenant = 0              // the bytes are zero
+	fresh  Tenant = ^Tenant(0) - 1 // fresh from the driver: see Pool.needsScrub
 )
 
 // DefaultMaxCached is the reuse cache bound when Config.MaxCached is 0.
@@ -85,20 +88,23 @@ type Config struct {
 	// MaxCached bounds the reuse cache, in chunks. 0 means DefaultMaxCached;
 	// a negative value disables the cache.
 	MaxCached int
-	// Budget caps the physical bytes the pool holds (in use plus cached).
+	// Budget caps the physical bytes the pool holds: chunks in use, cached,
+	// allocated ahead, or waiting for the device before they are unmapped.
 	// 0 means no cap beyond the device's memory.
 	Budget int64
 	// MemAttr is the kind of memory to allocate. 0 means acl.HBMMemHuge.
 	MemAttr acl.MemAttr
-	// Scrub says when chunks are cleared so that no owner reads another's
+	// Scrub says when chunks are cleared so that no tenant reads another's
 	// bytes. The zero value is ScrubOnReuse.
 	Scrub Scrub
 	// FreshZeroed promises that the driver's MallocPhysical returns zeroed
-	// memory, so fresh chunks need no scrub. ACL does not promise it (the
-	// runtime clears memory it maps for itself), so on a device a fresh chunk
-	// may hold data freed by this or another process. A driver that
-	// implements acl.Zeroing (the host driver) needs no promise.
+	// memory, so fresh chunks need no scrub. Drivers that promise it
+	// themselves (acl.Caps.Fresh, as the host driver does) need no help.
 	FreshZeroed bool
+	// Ahead keeps this many fresh chunks allocated in the cache by the
+	// pool's background worker, within the budget, so that a growth that
+	// finds the cache empty does not wait for MallocPhysical. 0 means none.
+	Ahead int
 }
 
 // Chunk is one physical allocation of the pool's chunk size.
@@ -109,17 +115,29 @@ type Chunk struct {
 // Stats describes a pool at one moment.
 type Stats struct {
 	ChunkSize int   // bytes per chunk
-	InUse     int   // chunks handed out by Get and not yet Put back
+	InUse     int   // chunks handed out and not yet Put back (mapped, or waiting to be unmapped)
 	Cached    int   // chunks in the reuse cache
+	Pending   int   // chunks of InUse waiting for the device before they are unmapped
 	HeldBytes int64 // physical bytes held: (InUse + Cached) × ChunkSize
 	Budget    int64 // Config.Budget; 0 when none
-	Hits      int64 // Gets served from the cache
-	Misses    int64 // Gets that called MallocPhysical
+	Hits      int64 // chunks handed out from the cache
+	Misses    int64 // chunks that called MallocPhysical
 	Allocs    int64 // successful MallocPhysical calls
+	Ahead     int64 // of Allocs, those the worker made ahead of need (Config.Ahead)
 	Frees     int64 // FreePhysical calls
 	Evictions int64 // Puts that freed a chunk because the cache was full
 	Failures  int64 // Gets that failed (budget or driver)
-	Scrubs    int64 // chunks cleared so that no owner read another's bytes
+
+	Scrubs      int64 // chunks cleared so that no tenant read another's bytes
+	ScrubsFresh int64 // of Scrubs, fresh chunks from MallocPhysical
+	ScrubsAsync int64 // of Scrubs, memsets queued on the tenant's stream instead of waited for
+
+	Reclaimed     int64 // chunks taken back from members that held them mapped and unused
+	PeerTrimmed   int64 // cached chunks other pools on the device freed for this one
+	DeviceSyncs   int64 // SynchronizeDevice calls: unmaps ordered by waiting for the whole device
+	Ordered       int64 // chunks unmapped after their events completed, without a device-wide wait
+	SyncFallbacks int64 // stream-ordered releases that fell back to SynchronizeDevice (an event call failed)
+	ReleaseErrors int64 // failed unmaps of pending chunks (they stay pending and are retried)
 }
 
 // Pool hands out chunks of one size from one driver.
@@ -129,29 +147,36 @@ type Pool struct {
 	prop      acl.PhysicalMemProp
 	access    []acl.MemAccessDesc
 	implicit  atomic.Bool // the driver has no MemSetAccess: mappings are accessible as made
+	span      bool        // one MemSetAccess may cover adjacent mappings
 	maxCached int
 	budget    uintptr
 	scrub     Scrub
-	fresh     Owner // the holder of a fresh chunk's bytes: zeroed or unknown
+	fresh     acl.Freshness // what a fresh chunk may hold
+	ahead     int
+	dev       *device
 
-	mu     sync.Mutex
-	closed bool
-	cache  []entry                      // LIFO: the chunk unmapped last is reused first
-	out    map[acl.PhysicalHandle]lease // chunks handed out by Get and not yet Put back
-	held   uintptr                      // bytes in use, cached, or being allocated
-	stats  Stats
+	mu      sync.Mutex
+	closed  bool
+	cache   []entry                      // LIFO: the chunk unmapped last is reused first
+	out     map[acl.PhysicalHandle]lease // chunks handed out and not yet Put back
+	held    uintptr                      // bytes in use, cached, or being allocated
+	stats   Stats
+	members []*Member // in the order they joined
+	pending pending   // chunks waiting for the device before they are unmapped (release.go)
+	tick    atomic.Uint64
+	w       *worker // started on first need (worker.go)
 }
 
 // entry is a cached chunk and whose bytes it holds.
 type entry struct {
 	h      acl.PhysicalHandle
-	holder Owner
+	holder Tenant
 }
 
 // lease is a chunk out of the pool: who has it, and whose bytes it holds.
 type lease struct {
-	owner  Owner
-	holder Owner
+	tenant Tenant
+	holder Tenant
 }
 
 // New returns a pool of chunks from drv.
@@ -159,8 +184,9 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	if drv == nil || isNilPointer(drv) {
 		return nil, fmt.Errorf("chunk: %w: nil driver", acl.ErrInvalidParam)
 	}
-	if cfg.Size < 0 || cfg.Budget < 0 || cfg.Scrub < ScrubOnReuse || cfg.Scrub > ScrubNever {
-		return nil, fmt.Errorf("chunk: %w: size %d, budget %d, scrub %v", acl.ErrInvalidParam, cfg.Size, cfg.Budget, cfg.Scrub)
+	if cfg.Size < 0 || cfg.Budget < 0 || cfg.Ahead < 0 || cfg.Scrub < ScrubOnReuse || cfg.Scrub > ScrubNever {
+		return nil, fmt.Errorf("chunk: %w: size %d, budget %d, ahead %d, scrub %v", acl.ErrInvalidParam,
+			cfg.Size, cfg.Budget, cfg.Ahead, cfg.Scrub)
 	}
 	prop := acl.DeviceProp(drv.Device(), cfg.MemAttr)
 	g, err := drv.MemGetAllocationGranularity(&prop, acl.GranularityMinimum)
@@ -181,22 +207,30 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	case maxCached < 0:
 		maxCached = 0
 	}
+	caps := drv.Caps()
 	p := &Pool{
 		drv:       drv,
 		size:      size,
 		prop:      prop,
 		access:    acl.ReadWrite(drv.Device()),
+		span:      caps.AccessSpan,
 		maxCached: maxCached,
 		budget:    uintptr(cfg.Budget),
 		scrub:     cfg.Scrub,
-		fresh:     unknown,
+		fresh:     caps.Fresh,
+		ahead:     min(cfg.Ahead, maxCached),
 		out:       make(map[acl.PhysicalHandle]lease),
 	}
-	if cfg.FreshZeroed || drv.Caps().Fresh == acl.FreshZeroed {
-		p.fresh = zeroed
+	if cfg.FreshZeroed {
+		p.fresh = acl.FreshZeroed
 	}
+	p.pending.init()
 	p.stats.ChunkSize = int(size)
 	p.stats.Budget = cfg.Budget
+	p.dev = join(p)
+	if p.ahead > 0 {
+		p.wake()
+	}
 	return p, nil
 }
 
@@ -213,62 +247,156 @@ func (p *Pool) Driver() acl.Driver { return p.drv }
 // ChunkSize returns the size of every chunk, in bytes.
 func (p *Pool) ChunkSize() int { return int(p.size) }
 
-// Get returns a chunk for an anonymous owner: GetFor(0).
+// Get returns a chunk for an anonymous tenant: GetFor(0).
 func (p *Pool) Get() (Chunk, error) { return p.GetFor(0) }
 
-// GetFor returns a chunk for owner, from the cache when it has one (one that
-// holds owner's bytes or zeros, if any does) and from the driver otherwise. It
-// fails with an error matching acl.ErrOutOfMemory when the budget or the
-// device is exhausted, and with ErrClosed after Close.
-func (p *Pool) GetFor(owner Owner) (Chunk, error) {
-	if owner == 0 || owner == unknown {
-		owner = NewOwner()
+// GetFor returns one chunk for tenant t: Acquire(t, 1).
+func (p *Pool) GetFor(t Tenant) (Chunk, error) {
+	cs, err := p.Acquire(t, 1)
+	if err != nil {
+		return Chunk{}, err
 	}
+	return cs[0], nil
+}
+
+// Acquire returns n chunks for tenant t, all or none: from the cache first
+// (preferring chunks that hold t's bytes or zeros, so that they need no
+// scrub), then from the driver. When the budget or the device has no room,
+// it relieves the pressure and tries again: it reclaims chunks that the
+// pool's members hold mapped but unused (idle ones first, least recently
+// used first), waits for those the device still reads, and, when the device
+// is out of memory, asks the other pools on the device to free their caches.
+// It fails with an error matching acl.ErrOutOfMemory (and ErrBudget, when the
+// budget refused) when that is not enough, and with ErrClosed after Close.
+func (p *Pool) Acquire(t Tenant, n int) ([]Chunk, error) { return p.acquire(t, n, true) }
+
+// TryAcquire is Acquire without relieving pressure: it takes only memory
+// that is free now, and never waits for the device or takes memory from
+// anyone. The background worker fills headroom with it.
+func (p *Pool) TryAcquire(t Tenant, n int) ([]Chunk, error) { return p.acquire(t, n, false) }
+
+// reliefRounds bounds how often one Acquire relieves pressure and retries.
+const reliefRounds = 3
+
+func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
+	if n < 0 {
+		return nil, fmt.Errorf("chunk: acquire %d chunks: %w", n, acl.ErrInvalidParam)
+	}
+	if t == 0 {
+		t = NewTenant()
+	}
+	p.dev.note(t)
+	got := make([]Chunk, 0, n)
+	for round := 0; ; round++ {
+		short, err := p.take(t, n, &got)
+		if err != nil {
+			return nil, errors.Join(err, p.putAll(got))
+		}
+		if short == nil {
+			return got, nil
+		}
+		if !relieve || round == reliefRounds || p.relieve(n-len(got), short) == 0 {
+			p.mu.Lock()
+			p.stats.Failures++
+			p.mu.Unlock()
+			return nil, errors.Join(short, p.putAll(got))
+		}
+	}
+}
+
+// take adds chunks for t to got until it holds n: from the cache, then from
+// the driver within the budget. It returns why it fell short (a budget or
+// out-of-memory error), or an error that ends the Acquire (ErrClosed, a
+// driver failure other than out of memory).
+func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return Chunk{}, ErrClosed
+		return nil, ErrClosed
 	}
-	if n := len(p.cache); n > 0 {
-		i := n - 1
+	for len(*got) < n && len(p.cache) > 0 {
+		i := len(p.cache) - 1
 		for j := i; j >= 0; j-- {
-			if h := p.cache[j].holder; h == owner || h == zeroed {
+			if h := p.cache[j].holder; h == t || h == zeroed {
 				i = j
 				break
 			}
 		}
 		e := p.cache[i]
 		p.cache = append(p.cache[:i], p.cache[i+1:]...)
-		p.out[e.h] = lease{owner: owner, holder: e.holder}
+		p.out[e.h] = lease{tenant: t, holder: e.holder}
 		p.stats.Hits++
 		p.stats.InUse++
 		p.stats.Cached--
-		p.mu.Unlock()
-		return Chunk{e.h}, nil
+		*got = append(*got, Chunk{e.h})
 	}
-	if p.budget != 0 && (p.held > p.budget || p.budget-p.held < p.size) {
-		held := p.held
-		p.stats.Failures++
-		p.mu.Unlock()
-		return Chunk{}, fmt.Errorf("%w: %w: %d of %d bytes held, a chunk is %d", ErrBudget, acl.ErrOutOfMemory, held, p.budget, p.size)
+	want := n - len(*got)
+	room := want
+	if p.budget != 0 {
+		free := uintptr(0)
+		if p.held < p.budget {
+			free = (p.budget - p.held) / p.size
+		}
+		room = min(want, int(free))
 	}
-	p.held += p.size
-	p.stats.Misses++
+	held, cached := p.held, len(p.cache)
+	p.held += uintptr(room) * p.size
+	p.stats.Misses += int64(room)
+	if len(p.cache) < p.ahead {
+		p.wakeLocked() // the cache ran below what the worker keeps ahead
+	}
 	p.mu.Unlock()
-
-	h, err := p.drv.MallocPhysical(p.size, &p.prop, 0)
-
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if err != nil {
-		p.held -= p.size
-		p.stats.Failures++
-		return Chunk{}, fmt.Errorf("chunk: allocate %d bytes: %w", p.size, err)
+	if want == 0 {
+		return nil, nil
 	}
-	p.stats.Allocs++
-	p.stats.InUse++
-	p.out[h] = lease{owner: owner, holder: p.fresh}
-	return Chunk{h}, nil
+
+	var err error
+	made := 0
+	for ; made < room; made++ {
+		var h acl.PhysicalHandle
+		h, err = p.drv.MallocPhysical(p.size, &p.prop, 0)
+		if err != nil {
+			break
+		}
+		p.mu.Lock()
+		p.stats.Allocs++
+		p.stats.InUse++
+		p.out[h] = lease{tenant: t, holder: p.freshHolder()}
+		p.mu.Unlock()
+		*got = append(*got, Chunk{h})
+	}
+	if made < room {
+		p.mu.Lock()
+		p.held -= uintptr(room-made) * p.size
+		p.mu.Unlock()
+	}
+	switch {
+	case err != nil && !errors.Is(err, acl.ErrOutOfMemory):
+		return nil, fmt.Errorf("chunk: allocate %d bytes: %w", p.size, err)
+	case err != nil:
+		return fmt.Errorf("chunk: allocate %d bytes: %w", p.size, err), nil
+	case room < want:
+		return fmt.Errorf("%w: %w: %d of %d bytes held (%d cached), %d more chunks of %d bytes asked", ErrBudget,
+			acl.ErrOutOfMemory, held, p.budget, cached, want, p.size), nil
+	}
+	return nil, nil
+}
+
+// freshHolder is the holder of a chunk fresh from the driver.
+func (p *Pool) freshHolder() Tenant {
+	if p.fresh == acl.FreshZeroed {
+		return zeroed
+	}
+	return fresh
+}
+
+// putAll gives back chunks an Acquire took but cannot hand out.
+func (p *Pool) putAll(cs []Chunk) error {
+	var errs []error
+	for _, c := range cs {
+		errs = append(errs, p.Put(c))
+	}
+	return errors.Join(errs...)
 }
 
 // Put gives back a chunk that Get returned and that is no longer mapped. It
@@ -318,124 +446,30 @@ func (p *Pool) free(e entry) error {
 	return nil
 }
 
-// Map maps c at ptr (a multiple of the chunk size inside a reservation),
-// grants the device read-write access to it and, when c may hold another
-// owner's bytes (see Scrub), clears it. If the driver has no MemSetAccess
-// (ACL before 8.5 answers 207000), mappings are accessible as made and the
-// pool stops asking.
-//
-// A failed Map leaves c unmapped, unless the error matches ErrMapped: then the
-// step after the map failed and so did the unmap that undoes it.
-func (p *Pool) Map(ptr acl.DevicePtr, c Chunk) error {
-	l, err := p.leaseOf("map", ptr, c)
-	if err != nil {
-		return err
-	}
-	if err := p.drv.MapMem(ptr, p.size, 0, c.Handle, 0); err != nil {
-		return fmt.Errorf("chunk: map at %v: %w", ptr, err)
-	}
-	if !p.implicit.Load() {
-		err := p.drv.MemSetAccess(ptr, p.size, p.access)
-		switch {
-		case errors.Is(err, acl.ErrNotSupported):
-			p.implicit.Store(true)
-		case err != nil:
-			return p.undoMap(ptr, fmt.Errorf("chunk: set access at %v: %w", ptr, err))
-		}
-	}
-	scrub := p.scrub != ScrubNever && l.holder != zeroed && l.holder != l.owner
-	if scrub {
-		if err := p.drv.Memset(ptr, 0, p.size); err != nil {
-			return p.undoMap(ptr, fmt.Errorf("chunk: scrub at %v: %w", ptr, err))
-		}
-	}
-	p.mu.Lock()
-	if scrub {
-		p.stats.Scrubs++
-	}
-	l.holder = l.owner // from now on the owner may write into it
-	p.setLease(c.Handle, l)
-	p.mu.Unlock()
-	return nil
-}
-
-// leaseOf returns the lease of c, which must be out of this pool.
-func (p *Pool) leaseOf(op string, ptr acl.DevicePtr, c Chunk) (lease, error) {
-	p.mu.Lock()
-	l, ok := p.out[c.Handle]
-	p.mu.Unlock()
-	if !ok {
-		return lease{}, fmt.Errorf("chunk: %s at %v: %w: chunk %#x is not out of this pool", op, ptr, acl.ErrInvalidParam, uintptr(c.Handle))
-	}
-	return l, nil
-}
-
-// setLease records l for h, if h is still out (a caller that put the chunk
-// back while mapping it gets no say). Call with mu held.
-func (p *Pool) setLease(h acl.PhysicalHandle, l lease) {
-	if _, ok := p.out[h]; ok {
-		p.out[h] = l
-	}
-}
-
-// undoMap unmaps the chunk a failed Map mapped at ptr.
-func (p *Pool) undoMap(ptr acl.DevicePtr, err error) error {
-	if uerr := p.drv.UnmapMem(ptr); uerr != nil {
-		return fmt.Errorf("%w: %w (and unmap: %w)", ErrMapped, err, uerr)
-	}
-	return err
-}
-
-// Unmap removes the mapping of a chunk at ptr. The chunk can then be Put
-// back or mapped again.
-func (p *Pool) Unmap(ptr acl.DevicePtr) error {
-	if err := p.drv.UnmapMem(ptr); err != nil {
-		return fmt.Errorf("chunk: unmap at %v: %w", ptr, err)
-	}
-	return nil
-}
-
-// Release unmaps c, mapped at ptr, to give it back with Put. In
-// ScrubOnRelease mode it clears the chunk first. A failed Release leaves c
-// mapped (and, if the unmap failed, maybe cleared).
-func (p *Pool) Release(ptr acl.DevicePtr, c Chunk) error {
-	l, err := p.leaseOf("release", ptr, c)
-	if err != nil {
-		return err
-	}
-	scrub := p.scrub == ScrubOnRelease && l.holder != zeroed
-	if scrub {
-		if err := p.drv.Memset(ptr, 0, p.size); err != nil {
-			return fmt.Errorf("chunk: scrub at %v: %w", ptr, err)
-		}
-	}
-	if err := p.Unmap(ptr); err != nil {
-		return err
-	}
-	if scrub {
-		// Only now: while mapped, the owner could still write into it.
-		p.mu.Lock()
-		p.stats.Scrubs++
-		l.holder = zeroed
-		p.setLease(c.Handle, l)
-		p.mu.Unlock()
-	}
-	return nil
-}
-
 // Trim frees every cached chunk. A chunk the driver fails to free stays
 // cached, and the error says so.
 func (p *Pool) Trim() error {
+	_, err := p.trim()
+	return err
+}
+
+// trim frees the cache and returns how many chunks it freed.
+func (p *Pool) trim() (int, error) {
 	p.mu.Lock()
 	cache := p.cache
 	p.cache = nil
 	p.stats.Cached = 0
 	p.mu.Unlock()
 	var errs []error
+	n := 0
 	for _, e := range cache {
-		errs = append(errs, p.free(e))
+		err := p.free(e)
+		if err == nil {
+			n++
+		}
+		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	return n, errors.Join(errs...)
 }
 
 // Stats returns the pool's counters.
@@ -444,13 +478,15 @@ func (p *Pool) Stats() Stats {
 	defer p.mu.Unlock()
 	s := p.stats
 	s.HeldBytes = int64(p.held)
+	s.Pending = p.pending.chunks
 	return s
 }
 
-// Close frees the cached chunks. Chunks still out are freed as they are Put
-// back; the first Close reports them as an error, since their owners leaked
-// them or have not closed yet. Close is safe to call more than once; a later
-// call frees what an earlier one could not.
+// Close stops the pool's worker, waits for the chunks still waiting for the
+// device and unmaps them, and frees the cached chunks. Chunks still out are
+// freed as they are Put back; the first Close reports them as an error, since
+// their tenants leaked them or have not closed yet. Close is safe to call
+// more than once; a later call frees what an earlier one could not.
 func (p *Pool) Close() error {
 	if p == nil {
 		return nil
@@ -458,9 +494,18 @@ func (p *Pool) Close() error {
 	p.mu.Lock()
 	first := !p.closed
 	p.closed = true
+	w := p.w
+	p.mu.Unlock()
+	if first {
+		w.stop()
+		leave(p)
+	}
+	err := p.settleAll()
+	p.mu.Lock()
 	inUse := p.stats.InUse
 	p.mu.Unlock()
-	err := p.Trim()
+	_, terr := p.trim()
+	err = errors.Join(err, terr, p.dropEvents())
 	if first && inUse > 0 {
 		err = errors.Join(err, fmt.Errorf("chunk: pool closed with %d chunks still in use", inUse))
 	}

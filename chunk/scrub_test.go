@@ -42,7 +42,7 @@ func scrubPool(t *testing.T, cfg chunk.Config) (*host.Driver, *chunk.Pool, acl.D
 }
 
 // mapped gets a chunk for owner, maps it at at and returns its bytes.
-func mapped(t *testing.T, d *host.Driver, p *chunk.Pool, o chunk.Owner, at acl.DevicePtr) (chunk.Chunk, []byte) {
+func mapped(t *testing.T, d *host.Driver, p *chunk.Pool, o chunk.Tenant, at acl.DevicePtr) (chunk.Chunk, []byte) {
 	t.Helper()
 	c, err := p.GetFor(o)
 	require.NoError(t, err)
@@ -56,7 +56,7 @@ func mapped(t *testing.T, d *host.Driver, p *chunk.Pool, o chunk.Owner, at acl.D
 // back; an anonymous Get always counts as a new owner.
 func TestScrubOnReuse(t *testing.T) {
 	d, p, base := scrubPool(t, chunk.Config{FreshZeroed: true})
-	a, b := chunk.NewOwner(), chunk.NewOwner()
+	a, b := chunk.NewTenant(), chunk.NewTenant()
 
 	c, mem := mapped(t, d, p, a, base)
 	assert.Zero(t, p.Stats().Scrubs, "fresh memory the driver zeroed needs no scrub")
@@ -91,7 +91,7 @@ func TestScrubOnReuse(t *testing.T) {
 // nobody clears it again when it is taken.
 func TestScrubOnRelease(t *testing.T) {
 	d, p, base := scrubPool(t, chunk.Config{Scrub: chunk.ScrubOnRelease, FreshZeroed: true})
-	a, b := chunk.NewOwner(), chunk.NewOwner()
+	a, b := chunk.NewTenant(), chunk.NewTenant()
 	c, mem := mapped(t, d, p, a, base)
 	copy(mem, "a's secret")
 	require.NoError(t, p.Release(base, c))
@@ -114,7 +114,7 @@ func TestScrubOnRelease(t *testing.T) {
 // GetFor prefers a cached chunk that needs no scrub.
 func TestGetForPrefersOwnChunk(t *testing.T) {
 	d, p, base := scrubPool(t, chunk.Config{FreshZeroed: true})
-	a, b := chunk.NewOwner(), chunk.NewOwner()
+	a, b := chunk.NewTenant(), chunk.NewTenant()
 	ca, _ := mapped(t, d, p, a, base)
 	cb, _ := mapped(t, d, p, b, base+chunkG)
 	require.NoError(t, p.Unmap(base))
@@ -242,9 +242,9 @@ func BenchmarkScrub(b *testing.B) {
 					b.Fatal(err)
 				}
 				defer d.ReleaseMemAddress(base)
-				owners := []chunk.Owner{chunk.NewOwner(), chunk.NewOwner()}
+				owners := []chunk.Tenant{chunk.NewTenant(), chunk.NewTenant()}
 				cs := make([]chunk.Chunk, n)
-				cycle := func(o chunk.Owner) {
+				cycle := func(o chunk.Tenant) {
 					for i := range cs {
 						c, err := p.GetFor(o)
 						if err != nil {

@@ -1,0 +1,149 @@
+package arena
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// client is the arena's side of its membership of the pool (chunk.Client):
+// what the pool asks of it under pressure, and what the pool's worker asks
+// of it to refill the headroom. Both use TryLock: an arena that is busy (in
+// a Grow, a Close, or asking the pool itself) is skipped, never waited for,
+// so arenas reclaiming from each other cannot deadlock.
+type client struct{ a *Arena }
+
+// Reclaimable reports the chunks wholly above Len and what Grow promised,
+// and whether Len is 0, from the atomic words alone.
+func (c client) Reclaimable() (int, bool) {
+	a := c.a
+	l := a.state.Load() & lenMask
+	mapped := a.cap.Load()
+	return int((mapped - min(a.keepBytes(l), mapped)) / a.chunkSize), l == 0
+}
+
+// keepBytes is what a reclaim leaves mapped when Len is l: l and what Grow
+// promised, rounded up to whole chunks.
+func (a *Arena) keepBytes(l uint64) uint64 { return a.roundUp(max(l, a.floor.Load())) }
+
+// Reclaim gives back up to n chunks from the top of the arena, above Len,
+// as Shrink does. No byte below Len is touched.
+func (c client) Reclaim(n int) int {
+	a := c.a
+	if !a.mu.TryLock() {
+		return 0
+	}
+	defer a.mu.Unlock()
+	if a.closed.Load() {
+		return 0
+	}
+	s := a.freeze()
+	defer a.thaw(s, s&lenMask)
+	keep := max(int(a.keepBytes(s&lenMask)/a.chunkSize), len(a.chunks)-n)
+	k := len(a.chunks) - keep
+	if k <= 0 || a.unstray(false) != nil {
+		return 0
+	}
+	if err := a.dropTop(keep, false); err != nil {
+		return 0
+	}
+	a.reclaimed += uint64(k)
+	return k
+}
+
+// Refill maps the headroom back up to Config.Headroom above Len, with memory
+// that is free now: it takes nothing from other arenas.
+func (c client) Refill() {
+	a := c.a
+	if !a.mu.TryLock() {
+		return // busy: the next Alloc below the low-water mark asks again
+	}
+	defer a.mu.Unlock()
+	if a.closed.Load() {
+		return
+	}
+	target := min(a.state.Load()&lenMask+a.headroom, a.reserved)
+	if target <= a.cap.Load() {
+		return
+	}
+	if a.growLocked(target, true) == nil {
+		a.refills++
+	}
+}
+
+// fence orders the arena's synchronous copies after the scrubs it queued on
+// its first stream: growLocked records an event after queueing them, and a
+// host-side copy into the arena waits for the event first. A copy racing a
+// queued clear would read or lose bytes (the host driver reports it as a
+// fault).
+type fence struct {
+	mu     sync.Mutex
+	ev     acl.Event
+	gen    atomic.Uint64 // records so far
+	waited atomic.Uint64 // the record the last completed wait covered
+}
+
+// record marks the present end of stream s: the scrubs queued so far. Call
+// with the arena's mu held. If no event can be recorded it waits for the
+// stream instead (not for the device).
+func (f *fence) record(drv acl.Driver, s acl.Stream) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ev == 0 {
+		ev, err := drv.CreateEvent()
+		if err != nil {
+			return f.waitStream(drv, s, err)
+		}
+		f.ev = ev
+	}
+	if err := drv.RecordEvent(f.ev, s); err != nil {
+		return f.waitStream(drv, s, err)
+	}
+	f.gen.Add(1)
+	return nil
+}
+
+// waitStream is record's fallback: wait for the stream's work now.
+func (f *fence) waitStream(drv acl.Driver, s acl.Stream, cause error) error {
+	if err := drv.SynchronizeStream(s); err != nil {
+		return fmt.Errorf("arena: order the scrubs before copies: %w (and waiting for the stream: %w)", cause, err)
+	}
+	return nil
+}
+
+// wait waits for the scrubs recorded so far, if it has not already.
+func (f *fence) wait(drv acl.Driver) error {
+	g := f.gen.Load()
+	if f.waited.Load() >= g {
+		return nil
+	}
+	f.mu.Lock()
+	ev := f.ev
+	f.mu.Unlock()
+	if err := drv.SynchronizeEvent(ev); err != nil {
+		return fmt.Errorf("arena: wait for scrubs queued on the stream: %w", err)
+	}
+	for {
+		w := f.waited.Load()
+		if w >= g || f.waited.CompareAndSwap(w, g) {
+			return nil
+		}
+	}
+}
+
+// destroy gives the fence's event back. Call when the arena closes.
+func (f *fence) destroy(drv acl.Driver) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.ev == 0 {
+		return nil
+	}
+	ev := f.ev
+	f.ev = 0
+	if err := drv.DestroyEvent(ev); err != nil {
+		return fmt.Errorf("arena: destroy fence event: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,393 @@
+package chunk_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/faultdriver"
+	"github.com/vmarena/vmarena/acl/host"
+	"github.com/vmarena/vmarena/chunk"
+)
+
+// spanDriver is a host driver that allows one access call over adjacent
+// mappings, wrapped to count calls.
+func spanDriver(t *testing.T, span bool) (*host.Driver, *faultdriver.Driver) {
+	t.Helper()
+	d, err := host.New(host.Config{Capacity: 64 << 20, AccessSpan: span})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.True(t, d.Live().Zero(), "leaked: %+v", d.Live())
+		assert.NoError(t, d.Close())
+	})
+	return d, faultdriver.New(d)
+}
+
+// A multi-chunk MapRange grants access with one call where the driver
+// allows it, and with one call per chunk where it does not.
+func TestMapRangeAccessSpan(t *testing.T) {
+	for _, span := range []bool{false, true} {
+		t.Run(fmt.Sprint("span=", span), func(t *testing.T) {
+			d, fd := spanDriver(t, span)
+			p, err := chunk.New(fd, chunk.Config{})
+			require.NoError(t, err)
+			defer p.Close()
+			base, err := d.ReserveMemAddress(8*g, 0, 0, 0)
+			require.NoError(t, err)
+			defer d.ReleaseMemAddress(base)
+			cs, err := p.Acquire(0, 4)
+			require.NoError(t, err)
+			_, err = p.MapRange(base, cs, nil)
+			require.NoError(t, err)
+			want := int64(4)
+			if span {
+				want = 1
+			}
+			assert.Equal(t, want, fd.Calls(faultdriver.MemSetAccess))
+			require.NoError(t, d.MemcpyHtoD(base+acl.DevicePtr(4*g-8), []byte("all four")))
+			require.NoError(t, p.SyncDevice())
+			for i := 3; i >= 0; i-- {
+				require.NoError(t, p.Release(base+acl.DevicePtr(i*g), cs[i]))
+				require.NoError(t, p.Put(cs[i]))
+			}
+		})
+	}
+}
+
+// A failing access call over a span unmaps the whole run: nothing is left
+// mapped, and the chunks go back whole.
+func TestMapRangeFailureUndoesRun(t *testing.T) {
+	d, fd := spanDriver(t, true)
+	p, err := chunk.New(fd, chunk.Config{})
+	require.NoError(t, err)
+	defer p.Close()
+	base, err := d.ReserveMemAddress(8*g, 0, 0, 0)
+	require.NoError(t, err)
+	defer d.ReleaseMemAddress(base)
+	cs, err := p.Acquire(0, 3)
+	require.NoError(t, err)
+	fd.FailNth(faultdriver.MemSetAccess, 1, 0)
+	_, err = p.MapRange(base, cs, nil)
+	require.Error(t, err)
+	assert.Zero(t, d.Live().Mappings)
+
+	fd.FailNth(faultdriver.MemSetAccess, 1, 0)
+	fd.FailNth(faultdriver.UnmapMem, 2, 0) // the second of the three undo unmaps
+	_, err = p.MapRange(base, cs, nil)
+	var left *chunk.LeftMappedError
+	require.ErrorAs(t, err, &left)
+	require.ErrorIs(t, err, chunk.ErrMapped)
+	require.Len(t, left.Left, 1)
+	assert.Equal(t, base+acl.DevicePtr(g), left.Left[0].At, "the middle chunk stayed mapped")
+	assert.Equal(t, 1, d.Live().Mappings)
+	require.NoError(t, p.Unmap(left.Left[0].At))
+	for _, c := range cs {
+		require.NoError(t, p.Put(c))
+	}
+}
+
+// freshDriver says its fresh memory may hold only this process's bytes,
+// under a device name of its own (the tenant history is per device).
+type freshDriver struct {
+	acl.Driver
+	name string
+}
+
+func (d *freshDriver) Name() string   { return d.name }
+func (d *freshDriver) Caps() acl.Caps { return acl.Caps{Fresh: acl.FreshProcess} }
+
+var freshDevices atomic.Int64
+
+// Where the device clears memory between processes, fresh memory needs no
+// clear while the device has had a single tenant; once a second tenant has
+// held memory, fresh chunks are cleared for everyone.
+func TestFreshProcessMemory(t *testing.T) {
+	d := scrubDriver(t, 64<<20)
+	fd := &freshDriver{Driver: d, name: fmt.Sprintf("fresh-test-%d", freshDevices.Add(1))}
+	p, err := chunk.New(fd, chunk.Config{})
+	require.NoError(t, err)
+	defer p.Close()
+	base, err := d.ReserveMemAddress(4*g, 0, 0, 0)
+	require.NoError(t, err)
+	defer d.ReleaseMemAddress(base)
+	cycle := func(tn chunk.Tenant) {
+		c, err := p.GetFor(tn)
+		require.NoError(t, err)
+		require.NoError(t, p.Map(base, c))
+		require.NoError(t, p.Release(base, c))
+		require.NoError(t, p.Put(c))
+		require.NoError(t, p.Trim()) // back to the driver: the next one is fresh again
+	}
+	a, b := chunk.NewTenant(), chunk.NewTenant()
+	cycle(a)
+	cycle(a)
+	s := p.Stats()
+	assert.Zero(t, s.Scrubs, "a single tenant reads only its own freed bytes")
+	cycle(b)
+	s = p.Stats()
+	assert.Equal(t, int64(1), s.Scrubs, "a second tenant: fresh memory may hold the first's bytes")
+	assert.Equal(t, int64(1), s.ScrubsFresh)
+	cycle(a)
+	assert.Equal(t, int64(2), p.Stats().ScrubsFresh, "and from then on for every tenant")
+}
+
+// The worker keeps Config.Ahead fresh chunks in the cache, within the
+// budget, and refills it after Gets.
+func TestAhead(t *testing.T) {
+	d := newDriver(t, 64<<20)
+	p, err := chunk.New(d, chunk.Config{Ahead: 3, Budget: 4 * g})
+	require.NoError(t, err)
+	p.Settle()
+	s := p.Stats()
+	assert.Equal(t, 3, s.Cached)
+	assert.Equal(t, int64(3), s.Ahead)
+	c, err := p.Get()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), p.Stats().Hits, "served from the chunks allocated ahead")
+	p.Settle()
+	assert.Equal(t, 3, p.Stats().Cached, "refilled")
+	c2, err := p.Get()
+	require.NoError(t, err)
+	p.Settle()
+	s = p.Stats()
+	assert.Equal(t, 2, s.Cached, "the budget (4 chunks) stops the refill at 2 in use + 2 cached")
+	assert.LessOrEqual(t, s.HeldBytes, s.Budget)
+	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Put(c2))
+	require.NoError(t, p.Close())
+}
+
+// When the device is out of memory, a pool asks the other pools on the
+// device to free their caches, and tries again.
+func TestPeerPoolsGiveBackTheirCache(t *testing.T) {
+	d := newDriver(t, 4*g)
+	p1, err := chunk.New(d, chunk.Config{})
+	require.NoError(t, err)
+	defer p1.Close()
+	p2, err := chunk.New(d, chunk.Config{})
+	require.NoError(t, err)
+	defer p2.Close()
+	cs, err := p1.Acquire(0, 4)
+	require.NoError(t, err)
+	for _, c := range cs {
+		require.NoError(t, p1.Put(c)) // p1 caches the whole device
+	}
+	got, err := p2.Acquire(0, 3)
+	require.NoError(t, err, "p1's cache was freed for p2")
+	assert.Equal(t, int64(4), p2.Stats().PeerTrimmed, "p1 freed its whole cache")
+	assert.Zero(t, p1.Stats().Cached)
+	for _, c := range got {
+		require.NoError(t, p2.Put(c))
+	}
+	_, err = p2.Acquire(0, 5)
+	require.ErrorIs(t, err, acl.ErrOutOfMemory, "more than the device has")
+	assert.Equal(t, 4, p2.Stats().Cached, "a failed Acquire keeps what it allocated in the cache")
+}
+
+// streamed sets up a pool and a mapped chunk with a stream whose work reads
+// it, for the stream-ordered release tests.
+type streamed struct {
+	d        *host.Driver
+	fd       *faultdriver.Driver
+	p        *chunk.Pool
+	base     acl.DevicePtr
+	s, other acl.Stream
+	c        chunk.Chunk
+}
+
+func newStreamed(t *testing.T) *streamed {
+	t.Helper()
+	d := scrubDriver(t, 64<<20)
+	fd := faultdriver.New(d)
+	p, err := chunk.New(fd, chunk.Config{})
+	require.NoError(t, err)
+	base, err := d.ReserveMemAddress(4*g, 0, 0, 0)
+	require.NoError(t, err)
+	s, err := d.CreateStream()
+	require.NoError(t, err)
+	other, err := d.CreateStream()
+	require.NoError(t, err)
+	c, err := p.Get()
+	require.NoError(t, err)
+	require.NoError(t, p.Map(base, c))
+	t.Cleanup(func() {
+		assert.NoError(t, d.SynchronizeDevice())
+		assert.NoError(t, p.Close())
+		assert.NoError(t, d.ReleaseMemAddress(base))
+		assert.NoError(t, d.DestroyStream(s))
+		assert.NoError(t, d.DestroyStream(other))
+		assert.Zero(t, d.Faults(), "no unmap under work in flight")
+	})
+	return &streamed{d: d, fd: fd, p: p, base: base, s: s, other: other, c: c}
+}
+
+// waitFor polls cond for up to 5 s.
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// ReleaseAfter returns at once; the chunk stays mapped, held and lent to
+// nobody until the work queued on its stream has run, then the worker
+// unmaps it into the cache. Work on another stream is never waited for, and
+// the device is never synchronised.
+func TestReleaseAfterWaitsForItsStreamOnly(t *testing.T) {
+	e := newStreamed(t)
+	// Unrelated work on another stream reads another chunk, and is never
+	// finished while the release waits.
+	c2, err := e.p.Get()
+	require.NoError(t, err)
+	require.NoError(t, e.p.Map(e.base+acl.DevicePtr(g), c2))
+	kernel, unrelated := make(chan struct{}), make(chan struct{})
+	defer func() {
+		close(unrelated)
+		require.NoError(t, e.d.SynchronizeStream(e.other))
+		require.NoError(t, e.p.Release(e.base+acl.DevicePtr(g), c2))
+		require.NoError(t, e.p.Put(c2))
+	}()
+	require.NoError(t, e.d.Launch(e.s, e.base, g, kernel))
+	require.NoError(t, e.d.Launch(e.other, e.base+acl.DevicePtr(g), 4096, unrelated))
+	require.NoError(t, e.p.ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
+	s := e.p.Stats()
+	assert.Equal(t, 1, s.Pending)
+	assert.Equal(t, 2, s.InUse, "held, and lent to nobody")
+	assert.Equal(t, 2, e.d.Live().Mappings, "still mapped while the kernel reads it")
+	got, err := e.p.TryAcquire(0, 1)
+	require.NoError(t, err)
+	assert.NotEqual(t, e.c, got[0], "a waiting chunk is handed to nobody")
+	require.NoError(t, e.p.Put(got[0]))
+
+	time.Sleep(5 * time.Millisecond)
+	assert.True(t, e.p.Pending(e.base), "the worker waits for the kernel")
+	close(kernel)
+	waitFor(t, func() bool { return !e.p.Pending(e.base) }, "the worker to unmap the chunk")
+	s = e.p.Stats()
+	assert.Equal(t, int64(1), s.Ordered)
+	assert.Zero(t, s.DeviceSyncs, "no device-wide wait")
+	assert.Zero(t, e.fd.Calls(faultdriver.SynchronizeDevice))
+	assert.Equal(t, 2, s.Cached)
+	assert.Equal(t, 1, e.d.Live().Mappings, "only the unrelated chunk is still mapped")
+}
+
+func TestLaunchRefusesEmptyRange(t *testing.T) {
+	d := scrubDriver(t, 8<<20)
+	require.Error(t, d.Launch(0, 0, 0, nil))
+}
+
+// A tenant that grows into a chunk still waiting for the device takes it
+// back where it lies: no driver call, no wait.
+func TestReclaimInPlace(t *testing.T) {
+	e := newStreamed(t)
+	kernel := make(chan struct{})
+	require.NoError(t, e.d.Launch(e.s, e.base, g, kernel))
+	require.NoError(t, e.p.ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
+	calls := e.fd.Calls(faultdriver.Any)
+	c, ok := e.p.Reclaim(e.base)
+	require.True(t, ok)
+	assert.Equal(t, e.c, c)
+	assert.Equal(t, calls, e.fd.Calls(faultdriver.Any), "no driver call")
+	assert.Zero(t, e.p.Stats().Pending)
+	_, ok = e.p.Reclaim(e.base)
+	assert.False(t, ok, "taken once")
+	close(kernel)
+	require.NoError(t, e.d.SynchronizeStream(e.s))
+	require.NoError(t, e.p.SyncDevice())
+	require.NoError(t, e.p.Release(e.base, c))
+	require.NoError(t, e.p.Put(c))
+}
+
+// When an event cannot be made or recorded, ReleaseAfter says so and
+// changes nothing, so that the caller can fall back to waiting for the
+// device; a failing query in the worker falls back to SyncDevice itself.
+func TestReleaseAfterEventFailures(t *testing.T) {
+	for _, op := range []faultdriver.Op{faultdriver.CreateEvent, faultdriver.RecordEvent} {
+		t.Run(op.String(), func(t *testing.T) {
+			e := newStreamed(t)
+			e.fd.FailNth(op, 1, 0)
+			err := e.p.ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s})
+			require.ErrorIs(t, err, chunk.ErrNoOrder)
+			assert.Zero(t, e.p.Stats().Pending, "nothing changed")
+			assert.Equal(t, int64(1), e.p.Stats().SyncFallbacks)
+			require.NoError(t, e.p.SyncDevice())
+			require.NoError(t, e.p.Release(e.base, e.c))
+			require.NoError(t, e.p.Put(e.c))
+		})
+	}
+	t.Run("QueryEvent", func(t *testing.T) {
+		e := newStreamed(t)
+		e.fd.FailAfter(faultdriver.QueryEvent, 0, 0)
+		require.NoError(t, e.p.ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
+		waitFor(t, func() bool { return !e.p.Pending(e.base) }, "the fallback to settle the chunk")
+		s := e.p.Stats()
+		assert.GreaterOrEqual(t, s.SyncFallbacks, int64(1))
+		assert.GreaterOrEqual(t, s.DeviceSyncs, int64(1), "said so in the stats")
+		e.fd.Clear()
+	})
+	t.Run("UnmapMem", func(t *testing.T) {
+		e := newStreamed(t)
+		e.fd.FailNth(faultdriver.UnmapMem, 1, 0)
+		require.NoError(t, e.p.ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
+		waitFor(t, func() bool { return !e.p.Pending(e.base) }, "the retry to unmap the chunk")
+		assert.Equal(t, int64(1), e.p.Stats().ReleaseErrors, "the failed unmap was counted, and retried")
+	})
+}
+
+// WaitStreams honours its context while the device is busy, and returns as
+// soon as the streams' work is done.
+func TestWaitStreamsDeadline(t *testing.T) {
+	e := newStreamed(t)
+	kernel := make(chan struct{})
+	require.NoError(t, e.d.Launch(e.s, e.base, g, kernel))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	err := e.p.WaitStreams(ctx, []acl.Stream{e.s})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	close(kernel)
+	require.NoError(t, e.p.WaitStreams(context.Background(), []acl.Stream{e.s}))
+	require.NoError(t, e.p.Release(e.base, e.c))
+	require.NoError(t, e.p.Put(e.c))
+	assert.Zero(t, e.p.Stats().DeviceSyncs)
+}
+
+// A pool's Close waits for the chunks still waiting for the device.
+func TestCloseSettlesPending(t *testing.T) {
+	e := newStreamed(t)
+	kernel := make(chan struct{})
+	require.NoError(t, e.d.Launch(e.s, e.base, g, kernel))
+	require.NoError(t, e.p.ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
+	time.AfterFunc(5*time.Millisecond, func() { close(kernel) })
+	require.NoError(t, e.p.Close())
+	assert.Zero(t, e.d.Live().Mappings)
+	assert.Zero(t, e.d.Live().Handles)
+	assert.Zero(t, e.d.Live().Events, "the pool's events are destroyed")
+}
+
+func TestAcquireArguments(t *testing.T) {
+	d := newDriver(t, 8<<20)
+	p, err := chunk.New(d, chunk.Config{})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Acquire(0, -1)
+	require.ErrorIs(t, err, acl.ErrInvalidParam)
+	cs, err := p.Acquire(0, 0)
+	require.NoError(t, err)
+	assert.Empty(t, cs)
+	require.NoError(t, p.Close())
+	_, err = p.Acquire(0, 1)
+	require.True(t, errors.Is(err, chunk.ErrClosed))
+	_, err = p.Join(nil, false)
+	require.ErrorIs(t, err, chunk.ErrClosed)
+}

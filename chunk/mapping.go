@@ -1,0 +1,260 @@
+package chunk
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// Map maps c at ptr for its tenant, with no stream: MapRange(ptr, [c], nil).
+func (p *Pool) Map(ptr acl.DevicePtr, c Chunk) error {
+	_, err := p.MapRange(ptr, []Chunk{c}, nil)
+	return err
+}
+
+// LeftMappedError is the error of a MapRange that failed and could not undo
+// all its mappings: the chunks in Left are still mapped where they were put,
+// and must be unmapped before they are Put back. It matches ErrMapped.
+type LeftMappedError struct {
+	Left []Mapped
+	Err  error // why the MapRange failed, and why the undo did
+}
+
+// Error describes the failure.
+func (e *LeftMappedError) Error() string {
+	return fmt.Sprintf("%v: %d chunks left mapped: %v", ErrMapped, len(e.Left), e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *LeftMappedError) Unwrap() error { return e.Err }
+
+// Is matches ErrMapped.
+func (e *LeftMappedError) Is(target error) bool { return target == ErrMapped }
+
+// MapRange maps the chunks cs side by side from ptr (a multiple of the chunk
+// size inside a reservation), grants the device read-write access to them,
+// and clears those that may hold another tenant's bytes (see Scrub).
+//
+// Access is granted with one MemSetAccess over the whole range where the
+// driver allows it (acl.Caps.AccessSpan), else one per chunk; a driver
+// without MemSetAccess (ACL before 8.5 answers 207000) maps accessible
+// chunks, and the pool stops asking.
+//
+// Scrubs are queued on stream, the first of streams (the stream on which the
+// tenant uses its memory), with MemsetAsync: they run before any work the
+// tenant queues there afterwards, and nobody waits for them. scrubbed says
+// how many were queued, so that the caller can fence its synchronous copies
+// behind them. With no stream the scrubs are synchronous Memsets, which wait
+// for the clear alone, not for the device.
+//
+// A failed MapRange unmaps what it mapped, top down; should some of those
+// unmaps fail too, the error is a *LeftMappedError (matching ErrMapped) that
+// lists the chunks still mapped.
+func (p *Pool) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (scrubbed int, err error) {
+	if len(cs) == 0 {
+		return 0, nil
+	}
+	ls := make([]lease, len(cs))
+	for i, c := range cs {
+		l, err := p.leaseOf("map", p.at(ptr, i), c)
+		if err != nil {
+			return 0, err
+		}
+		ls[i] = l
+	}
+	for i, c := range cs {
+		at := p.at(ptr, i)
+		if err := p.drv.MapMem(at, p.size, 0, c.Handle, 0); err != nil {
+			return 0, p.unmapRange(ptr, cs[:i], fmt.Errorf("chunk: map at %v: %w", at, err))
+		}
+	}
+	if err := p.grantAccess(ptr, len(cs)); err != nil {
+		return 0, p.unmapRange(ptr, cs, err)
+	}
+	var stream acl.Stream
+	async := len(streams) > 0
+	if async {
+		stream = streams[0]
+	}
+	var fresh, moved, queued int
+	for i := range cs {
+		need, isFresh := p.needsScrub(ls[i].holder, ls[i].tenant)
+		if !need {
+			continue
+		}
+		at := p.at(ptr, i)
+		var err error
+		if async {
+			err = p.drv.MemsetAsync(at, 0, p.size, stream)
+			if errors.Is(err, acl.ErrNotSupported) {
+				async = false
+			} else if err == nil {
+				queued++
+			}
+		}
+		if !async {
+			err = p.drv.Memset(at, 0, p.size)
+		}
+		if err != nil {
+			err = fmt.Errorf("chunk: scrub at %v: %w", at, err)
+			if queued > 0 {
+				// The clears already queued must run before the unmaps.
+				if werr := p.drv.SynchronizeStream(stream); werr != nil {
+					err = errors.Join(err, werr)
+				}
+			}
+			return 0, p.unmapRange(ptr, cs, err)
+		}
+		if isFresh {
+			fresh++
+		} else {
+			moved++
+		}
+	}
+	p.mu.Lock()
+	p.stats.Scrubs += int64(fresh + moved)
+	p.stats.ScrubsFresh += int64(fresh)
+	p.stats.ScrubsAsync += int64(queued)
+	for i, c := range cs {
+		l := ls[i]
+		l.holder = l.tenant // from now on the tenant may write into it
+		p.setLease(c.Handle, l)
+	}
+	p.mu.Unlock()
+	return queued, nil
+}
+
+// at returns the address of the ith chunk from ptr.
+func (p *Pool) at(ptr acl.DevicePtr, i int) acl.DevicePtr { return ptr.Add(uintptr(i) * p.size) }
+
+// grantAccess grants read-write access to the n chunks mapped from ptr.
+func (p *Pool) grantAccess(ptr acl.DevicePtr, n int) error {
+	if p.implicit.Load() {
+		return nil
+	}
+	step := 1
+	if p.span {
+		step = n
+	}
+	for i := 0; i < n; i += step {
+		at := p.at(ptr, i)
+		err := p.drv.MemSetAccess(at, uintptr(min(step, n-i))*p.size, p.access)
+		switch {
+		case errors.Is(err, acl.ErrNotSupported):
+			p.implicit.Store(true)
+			return nil
+		case err != nil:
+			return fmt.Errorf("chunk: set access at %v: %w", at, err)
+		}
+	}
+	return nil
+}
+
+// needsScrub reports whether a chunk holding holder's bytes must be cleared
+// before tenant t may read it, and whether it is fresh from the driver.
+func (p *Pool) needsScrub(holder, t Tenant) (need, isFresh bool) {
+	if p.scrub == ScrubNever || holder == zeroed || holder == t {
+		return false, false
+	}
+	if holder != fresh {
+		return true, false // another tenant's bytes
+	}
+	// Fresh memory holds what some process freed: any process's where the
+	// device does not clear memory between processes, only this process's
+	// where it does, and then only t's if t is the device's only tenant.
+	if p.fresh == acl.FreshProcess && p.dev.only(t) {
+		return false, true
+	}
+	return true, true
+}
+
+// unmapRange undoes a failed MapRange: it unmaps the chunks cs mapped from
+// ptr, top down, and returns err, or a *LeftMappedError listing the chunks
+// it could not unmap.
+func (p *Pool) unmapRange(ptr acl.DevicePtr, cs []Chunk, err error) error {
+	var left []Mapped
+	var uerrs []error
+	for i := len(cs) - 1; i >= 0; i-- {
+		if uerr := p.drv.UnmapMem(p.at(ptr, i)); uerr != nil {
+			left = append(left, Mapped{p.at(ptr, i), cs[i]})
+			uerrs = append(uerrs, uerr)
+		}
+	}
+	if len(left) == 0 {
+		return err
+	}
+	return &LeftMappedError{Left: left, Err: fmt.Errorf("%w (and unmap: %w)", err, errors.Join(uerrs...))}
+}
+
+// leaseOf returns the lease of c, which must be out of this pool.
+func (p *Pool) leaseOf(op string, ptr acl.DevicePtr, c Chunk) (lease, error) {
+	p.mu.Lock()
+	l, ok := p.out[c.Handle]
+	p.mu.Unlock()
+	if !ok {
+		return lease{}, fmt.Errorf("chunk: %s at %v: %w: chunk %#x is not out of this pool", op, ptr, acl.ErrInvalidParam, uintptr(c.Handle))
+	}
+	return l, nil
+}
+
+// setLease records l for h, if h is still out (a caller that put the chunk
+// back while mapping it gets no say). Call with mu held.
+func (p *Pool) setLease(h acl.PhysicalHandle, l lease) {
+	if _, ok := p.out[h]; ok {
+		p.out[h] = l
+	}
+}
+
+// Unmap removes the mapping of a chunk at ptr. The chunk can then be Put
+// back or mapped again. The caller has made sure that no device work still
+// touches it (see SyncDevice and ReleaseAfter).
+func (p *Pool) Unmap(ptr acl.DevicePtr) error {
+	if err := p.drv.UnmapMem(ptr); err != nil {
+		return fmt.Errorf("chunk: unmap at %v: %w", ptr, err)
+	}
+	return nil
+}
+
+// SyncDevice waits for every stream of the device (SynchronizeDevice): the
+// fallback that orders an unmap after the device work that may touch the
+// range when no stream says which work that is. It is counted in
+// Stats.DeviceSyncs.
+func (p *Pool) SyncDevice() error {
+	p.mu.Lock()
+	p.stats.DeviceSyncs++
+	p.mu.Unlock()
+	if err := p.drv.SynchronizeDevice(); err != nil {
+		return fmt.Errorf("chunk: wait for the device before unmapping: %w", err)
+	}
+	return nil
+}
+
+// Release unmaps c, mapped at ptr, to give it back with Put. In
+// ScrubOnRelease mode it clears the chunk first. The caller has ordered the
+// unmap after the device work that touches the chunk (SyncDevice). A failed
+// Release leaves c mapped (and, if the unmap failed, maybe cleared).
+func (p *Pool) Release(ptr acl.DevicePtr, c Chunk) error {
+	l, err := p.leaseOf("release", ptr, c)
+	if err != nil {
+		return err
+	}
+	scrub := p.scrub == ScrubOnRelease && l.holder != zeroed
+	if scrub {
+		if err := p.drv.Memset(ptr, 0, p.size); err != nil {
+			return fmt.Errorf("chunk: scrub at %v: %w", ptr, err)
+		}
+	}
+	if err := p.Unmap(ptr); err != nil {
+		return err
+	}
+	if scrub {
+		// Only now: while mapped, the tenant could still write into it.
+		p.mu.Lock()
+		p.stats.Scrubs++
+		l.holder = zeroed
+		p.setLease(c.Handle, l)
+		p.mu.Unlock()
+	}
+	return nil
+}

@@ -1,0 +1,479 @@
+package chunk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// Stream-ordered release.
+//
+// On a device, work queued on streams may still read memory its tenant has
+// dropped, and unmapping memory that queued work reads makes the device
+// fault. The fallback is to wait for the whole device (SyncDevice) before an
+// unmap, which stalls every stream, including work that never touches the
+// memory. ReleaseAfter instead records an event on each stream that may
+// touch the chunks and returns at once; the chunks wait in the pool,
+// "released, waiting for the device", still mapped where they were, until
+// their events complete. Then they are unmapped and go to the cache, off the
+// caller's path: by the pool's worker, by an Acquire that needs them, or by
+// Close. Meanwhile
+//
+//   - a chunk waiting for the device is handed to nobody: it is still out of
+//     the pool, and the budget counts it as held;
+//   - its tenant may take it back where it lies (Reclaim), mapped, with no
+//     driver call, when it grows into that address again;
+//   - a failed event call falls back to SyncDevice, counted in
+//     Stats.SyncFallbacks; a failed unmap leaves the chunk waiting, counted in
+//     Stats.ReleaseErrors, to be tried again.
+
+// Mapped is a chunk mapped at an address.
+type Mapped struct {
+	At acl.DevicePtr
+	C  Chunk
+}
+
+// itemState is where a chunk waiting for the device is in its release.
+type itemState int
+
+const (
+	waiting   itemState = iota // mapped, its events not yet seen complete
+	unmapping                  // being unmapped now
+	settled                    // unmapped and put back, or taken back by its tenant
+)
+
+// item is one chunk waiting for the device.
+type item struct {
+	Mapped
+	b     *batch
+	state itemState
+	done  chan struct{} // closed when settled
+}
+
+// batch is the chunks of one ReleaseAfter and the events they wait for.
+type batch struct {
+	evs      []acl.Event
+	items    []*item
+	left     int  // items not settled
+	complete bool // the events were seen complete: only unmaps remain
+}
+
+// pending is the pool's chunks waiting for the device.
+type pending struct {
+	byAddr map[acl.DevicePtr]*item
+	queue  []*batch // oldest first
+	chunks int
+	free   []acl.Event // events to record again
+}
+
+// maxFreeEvents bounds the events a pool keeps for reuse.
+const maxFreeEvents = 64
+
+func (q *pending) init() { q.byAddr = make(map[acl.DevicePtr]*item) }
+
+// errFallback says that ReleaseAfter could not order the release with
+// events, and that the caller must use the synchronous path.
+var errFallback = errors.New("chunk: stream-ordered release unavailable")
+
+// ErrNoOrder is matched by the error of ReleaseAfter when it could not order
+// the release with events (an event call failed): nothing was released, and
+// the caller releases the chunks the synchronous way (SyncDevice, then
+// Release). Stats.SyncFallbacks counts it.
+var ErrNoOrder = errFallback
+
+// ReleaseAfter hands the chunks ms, mapped and out of this pool, back to the
+// pool to be unmapped once the work queued now on streams has run, and
+// returns without waiting. In ScrubOnRelease mode their clears are queued on
+// the first stream first. The chunks must be in the caller's address order,
+// lowest first; they are unmapped from the top down.
+//
+// On success the caller no longer owns the chunks (it may take one back
+// with Reclaim while it waits). If an event cannot be created or recorded, it
+// returns an error matching ErrNoOrder and nothing changed.
+func (p *Pool) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	if len(streams) == 0 {
+		return fmt.Errorf("chunk: release after: %w: no stream", acl.ErrInvalidParam)
+	}
+	for _, m := range ms {
+		if _, err := p.leaseOf("release", m.At, m.C); err != nil {
+			return err
+		}
+	}
+	if p.scrub == ScrubOnRelease {
+		for _, m := range ms {
+			if err := p.drv.MemsetAsync(m.At, 0, p.size, streams[0]); err != nil {
+				return p.fallback(nil, fmt.Errorf("scrub at %v: %w", m.At, err))
+			}
+		}
+	}
+	evs := make([]acl.Event, 0, len(streams))
+	for _, s := range streams {
+		ev, err := p.event()
+		if err != nil {
+			return p.fallback(evs, err)
+		}
+		evs = append(evs, ev)
+		if err := p.drv.RecordEvent(ev, s); err != nil {
+			return p.fallback(evs, fmt.Errorf("record on stream %#x: %w", uintptr(s), err))
+		}
+	}
+	b := &batch{evs: evs, left: len(ms)}
+	p.mu.Lock()
+	for i := len(ms) - 1; i >= 0; i-- { // top down
+		it := &item{Mapped: ms[i], b: b, done: make(chan struct{})}
+		b.items = append(b.items, it)
+		p.pending.byAddr[ms[i].At] = it
+	}
+	p.pending.queue = append(p.pending.queue, b)
+	p.pending.chunks += len(ms)
+	if p.scrub == ScrubOnRelease {
+		p.stats.Scrubs += int64(len(ms))
+		p.stats.ScrubsAsync += int64(len(ms))
+	}
+	p.wakeLocked()
+	p.mu.Unlock()
+	return nil
+}
+
+// fallback gives back the events of a ReleaseAfter that could not be
+// ordered, counts the fallback and returns the error for the caller.
+func (p *Pool) fallback(evs []acl.Event, err error) error {
+	p.mu.Lock()
+	p.stats.SyncFallbacks++
+	p.mu.Unlock()
+	p.recycle(evs)
+	return fmt.Errorf("chunk: %w: %w", errFallback, err)
+}
+
+// event returns an event to record: a recycled one, or a new one.
+func (p *Pool) event() (acl.Event, error) {
+	p.mu.Lock()
+	var surplus []acl.Event
+	if n := len(p.pending.free); n > maxFreeEvents {
+		surplus = slices.Clone(p.pending.free[maxFreeEvents:])
+		p.pending.free = p.pending.free[:maxFreeEvents]
+	}
+	if n := len(p.pending.free); n > 0 {
+		ev := p.pending.free[n-1]
+		p.pending.free = p.pending.free[:n-1]
+		p.mu.Unlock()
+		p.destroyEvents(surplus)
+		return ev, nil
+	}
+	p.mu.Unlock()
+	p.destroyEvents(surplus)
+	ev, err := p.drv.CreateEvent()
+	if err != nil {
+		return 0, fmt.Errorf("create event: %w", err)
+	}
+	return ev, nil
+}
+
+// recycle keeps events for the next ReleaseAfter, destroying those beyond
+// maxFreeEvents (or all of them once the pool is closed).
+func (p *Pool) recycle(evs []acl.Event) {
+	p.mu.Lock()
+	var extra []acl.Event
+	for _, ev := range evs {
+		if p.closed || len(p.pending.free) >= maxFreeEvents {
+			extra = append(extra, ev)
+			continue
+		}
+		p.pending.free = append(p.pending.free, ev)
+	}
+	p.mu.Unlock()
+	p.destroyEvents(extra)
+}
+
+// destroyEvents destroys events the pool no longer keeps. A failure leaves
+// one behind, which the driver's own Close reports.
+func (p *Pool) destroyEvents(evs []acl.Event) error {
+	var errs []error
+	for _, ev := range evs {
+		errs = append(errs, p.drv.DestroyEvent(ev))
+	}
+	return errors.Join(errs...)
+}
+
+// dropEvents destroys every event the pool keeps for reuse (at Close).
+func (p *Pool) dropEvents() error {
+	p.mu.Lock()
+	evs := p.pending.free
+	p.pending.free = nil
+	p.mu.Unlock()
+	return p.destroyEvents(evs)
+}
+
+// Pending reports whether a chunk of this pool waits at ptr for the device.
+func (p *Pool) Pending(ptr acl.DevicePtr) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.pending.byAddr[ptr]
+	return ok
+}
+
+// PendingRange reports, for each of the n chunk-sized slots from ptr,
+// whether a chunk of this pool waits there for the device.
+func (p *Pool) PendingRange(ptr acl.DevicePtr, n int) []bool {
+	out := make([]bool, n)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.pending.byAddr) == 0 {
+		return out
+	}
+	for i := range out {
+		_, out[i] = p.pending.byAddr[p.at(ptr, i)]
+	}
+	return out
+}
+
+// Reclaim takes back, for its tenant, the chunk waiting for the device at
+// ptr, still mapped there: no driver call. It waits for an unmap that is
+// under way (and then has nothing to give). ok is false when no chunk waits
+// at ptr.
+func (p *Pool) Reclaim(ptr acl.DevicePtr) (c Chunk, ok bool) {
+	for {
+		p.mu.Lock()
+		it := p.pending.byAddr[ptr]
+		if it == nil {
+			p.mu.Unlock()
+			return Chunk{}, false
+		}
+		if it.state == unmapping {
+			done := it.done
+			p.mu.Unlock()
+			<-done
+			continue // unmapped (gone), or failed and waiting again
+		}
+		p.settleLocked(it)
+		p.mu.Unlock()
+		return it.C, true
+	}
+}
+
+// ReclaimRange takes back every chunk waiting for the device in
+// [base, base+size), as Reclaim does, in no particular order.
+func (p *Pool) ReclaimRange(base acl.DevicePtr, size uintptr) []Mapped {
+	var out []Mapped
+	for {
+		p.mu.Lock()
+		var at acl.DevicePtr
+		found := false
+		for a := range p.pending.byAddr {
+			if a >= base && uintptr(a-base) < size {
+				at, found = a, true
+				break
+			}
+		}
+		p.mu.Unlock()
+		if !found {
+			return out
+		}
+		if c, ok := p.Reclaim(at); ok {
+			out = append(out, Mapped{at, c})
+		}
+	}
+}
+
+// settleLocked marks it settled and retires its batch when it was the last.
+// Call with mu held.
+func (p *Pool) settleLocked(it *item) {
+	it.state = settled
+	delete(p.pending.byAddr, it.At)
+	p.pending.chunks--
+	close(it.done)
+	it.b.left--
+	if it.b.left == 0 {
+		if i := slices.Index(p.pending.queue, it.b); i >= 0 {
+			p.pending.queue = slices.Delete(p.pending.queue, i, i+1)
+		}
+		// Keep the events for the next ReleaseAfter; event() and Close
+		// destroy the surplus, outside the lock.
+		p.pending.free = append(p.pending.free, it.b.evs...)
+		it.b.evs = nil
+	}
+}
+
+// settleReady unmaps the chunks whose events have completed, without
+// waiting. It reports whether it settled anything and whether chunks still
+// wait.
+func (p *Pool) settleReady() (progressed, waiting bool) {
+	for _, b := range p.batches() {
+		if !p.complete(b, false) {
+			continue
+		}
+		if p.unmapBatch(b) > 0 {
+			progressed = true
+		}
+	}
+	p.mu.Lock()
+	waiting = p.pending.chunks > 0
+	p.mu.Unlock()
+	return progressed, waiting
+}
+
+// settleAll waits for every chunk waiting for the device and unmaps it. It
+// returns the first error of an unmap (the chunk stays waiting).
+func (p *Pool) settleAll() error {
+	var errs []error
+	for _, b := range p.batches() {
+		if !p.complete(b, true) {
+			errs = append(errs, fmt.Errorf("chunk: the device could not say when %d pending chunks are free", len(b.items)))
+			continue
+		}
+		if n := p.unmapBatch(b); n < 0 {
+			errs = append(errs, fmt.Errorf("chunk: %d pending chunks could not be unmapped", -n))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// batches returns the batches waiting now, oldest first.
+func (p *Pool) batches() []*batch {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.pending.queue)
+}
+
+// complete reports whether b's events have completed, waiting for them if
+// wait is set. An event call that fails falls back to SyncDevice.
+func (p *Pool) complete(b *batch, wait bool) bool {
+	p.mu.Lock()
+	if b.complete {
+		p.mu.Unlock()
+		return true
+	}
+	evs := b.evs
+	p.mu.Unlock()
+	ok := true
+	for _, ev := range evs {
+		var err error
+		var done bool
+		if wait {
+			err = p.drv.SynchronizeEvent(ev)
+			done = err == nil
+		} else {
+			done, err = p.drv.QueryEvent(ev)
+		}
+		if err != nil {
+			// The event cannot tell: wait for the whole device instead.
+			p.mu.Lock()
+			p.stats.SyncFallbacks++
+			p.mu.Unlock()
+			if p.SyncDevice() != nil {
+				return false // try again later
+			}
+			done = true
+		}
+		if !done {
+			ok = false
+			break
+		}
+	}
+	if ok {
+		p.mu.Lock()
+		b.complete = true
+		p.mu.Unlock()
+	}
+	return ok
+}
+
+// unmapBatch unmaps and puts back the chunks of b, whose events completed,
+// that still wait. It returns how many it settled, or minus how many it
+// failed to unmap.
+func (p *Pool) unmapBatch(b *batch) int {
+	n, failed := 0, 0
+	for _, it := range b.items {
+		p.mu.Lock()
+		if it.state != waiting {
+			p.mu.Unlock()
+			continue
+		}
+		it.state = unmapping
+		p.mu.Unlock()
+		err := p.drv.UnmapMem(it.At)
+		p.mu.Lock()
+		if err != nil {
+			it.state = waiting
+			p.stats.ReleaseErrors++
+			done := it.done
+			it.done = make(chan struct{})
+			close(done) // wake a Reclaim waiting for the unmap: the chunk waits again
+			p.mu.Unlock()
+			failed++
+			continue
+		}
+		if p.scrub == ScrubOnRelease {
+			if l, ok := p.out[it.C.Handle]; ok {
+				l.holder = zeroed
+				p.out[it.C.Handle] = l
+			}
+		}
+		p.stats.Ordered++
+		p.settleLocked(it)
+		p.mu.Unlock()
+		_ = p.Put(it.C) // out of the pool until now, so it cannot be refused
+		n++
+	}
+	if failed > 0 {
+		return -failed
+	}
+	return n
+}
+
+// WaitStreams waits until the work queued now on streams has run, or ctx is
+// done: it records an event on each stream and polls them, so that a
+// deadline is honoured while the device is busy. Without streams, or when
+// an event call fails, it waits for the whole device instead (SyncDevice,
+// which ctx cannot cut short).
+func (p *Pool) WaitStreams(ctx context.Context, streams []acl.Stream) error {
+	if len(streams) == 0 {
+		return p.SyncDevice()
+	}
+	evs := make([]acl.Event, 0, len(streams))
+	defer func() { p.recycle(evs) }()
+	for _, s := range streams {
+		ev, err := p.event()
+		if err == nil {
+			evs = append(evs, ev)
+			err = p.drv.RecordEvent(ev, s)
+		}
+		if err != nil {
+			p.mu.Lock()
+			p.stats.SyncFallbacks++
+			p.mu.Unlock()
+			return p.SyncDevice()
+		}
+	}
+	delay := minPoll
+	for _, ev := range evs {
+		for {
+			done, err := p.drv.QueryEvent(ev)
+			if err != nil {
+				p.mu.Lock()
+				p.stats.SyncFallbacks++
+				p.mu.Unlock()
+				return p.SyncDevice()
+			}
+			if done {
+				break
+			}
+			t := time.NewTimer(delay)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return fmt.Errorf("chunk: wait for the device: %w", ctx.Err())
+			case <-t.C:
+			}
+			delay = min(2*delay, maxPoll)
+		}
+	}
+	return nil
+}

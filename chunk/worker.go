@@ -1,0 +1,172 @@
+package chunk
+
+import "time"
+
+// The pool's worker: the one background goroutine of vmarena.
+//
+// It does three things off the callers' paths, each when there is reason to:
+//
+//   - unmaps and caches the chunks waiting for the device whose events have
+//     completed (ReleaseAfter), polling while any wait;
+//   - refills the headroom of members that asked for it (Member.WantRefill,
+//     from an arena's Alloc), with memory that is free now (TryAcquire): it
+//     never takes memory from anyone and never maps past the budget;
+//   - keeps Config.Ahead fresh chunks in the cache, within the budget.
+//
+// It starts on first need (a member that wants refills, Config.Ahead, a
+// ReleaseAfter) and stops with Close. Work moved here is not free: it takes
+// CPU time and driver time, only not the caller's.
+
+// Polling bounds while chunks wait for the device.
+const (
+	minPoll = 20 * time.Microsecond
+	maxPoll = 2 * time.Millisecond
+)
+
+type worker struct {
+	kick   chan struct{}      // a poke; never blocks the sender
+	settle chan chan struct{} // Settle: answered after one full round of work
+	quit   chan struct{}
+	done   chan struct{}
+}
+
+// poke wakes the worker. It never blocks and allocates nothing.
+func (w *worker) poke() {
+	select {
+	case w.kick <- struct{}{}:
+	default:
+	}
+}
+
+// stop stops the worker and waits for it. It is safe on a nil worker.
+func (w *worker) stop() {
+	if w == nil {
+		return
+	}
+	close(w.quit)
+	<-w.done
+}
+
+// workerLocked returns the pool's worker, starting it. Call with mu held on
+// an open pool.
+func (p *Pool) workerLocked() *worker {
+	if p.w == nil {
+		p.w = &worker{kick: make(chan struct{}, 1), settle: make(chan chan struct{}), quit: make(chan struct{}),
+			done: make(chan struct{})}
+		go p.run(p.w)
+	}
+	return p.w
+}
+
+// wake pokes the worker, starting it.
+func (p *Pool) wake() {
+	p.mu.Lock()
+	p.wakeLocked()
+	p.mu.Unlock()
+}
+
+// wakeLocked is wake with mu held.
+func (p *Pool) wakeLocked() {
+	if p.closed {
+		return
+	}
+	p.workerLocked().poke()
+}
+
+func (p *Pool) run(w *worker) {
+	defer close(w.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	var delay time.Duration // the next poll, while chunks wait for the device
+	for {
+		if delay > 0 {
+			timer.Reset(delay)
+		}
+		var answer chan struct{}
+		select {
+		case <-w.kick:
+		case answer = <-w.settle:
+		case <-timer.C:
+		case <-w.quit:
+			timer.Stop()
+			return
+		}
+		timer.Stop()
+		progressed, waiting := p.settleReady()
+		p.refill()
+		p.fillAhead()
+		if answer != nil {
+			close(answer)
+		}
+		switch {
+		case !waiting:
+			delay = 0
+		case progressed || delay == 0:
+			delay = minPoll
+		default:
+			delay = min(2*delay, maxPoll)
+		}
+	}
+}
+
+// refill refills the headroom of the members that asked.
+func (p *Pool) refill() {
+	p.mu.Lock()
+	var ms []*Member
+	for _, m := range p.members {
+		if m.want.Load() {
+			ms = append(ms, m)
+		}
+	}
+	p.mu.Unlock()
+	for _, m := range ms {
+		m.want.Store(false) // before the refill: a later ask is not lost
+		m.c.Refill()
+	}
+}
+
+// fillAhead allocates fresh chunks into the cache until it holds
+// Config.Ahead, within the budget.
+func (p *Pool) fillAhead() {
+	for {
+		p.mu.Lock()
+		if p.closed || len(p.cache) >= p.ahead || (p.budget != 0 && p.budget-min(p.held, p.budget) < p.size) {
+			p.mu.Unlock()
+			return
+		}
+		p.held += p.size
+		p.mu.Unlock()
+		h, err := p.drv.MallocPhysical(p.size, &p.prop, 0)
+		p.mu.Lock()
+		if err != nil {
+			p.held -= p.size
+			p.mu.Unlock()
+			return // out of memory, or the driver failed: try at the next wake
+		}
+		p.stats.Allocs++
+		p.stats.Ahead++
+		p.stats.Cached++
+		p.cache = append(p.cache, entry{h, p.freshHolder()})
+		p.mu.Unlock()
+	}
+}
+
+// Settle waits until the pool's worker has done what was asked of it so far:
+// the refills members asked for, the chunks to keep ahead, and the releases
+// whose events have completed (it does not wait for the device). Tests and
+// benchmarks use it to observe a quiet pool; it is never needed for
+// correctness. It returns at once when there is no worker.
+func (p *Pool) Settle() {
+	p.mu.Lock()
+	w := p.w
+	p.mu.Unlock()
+	if w == nil {
+		return
+	}
+	answer := make(chan struct{})
+	select {
+	case w.settle <- answer:
+		<-answer
+	case <-w.done:
+	}
+}

@@ -32,7 +32,9 @@ type Config struct {
 //
 // A Driver keeps books of what it holds for its callers (streams, events,
 // reservations, mappings, physical memory): it implements acl.Counter, and
-// refuses stream and event handles it did not create or has destroyed.
+// refuses event handles it did not create, streams it has destroyed, and
+// destroying a stream it did not create. Other streams are the caller's, and
+// passed to the runtime as they are.
 type Driver struct {
 	lib  *library
 	dev  *device

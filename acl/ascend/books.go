@@ -13,13 +13,17 @@ import (
 // events it created, and the reservations, mappings and physical allocations
 // made through it. The runtime does not check a stream or event handle: it
 // dereferences it, so a destroyed one is a use after free. The books let the
-// driver refuse a stale, foreign or NULL handle before the runtime sees it,
-// with the codes ACL gives for a bad argument, and let Live and Close say
-// exactly what is still held. They change only when the runtime call
-// succeeded, so a failed call leaves them as they were.
+// driver refuse a destroyed stream, and a stale, unknown or NULL event,
+// before the runtime sees it, with the codes ACL gives for a bad argument,
+// and let Live and Close say exactly what is still held. A stream that is
+// neither in the books nor destroyed is foreign: the caller made it (with its
+// own CANN code) and vouches for it, and it is passed to the runtime as it
+// is. The books change only when the runtime call succeeded, so a failed call
+// leaves them as they were.
 type books struct {
 	mu      sync.Mutex
-	streams map[acl.Stream]*object
+	streams map[acl.Stream]*object // created by this driver and not destroyed
+	gone    graveyard              // destroyed by this driver
 	events  map[acl.Event]*object
 	resv    map[acl.DevicePtr]uintptr      // base → bytes reserved
 	maps    map[acl.DevicePtr]mapping      // start → mapping
@@ -144,9 +148,13 @@ func (b *books) dropLocked(h acl.PhysicalHandle, r *handle) {
 
 // Streams and events.
 
+// addStream enters a stream the runtime just created. If the runtime handed
+// out the pointer of a stream this driver destroyed, it is simply the new
+// stream.
 func (b *books) addStream(s acl.Stream) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.gone.revive(s)
 	b.streams[s] = &object{}
 	b.live.Streams++
 }
@@ -158,8 +166,9 @@ func (b *books) addEvent(ev acl.Event) {
 	b.live.Events++
 }
 
-// useStream holds s for a call; the default stream (0) needs no holding.
-// It refuses a stream this driver did not create, or destroyed, with 107000.
+// useStream holds s for a call. The default stream (0) and a foreign stream
+// need no holding: they are passed as they are. A stream this driver
+// destroyed, or is destroying, is refused with 107000.
 func (b *books) useStream(op string, s acl.Stream) (release func(), err error) {
 	if s == 0 {
 		return func() {}, nil
@@ -167,11 +176,16 @@ func (b *books) useStream(op string, s acl.Stream) (release func(), err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	o, ok := b.streams[s]
-	if !ok || o.dying {
-		return nil, notLive(op, "stream", uintptr(s), ok)
+	switch {
+	case ok && o.dying:
+		return nil, notLive(op, "stream", uintptr(s), true)
+	case ok:
+		o.users++
+		return func() { b.mu.Lock(); o.users--; b.mu.Unlock() }, nil
+	case b.gone.holds(s):
+		return nil, acl.Errorf(op, acl.ErrCodeRTParamInvalid, "stream %#x was destroyed", uintptr(s))
 	}
-	o.users++
-	return func() { b.mu.Lock(); o.users--; b.mu.Unlock() }, nil
+	return func() {}, nil // foreign: its owner vouches for it
 }
 
 // useEvent holds ev for a call. NULL is 100000, as ACL's own check gives; an
@@ -191,11 +205,19 @@ func (b *books) useEvent(op string, ev acl.Event) (release func(), err error) {
 }
 
 // claimStream marks s as being destroyed. It refuses a stream another call
-// is using. done(true) forgets s; done(false) gives it back.
+// is using, one this driver destroyed, and a foreign one, which its owner
+// destroys. done(true) forgets s and remembers it as destroyed; done(false)
+// gives it back.
 func (b *books) claimStream(op string, s acl.Stream) (done func(destroyed bool), err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	o, ok := b.streams[s]
+	switch {
+	case !ok && b.gone.holds(s):
+		return nil, acl.Errorf(op, acl.ErrCodeRTParamInvalid, "stream %#x was destroyed", uintptr(s))
+	case !ok:
+		return nil, acl.Errorf(op, acl.ErrCodeRTParamInvalid, "stream %#x was not created by this driver: its owner destroys it", uintptr(s))
+	}
 	if err := claim(op, "stream", uintptr(s), o, ok); err != nil {
 		return nil, err
 	}
@@ -205,6 +227,7 @@ func (b *books) claimStream(op string, s acl.Stream) (done func(destroyed bool),
 		o.dying = false
 		if destroyed {
 			delete(b.streams, s)
+			b.gone.bury(s)
 			b.live.Streams--
 		}
 	}, nil
@@ -244,7 +267,8 @@ func claim(op, what string, h uintptr, o *object, ok bool) error {
 }
 
 // notLive is the error for a handle that is not in the books (found false)
-// or is being destroyed (found true).
+// or is being destroyed (found true). Only events and streams being destroyed
+// get it: a stream not in the books is a destroyed or a foreign one.
 func notLive(op, what string, h uintptr, found bool) error {
 	if found {
 		return acl.Errorf(op, acl.ErrCodeRTParamInvalid, "%s %#x is being destroyed", what, h)
@@ -266,6 +290,7 @@ func (b *books) takeObjects() (streams []acl.Stream, events []acl.Event) {
 	sort.Slice(events, func(i, j int) bool { return events[i] < events[j] })
 	clear(b.streams)
 	clear(b.events)
+	b.gone = graveyard{}
 	b.live.Streams, b.live.Events = 0, 0
 	return streams, events
 }
@@ -286,6 +311,50 @@ func (b *books) memoryString() string {
 		parts = append(parts, fmt.Sprintf("%d reservations (%d bytes)", c.Reservations, c.ReservedBytes))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// goneMax is how many destroyed streams a driver remembers, to refuse them.
+const goneMax = 1024
+
+// graveyard remembers the last goneMax streams the driver destroyed, so that
+// using one again is refused instead of reaching the runtime as a dangling
+// pointer. The runtime may hand a destroyed stream's pointer out again: to the
+// driver (addStream then revives it: it is simply the new stream), or to the
+// caller's own code, and then the driver cannot tell the caller's new stream
+// from the destroyed one and refuses it while it is remembered. A stream
+// destroyed more than goneMax destructions ago is forgotten and, if used
+// again, passed on as a foreign one. The zero value is empty.
+type graveyard struct {
+	slot map[acl.Stream]int // stream → its slot in ring
+	ring []acl.Stream       // the destroyed streams, oldest overwritten first
+	next int                // the slot the next burial takes
+}
+
+// bury remembers s as destroyed.
+func (g *graveyard) bury(s acl.Stream) {
+	if g.slot == nil {
+		g.slot = make(map[acl.Stream]int)
+	}
+	if len(g.ring) < goneMax {
+		g.ring = append(g.ring, s)
+	} else {
+		old := g.ring[g.next]
+		if i, ok := g.slot[old]; ok && i == g.next {
+			delete(g.slot, old)
+		}
+		g.ring[g.next] = s
+	}
+	g.slot[s] = g.next
+	g.next = (g.next + 1) % goneMax
+}
+
+// revive forgets s: the runtime handed it out again, as a new stream.
+func (g *graveyard) revive(s acl.Stream) { delete(g.slot, s) }
+
+// holds reports whether s is a stream the driver destroyed.
+func (g *graveyard) holds(s acl.Stream) bool {
+	_, ok := g.slot[s]
+	return ok
 }
 
 func roundUp(n, to uintptr) uintptr { return (n + to - 1) &^ (to - 1) }

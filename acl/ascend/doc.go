@@ -93,25 +93,46 @@
 // # Streams and events
 //
 // A Stream or Event of this driver is the runtime's own handle (the
-// aclrtStream or aclrtEvent pointer), so a caller can pass a stream it
-// created here to the code that launches its kernels. Stream 0 is the
-// default stream of the device's context (NULL in ACL).
+// aclrtStream or aclrtEvent pointer). Stream 0 is the default stream of the
+// device's context (NULL in ACL). So a caller can pass a stream it created
+// here to the code that launches its kernels, and pass the driver the
+// streams its own CANN code created (a framework's or kernel library's
+// aclrtStream), as they are.
 //
 // The runtime does not validate these handles: it dereferences them, so a
 // destroyed one is a use after free. The driver therefore keeps books of the
-// streams and events it created, and refuses any other non-NULL handle before
-// the runtime sees it: a double destroy, a record on a destroyed stream, a
-// query of a destroyed event, or a handle created elsewhere fail with 107000
-// (ACL_ERROR_RT_PARAM_INVALID); a NULL event, and destroying stream 0, fail
-// with 100000, as ACL's own NULL checks do. A call that passes a handle holds
-// it until it returns, and DestroyStream and DestroyEvent refuse (107000) a
-// handle another call is using, so that nothing is destroyed under a
+// streams and events it created. A stream in the books is counted (Live,
+// acl.Counter), held by each call that passes it, destroyed by Close if the
+// caller leaked it, and only it can be destroyed through the driver. A stream
+// the driver did not create is foreign: RecordEvent, MemsetAsync and
+// SynchronizeStream pass it to the runtime as it is (the caller owns it and
+// vouches for it, as a C program calling ACL does), and DestroyStream refuses
+// it with 107000 (ACL_ERROR_RT_PARAM_INVALID): its owner destroys it. Events
+// are always the driver's own: an event it did not create, or destroyed, is
+// refused with 107000.
+//
+// A stream the driver destroyed is remembered (the last 1024) and refused
+// with 107000, unless the runtime hands the same pointer out again through
+// CreateStream: then it is simply the new stream. The runtime may instead
+// hand that pointer to the caller's own code; the driver cannot tell that
+// stream from the destroyed one and refuses it while it remembers the
+// pointer. About a foreign stream the driver checks nothing: not that it is
+// live, nor that it belongs to this device and its default context (the one
+// the driver makes current, which aclrtSetDevice creates and every thread
+// that sets the device shares), nor that its owner keeps it alive while a
+// call uses it. A stream of another context of the device (aclrtCreateContext)
+// has not been tried on an NPU.
+//
+// A NULL event, and destroying stream 0, fail with 100000, as ACL's own NULL
+// checks do. A call that passes a stream or event of the books holds it until
+// it returns, and DestroyStream and DestroyEvent refuse (107000) a handle
+// another call is using, so that nothing is destroyed under a
 // SynchronizeEvent in progress. DestroyStream also refuses a stream with work
 // pending, which ACL requires but does not check. The same books count the
 // reservations, mappings and physical memory made through the driver: Live
-// (acl.Counter) reports them exactly, and Close destroys the streams and
-// events a caller leaked, after synchronising those streams, and reports
-// them and any memory still held.
+// reports them exactly, and Close destroys the streams and events a caller
+// leaked, after synchronising those streams, and reports them and any memory
+// still held. Foreign streams are neither counted nor touched by Close.
 //
 // QueryEvent calls aclrtQueryEventStatus, whose aclrtEventRecordedStatus has
 // NOT_READY = 0 and COMPLETE = 1. The deprecated aclrtQueryEvent reports an

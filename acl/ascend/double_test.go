@@ -123,7 +123,7 @@ func copyFile(t testing.TB, src, dst string) {
 type stats struct {
 	Initialised, InitCalls, FinalizeCalls, DeviceRefs, ContextsAlive, StreamsAlive int64
 	SyncDeviceCalls, PendingWork, Faults, NoContextErrors, SetContextCalls         int64
-	ThreadsSeen                                                                    int64
+	ThreadsSeen, ForeignStreams                                                    int64
 }
 
 // double is the control panel of one loaded instance of the test double: its
@@ -147,6 +147,10 @@ type double struct {
 	clearContext   func()
 	drain          func()
 
+	foreignStream        func(dev int32, s *acl.Stream) int32
+	destroyForeignStream func(s acl.Stream) int32
+	setReuseStreams      func(on int32)
+
 	// Raw ACL calls, for the tests that bypass the driver.
 	aclInit           func(path *byte) int32
 	setDevice         func(id int32) int32
@@ -155,8 +159,6 @@ type double struct {
 	setCurrentContext func(ctx uintptr) int32
 	getMemInfo        func(attr acl.MemAttr, free, total *uintptr) int32
 	getRecentErrMsg   func() string
-	createStream      func(s *acl.Stream) int32
-	destroyStream     func(s acl.Stream) int32
 }
 
 var doubles sync.Map // path → *double
@@ -186,15 +188,18 @@ func control(t testing.TB, path string) *double {
 		"fakeacl_last_desc":        &d.lastDesc,
 		"fakeacl_clear_context":    &d.clearContext,
 		"fakeacl_drain":            &d.drain,
-		"aclInit":                  &d.aclInit,
-		"aclrtSetDevice":           &d.setDevice,
-		"aclrtResetDevice":         &d.resetDevice,
-		"aclrtGetCurrentContext":   &d.getCurrentContext,
-		"aclrtSetCurrentContext":   &d.setCurrentContext,
-		"aclrtGetMemInfo":          &d.getMemInfo,
-		"aclGetRecentErrMsg":       &d.getRecentErrMsg,
-		"aclrtCreateStream":        &d.createStream,
-		"aclrtDestroyStream":       &d.destroyStream,
+
+		"fakeacl_foreign_stream":         &d.foreignStream,
+		"fakeacl_destroy_foreign_stream": &d.destroyForeignStream,
+		"fakeacl_set_reuse_streams":      &d.setReuseStreams,
+
+		"aclInit":                &d.aclInit,
+		"aclrtSetDevice":         &d.setDevice,
+		"aclrtResetDevice":       &d.resetDevice,
+		"aclrtGetCurrentContext": &d.getCurrentContext,
+		"aclrtSetCurrentContext": &d.setCurrentContext,
+		"aclrtGetMemInfo":        &d.getMemInfo,
+		"aclGetRecentErrMsg":     &d.getRecentErrMsg,
 	} {
 		sym, err := purego.Dlsym(h, name)
 		require.NoError(t, err, name)
@@ -202,6 +207,21 @@ func control(t testing.TB, path string) *double {
 	}
 	actual, _ := doubles.LoadOrStore(path, d)
 	return actual.(*double)
+}
+
+// Foreign creates a stream on device dev outside the driver, as the caller's
+// own CANN code would (with a device reference of its own), and destroys it
+// when the test ends: before the driver closes, when the driver was opened
+// first. Its work must be done by then.
+func (d *double) Foreign(t testing.TB, dev int32) acl.Stream {
+	t.Helper()
+	var s acl.Stream
+	require.Zero(t, d.foreignStream(dev, &s), "fakeacl_foreign_stream")
+	require.NotZero(t, s)
+	t.Cleanup(func() {
+		require.Zero(t, d.destroyForeignStream(s), "fakeacl_destroy_foreign_stream(%#x)", uintptr(s))
+	})
+	return s
 }
 
 // Live reports the double's live objects.

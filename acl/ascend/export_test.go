@@ -27,3 +27,20 @@ func Users(d *Driver, s acl.Stream, ev acl.Event) (streamUsers, eventUsers int) 
 	}
 	return streamUsers, eventUsers
 }
+
+// RawStream creates a stream with the runtime directly (aclrtCreateStream),
+// behind the books, as the caller's own CANN code would, on a thread with
+// the device's context current. destroy destroys it the same way.
+func RawStream(d *Driver) (s acl.Stream, destroy func() error, err error) {
+	err = d.on("aclrtCreateStream", func() error {
+		return d.check("aclrtCreateStream", d.lib.fns.createStream(&s))
+	})
+	if err != nil {
+		return 0, nil, err
+	}
+	return s, func() error {
+		return d.on("aclrtDestroyStream", func() error {
+			return d.check("aclrtDestroyStream", d.lib.fns.destroyStream(s))
+		})
+	}, nil
+}

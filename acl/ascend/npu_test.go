@@ -76,6 +76,54 @@ func TestNPUConformance(t *testing.T) {
 	acltest.Run(t, acltest.Factory{Open: func(t testing.TB) acl.Driver { return openNPU(t) }})
 }
 
+// A stream the caller's own CANN code created (aclrtCreateStream called
+// directly) works with the driver: MemsetAsync, RecordEvent, QueryEvent,
+// SynchronizeEvent and SynchronizeStream pass it on, DestroyStream refuses
+// it, and the books do not count it.
+func TestNPUForeignStream(t *testing.T) {
+	testRawForeignStream(t, openNPU(t))
+}
+
+// testRawForeignStream is TestNPUForeignStream's body, which the tests on the
+// double run too.
+func testRawForeignStream(t *testing.T, d *ascend.Driver) {
+	fs, destroy, err := ascend.RawStream(d)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, destroy()) }()
+	g, err := d.MemGetAllocationGranularity(prop(d.Device()), acl.GranularityMinimum)
+	require.NoError(t, err)
+	base, err := d.ReserveMemAddress(g, 0, 0, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.ReleaseMemAddress(base)) }()
+	h, err := d.MallocPhysical(g, prop(d.Device()), 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.FreePhysical(h)) }()
+	require.NoError(t, d.MapMem(base, g, 0, h, 0))
+	defer func() { require.NoError(t, d.UnmapMem(base)) }()
+	if err := d.MemSetAccess(base, g, acl.ReadWrite(d.Device())); !errors.Is(err, acl.ErrNotSupported) {
+		require.NoError(t, err)
+	}
+	ev, err := d.CreateEvent()
+	if errors.Is(err, acl.ErrNotSupported) {
+		t.Skipf("no events on this runtime: %v", err)
+	}
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.DestroyEvent(ev)) }()
+
+	require.NoError(t, d.MemsetAsync(base, 0xC3, g, fs))
+	require.NoError(t, d.RecordEvent(ev, fs))
+	require.NoError(t, d.SynchronizeEvent(ev))
+	complete, err := d.QueryEvent(ev)
+	require.NoError(t, err)
+	assert.True(t, complete)
+	require.NoError(t, d.SynchronizeStream(fs))
+	got := make([]byte, 4)
+	require.NoError(t, d.MemcpyDtoH(got, base+acl.DevicePtr(g-4)))
+	assert.Equal(t, []byte{0xC3, 0xC3, 0xC3, 0xC3}, got)
+	acltest.RequireCode(t, d.DestroyStream(fs), acl.ErrCodeRTParamInvalid, "a foreign stream")
+	assert.Zero(t, d.Live().Streams, "not in the books")
+}
+
 func TestNPUArena(t *testing.T) {
 	openNPU(t)
 	arenatest.Run(t, func(t testing.TB, capacity uintptr) acl.Driver {

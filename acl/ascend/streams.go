@@ -10,9 +10,13 @@ import (
 //
 // An acl.Stream or acl.Event of this driver is the runtime's own handle (the
 // aclrtStream or aclrtEvent pointer), so that a caller can hand a stream it
-// created here to the code that launches its kernels, as it is. The driver
-// accepts only the handles in its books: the ones it created and has not
-// destroyed, and the default stream, 0 (NULL in ACL). See books for why.
+// created here to the code that launches its kernels, as it is, and pass the
+// driver a stream its own CANN code created. 0 is the default stream (NULL in
+// ACL). The calls that only use a stream (RecordEvent, MemsetAsync,
+// SynchronizeStream) take any stream but one this driver destroyed: a
+// foreign one is passed to the runtime as it is. Only the streams the driver
+// created can be destroyed through it. Events are the driver's own: it
+// accepts only the events in its books. See books for why.
 
 // CreateStream is aclrtCreateStream.
 func (d *Driver) CreateStream() (acl.Stream, error) {
@@ -36,7 +40,8 @@ func (d *Driver) CreateStream() (acl.Stream, error) {
 
 // DestroyStream is aclrtDestroyStream, for a stream this driver created. It
 // refuses, with 107000, a stream that has work pending (synchronise it
-// first), that another call is using, or that is not live; and the default
+// first), that another call is using, that it destroyed already, or that it
+// did not create (a foreign stream: its owner destroys it); and the default
 // stream with 100000, as ACL does.
 //
 // ACL requires an idle stream but does not check it: the driver asks
@@ -103,8 +108,9 @@ func (d *Driver) pending(s acl.Stream) (bool, error) {
 }
 
 // SynchronizeStream is aclrtSynchronizeStream: it waits for the work queued
-// on s (0: the default stream) and returns the error of work that failed on
-// it, such as a kernel that touched unmapped memory.
+// on s (0: the default stream; a foreign stream is passed as it is) and
+// returns the error of work that failed on it, such as a kernel that touched
+// unmapped memory.
 func (d *Driver) SynchronizeStream(s acl.Stream) error {
 	const op = "aclrtSynchronizeStream"
 	return d.on(op, func() error {
@@ -166,7 +172,7 @@ func (d *Driver) CreateEvent() (acl.Event, error) {
 }
 
 // RecordEvent is aclrtRecordEvent: it marks the present end of s's queue (0:
-// the default stream) with ev.
+// the default stream; a foreign stream is passed as it is) with ev.
 func (d *Driver) RecordEvent(ev acl.Event, s acl.Stream) error {
 	const op = "aclrtRecordEvent"
 	return d.on(op, func() error {
@@ -255,8 +261,9 @@ func (d *Driver) DestroyEvent(ev acl.Event) error {
 }
 
 // MemsetAsync is aclrtMemsetAsync(ptr, n, value, n, s): it queues a memset
-// on s (0: the default stream) and returns. The range must stay mapped until
-// the memset has run. A runtime without aclrtMemsetAsync fails with 207000.
+// on s (0: the default stream; a foreign stream is passed as it is) and
+// returns. The range must stay mapped until the memset has run. A runtime
+// without aclrtMemsetAsync fails with 207000.
 func (d *Driver) MemsetAsync(ptr acl.DevicePtr, value byte, n uintptr, s acl.Stream) error {
 	const op = "aclrtMemsetAsync"
 	if n == 0 {

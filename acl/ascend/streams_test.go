@@ -100,43 +100,22 @@ func TestSynchronousCallsWaitForNoStream(t *testing.T) {
 	require.NoError(t, d.SynchronizeStream(s), "a race is not a fault of the stream")
 }
 
-// rawStream creates a stream with the runtime directly, behind the driver's
-// back, as a framework of the caller's would.
-func rawStream(t *testing.T, d *ascend.Driver, dbl *double) acl.Stream {
-	t.Helper()
-	var s acl.Stream
-	var code int32
-	onThread(func() {
-		_, _, err := d.GetMemInfo(acl.HBMMem) // leaves the device's context current here
-		require.NoError(t, err)
-		code = dbl.createStream(&s)
-	})
-	require.Zero(t, code)
-	t.Cleanup(func() { onThread(func() { _, _, _ = d.GetMemInfo(acl.HBMMem); dbl.destroyStream(s) }) })
-	return s
-}
-
-// The books refuse what the runtime would dereference blindly: streams and
-// events the driver did not create, destroyed ones, NULL events, and
-// destroying an object another call is using.
+// The books refuse what the runtime would dereference blindly: events the
+// driver did not create, destroyed streams and events, NULL events, and
+// destroying an object another call is using. Destroying a stream the driver
+// did not create is refused too: its owner destroys it.
 func TestBooksRefuseHandles(t *testing.T) {
 	d, dbl := openDouble(t, variantPath(t, "full"), 1<<30, ascend.Config{})
 	base, h := mapped(t, d, 1)
 	defer unmapped(t, d, base, h)
 
-	foreign := rawStream(t, d, dbl)
+	foreign := dbl.Foreign(t, 0)
+	err := d.DestroyStream(foreign)
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid)
+	assert.Contains(t, err.Error(), "not created by this driver: its owner destroys it")
+	acltest.RequireCode(t, d.DestroyStream(0), acl.ErrCodeInvalidParam, "the default stream")
 	ev, err := d.CreateEvent()
 	require.NoError(t, err)
-	for what, err := range map[string]error{
-		"record":  d.RecordEvent(ev, foreign),
-		"sync":    d.SynchronizeStream(foreign),
-		"memset":  d.MemsetAsync(base, 0, 64, foreign),
-		"destroy": d.DestroyStream(foreign),
-	} {
-		acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, what)
-		assert.Contains(t, err.Error(), "was not created by this driver", what)
-	}
-	acltest.RequireCode(t, d.DestroyStream(0), acl.ErrCodeInvalidParam, "the default stream")
 	for what, err := range map[string]error{
 		"record":  d.RecordEvent(0, 0),
 		"sync":    d.SynchronizeEvent(0),
@@ -148,6 +127,7 @@ func TestBooksRefuseHandles(t *testing.T) {
 	acltest.RequireCode(t, err, acl.ErrCodeInvalidParam)
 	_, err = d.QueryEvent(acl.Event(foreign)) // a stream is not an event
 	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid)
+	assert.Contains(t, err.Error(), "was not created by this driver")
 
 	// An object in use by a call in progress is not destroyed under it.
 	s, err := d.CreateStream()
@@ -171,8 +151,152 @@ func TestBooksRefuseHandles(t *testing.T) {
 	require.NoError(t, <-waits)
 	require.NoError(t, d.DestroyEvent(ev))
 	require.NoError(t, d.DestroyStream(s))
+
+	// Destroyed: refused before the runtime, which would read freed memory.
+	ev2, err := d.CreateEvent()
+	require.NoError(t, err)
+	for what, err := range map[string]error{
+		"record":  d.RecordEvent(ev2, s),
+		"sync":    d.SynchronizeStream(s),
+		"memset":  d.MemsetAsync(base, 0, 64, s),
+		"destroy": d.DestroyStream(s),
+	} {
+		acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, what)
+		assert.Contains(t, err.Error(), "was destroyed", what)
+		var e *acl.Error
+		require.ErrorAs(t, err, &e)
+		assert.NotContains(t, e.Msg, "fakeacl", "%s: refused by the books, not the runtime", what)
+	}
+	require.NoError(t, d.DestroyEvent(ev2))
 	assert.Zero(t, d.Live().Streams+d.Live().Events)
-	assert.Equal(t, 1, dbl.Live().Streams, "only the foreign stream")
+	assert.Zero(t, dbl.Live().Streams, "the foreign stream is not the runtime's aclrtCreateStream count either")
+	assert.Equal(t, int64(1), dbl.Stats().ForeignStreams)
+}
+
+// A stream created outside the driver, as the caller's own CANN code creates
+// its streams, is passed to the runtime as it is: events recorded on it,
+// memsets queued on it and its synchronisation work, and order with work
+// launched on it, as on any stream. The driver neither counts it nor
+// destroys it, and Close leaves it to its owner.
+func TestForeignStreams(t *testing.T) {
+	path := freshCopy(t, "full", "", "libascendcl.so")
+	d, dbl := openDouble(t, path, 1<<30, ascend.Config{})
+	c := counted{d, dbl, t}
+	refs := dbl.Stats().DeviceRefs
+	t.Cleanup(func() { // after the foreign stream's own cleanup destroyed it
+		s := dbl.Stats()
+		assert.Zero(t, s.ForeignStreams)
+		assert.Equal(t, refs-1, s.DeviceRefs, "the driver's and the owner's references are gone")
+		assert.Zero(t, s.PendingWork)
+	})
+	fs := dbl.Foreign(t, 0)
+	assert.Equal(t, refs+1, dbl.Stats().DeviceRefs, "the foreign code's own device reference")
+	assert.True(t, c.Live().Zero(), "not in the books: %+v", c.Live())
+	base, h := mapped(t, d, 2)
+	ev, err := d.CreateEvent()
+	require.NoError(t, err)
+
+	// Record, query, synchronise, memset on an idle foreign stream.
+	require.NoError(t, d.MemsetAsync(base, 0x5A, g, fs))
+	require.NoError(t, d.RecordEvent(ev, fs))
+	require.NoError(t, d.SynchronizeEvent(ev))
+	complete, err := d.QueryEvent(ev)
+	require.NoError(t, err)
+	assert.True(t, complete)
+	require.NoError(t, d.SynchronizeStream(fs))
+	got := make([]byte, 2)
+	require.NoError(t, d.MemcpyDtoH(got, base+acl.DevicePtr(g-2)))
+	assert.Equal(t, []byte{0x5A, 0x5A}, got)
+
+	// Work in flight on it: the event recorded after a kernel completes only
+	// once the kernel has, and a memset queued behind it runs after it.
+	done := make(chan struct{})
+	require.NoError(t, dbl.Launch(0, fs, base, g, done))
+	require.NoError(t, d.MemsetAsync(base+acl.DevicePtr(g), 7, 8, fs))
+	require.NoError(t, d.RecordEvent(ev, fs))
+	complete, err = d.QueryEvent(ev)
+	require.NoError(t, err)
+	assert.False(t, complete, "behind the kernel")
+	waits := make(chan error, 2)
+	go func() { waits <- d.SynchronizeEvent(ev) }()
+	go func() { waits <- d.SynchronizeStream(fs) }()
+	select {
+	case err := <-waits:
+		t.Fatalf("a wait returned (%v) while the kernel on the foreign stream was in flight", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(done)
+	require.NoError(t, <-waits)
+	require.NoError(t, <-waits)
+	complete, err = d.QueryEvent(ev)
+	require.NoError(t, err)
+	assert.True(t, complete)
+	require.NoError(t, d.MemcpyDtoH(got, base+acl.DevicePtr(g)))
+	assert.Equal(t, []byte{7, 7}, got, "the memset ran after the kernel")
+
+	// The Launcher of the conformance suite takes it too.
+	l := launcher{dbl, 0}
+	done = make(chan struct{})
+	require.NoError(t, l.Launch(fs, base, g, done))
+	require.NoError(t, d.RecordEvent(ev, fs))
+	time.AfterFunc(10*time.Millisecond, func() { close(done) })
+	require.NoError(t, d.SynchronizeEvent(ev))
+	assert.Zero(t, l.Faults())
+
+	// Destroying it is its owner's business: refused before the runtime.
+	err = d.DestroyStream(fs)
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid)
+	assert.Contains(t, err.Error(), "not created by this driver: its owner destroys it")
+	assert.Equal(t, int64(1), dbl.Stats().ForeignStreams)
+
+	require.NoError(t, d.DestroyEvent(ev))
+	unmapped(t, d, base, h)
+	assert.True(t, c.Live().Zero(), "%+v", c.Live())
+	require.NoError(t, d.Close(), "a foreign stream is no leak")
+	s := dbl.Stats()
+	assert.Equal(t, int64(1), s.ForeignStreams, "Close leaves it to its owner")
+	assert.Equal(t, refs, s.DeviceRefs, "the driver's reference is gone, the owner's is not")
+}
+
+// The NPU's check of a stream made with aclrtCreateStream behind the books,
+// on the double.
+func TestRawForeignStream(t *testing.T) {
+	d, _ := openDouble(t, variantPath(t, "full"), 1<<30, ascend.Config{})
+	testRawForeignStream(t, d)
+}
+
+// A stream the driver destroyed stays refused until the runtime hands its
+// pointer out again: to the driver, it is then simply the new stream; to the
+// caller's own code, the driver cannot tell, and refuses it (the documented
+// limit).
+func TestDestroyedStreamPointerReused(t *testing.T) {
+	path := freshCopy(t, "full", "", "libascendcl.so")
+	d, dbl := openDouble(t, path, 1<<30, ascend.Config{})
+	c := counted{d, dbl, t}
+	dbl.setReuseStreams(1)
+	base, h := mapped(t, d, 1)
+	defer unmapped(t, d, base, h)
+	ev, err := d.CreateEvent()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.DestroyEvent(ev)) }()
+
+	s, err := d.CreateStream()
+	require.NoError(t, err)
+	require.NoError(t, d.DestroyStream(s))
+	acltest.RequireCode(t, d.SynchronizeStream(s), acl.ErrCodeRTParamInvalid)
+	again, err := d.CreateStream()
+	require.NoError(t, err)
+	require.Equal(t, s, again, "the runtime handed the pointer out again")
+	require.NoError(t, d.RecordEvent(ev, again), "the new stream")
+	require.NoError(t, d.SynchronizeStream(again))
+	assert.Equal(t, 1, c.Live().Streams)
+	require.NoError(t, d.DestroyStream(again))
+
+	fs := dbl.Foreign(t, 0)
+	require.Equal(t, s, fs, "handed to the caller's own code this time")
+	err = d.RecordEvent(ev, fs)
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, "the limit")
+	assert.Contains(t, err.Error(), "was destroyed")
 }
 
 // DestroyStream refuses a stream with work pending, asking aclrtStreamQuery,

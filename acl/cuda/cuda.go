@@ -73,9 +73,10 @@ type Driver struct {
 	live    acl.LiveCounts // every count but Streams and Events
 
 	omu     sync.Mutex
-	streams map[acl.Stream]*stream // guarded by omu
+	streams map[acl.Stream]*stream // the streams CreateStream made, by CUstream; guarded by omu
+	gone    graveyard              // the streams DestroyStream destroyed; guarded by omu
 	events  map[acl.Event]*event   // guarded by omu
-	nextObj uintptr                // the last stream or event id handed out; guarded by omu
+	nextObj uintptr                // the last event id handed out; guarded by omu
 }
 
 // handle is a physical allocation: one cuMemCreate.
@@ -812,7 +813,7 @@ func (d *Driver) Close() error {
 	d.book.Reset()
 	d.handles, d.live = nil, acl.LiveCounts{}
 	d.omu.Lock()
-	d.streams, d.events = nil, nil
+	d.streams, d.events, d.gone = nil, nil, graveyard{}
 	d.omu.Unlock()
 	if r := d.lib.cuDevicePrimaryCtxRelease(d.dev); r != ResultSuccess {
 		errs = append(errs, d.lib.newError("cuDevicePrimaryCtxRelease_v2", r))
@@ -838,8 +839,8 @@ func (d *Driver) releaseAllLocked(live acl.LiveCounts) []error {
 	for _, ev := range d.events {
 		check("cuEventDestroy_v2", d.lib.cuEventDestroy(ev.cu))
 	}
-	for _, st := range d.streams {
-		check("cuStreamDestroy_v2", d.lib.cuStreamDestroy(st.cu))
+	for s := range d.streams {
+		check("cuStreamDestroy_v2", d.lib.cuStreamDestroy(uintptr(s)))
 	}
 	d.omu.Unlock()
 	for _, r := range d.book.All() {

@@ -56,14 +56,14 @@
 //	MemcpyDtoD                         cuMemcpyDtoDAsync_v2 on the driver's own stream + cuStreamSynchronize of it
 //	Memset                             cuMemsetD8Async on the driver's own stream + cuStreamSynchronize of it
 //	GetMemInfo                         cuMemGetInfo_v2
-//	CreateStream, DestroyStream        cuStreamCreate(CU_STREAM_NON_BLOCKING); cuStreamQuery, cuStreamDestroy_v2
+//	CreateStream, DestroyStream        cuStreamCreate(CU_STREAM_NON_BLOCKING): the Stream is the CUstream; cuStreamQuery, cuStreamDestroy_v2
 //	SynchronizeStream                  cuStreamSynchronize (Stream 0: the legacy default stream, CUstream NULL)
 //	SynchronizeDevice                  cuCtxSynchronize
 //	CreateEvent, DestroyEvent          cuEventCreate(CU_EVENT_DISABLE_TIMING), cuEventDestroy_v2
 //	RecordEvent                        cuEventRecord
 //	QueryEvent                         cuEventQuery: CUDA_SUCCESS complete, CUDA_ERROR_NOT_READY not yet
 //	SynchronizeEvent                   cuEventSynchronize
-//	MemsetAsync                        cuMemsetD8Async on the caller's stream
+//	MemsetAsync                        cuMemsetD8Async on the caller's stream (its own, or the driver's)
 //	Caps                               {AccessSpan: true, Fresh: FreshProcess} (no call)
 //	Close                              (release what is left), cuStreamDestroy_v2, cuDevicePrimaryCtxRelease_v2
 //
@@ -89,14 +89,46 @@
 //   - copies, memsets and queued memsets must lie in mapped ranges with
 //     access, checked in Go so that a bad one never reaches the GPU, where it
 //     would fault and poison the context;
-//   - streams and events are the driver's own ids: a destroyed or unknown one
-//     is refused (107000; 100000 for a NULL event) instead of reaching CUDA
-//     as a dangling handle; a stream with work pending (cuStreamQuery says
+//   - events are the driver's own ids, and a stream it destroyed is
+//     remembered: a destroyed or unknown event, or a destroyed stream, is
+//     refused (107000; 100000 for a NULL event) instead of reaching CUDA as
+//     a dangling handle; a stream with work pending (cuStreamQuery says
 //     CUDA_ERROR_NOT_READY), or a stream or event another call is waiting
-//     on, cannot be destroyed (107000), where CUDA would destroy it later.
+//     on, cannot be destroyed (107000), where CUDA would destroy it later;
+//     nor can a stream the driver did not create (107000).
 //
 // ACL handles are the driver's own numbers, not CUDA's: CUDA may hand out a
 // released handle's value again while the old allocation is still mapped.
+//
+// # Streams
+//
+// An acl.Stream of this driver is the CUstream itself, and acl.Stream(0) the
+// legacy default stream (a NULL CUstream). A caller may hand a stream it
+// created through the driver to its own kernel launches, and pass the driver
+// the streams its own CUDA code created (a framework's or kernel library's
+// CUstream or cudaStream_t, which are the same pointer), as they are.
+//
+// The driver keeps books of the streams it created: they are counted (Live),
+// destroyed by Close if leaked, held by each call that passes them, and only
+// they can be destroyed through the driver. A stream it did not create is
+// foreign: RecordEvent, MemsetAsync and SynchronizeStream pass it to CUDA as
+// it is (the caller owns it and vouches for it, as a C program calling CUDA
+// does), and DestroyStream refuses it with 107000: its owner destroys it.
+// CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are foreign handles like any
+// other.
+//
+// A stream the driver destroyed is remembered (the last 1024) and refused
+// with 107000, unless CUDA hands the same pointer out again through
+// CreateStream: then it is simply the new stream. CUDA may instead hand that
+// pointer to the caller's own code; the driver cannot tell that stream from
+// the destroyed one and refuses it while it remembers the pointer. About a
+// foreign stream the driver checks nothing: not that it is live, nor that it
+// belongs to the device's primary context (the CUDA runtime's streams do; for
+// a stream of another context cuEventRecord fails with
+// CUDA_ERROR_INVALID_HANDLE, reported as 107017), nor that its owner keeps it
+// alive while a call uses it. A blocking foreign stream (flags 0, what
+// cudaStreamCreate makes) is ordered with the legacy default stream, so the
+// synchronous host copies wait for its work.
 //
 // The state of a range and of an allocation, and the call that moves it:
 //
@@ -114,7 +146,8 @@
 // streams that used the range and waits for it, or calls SynchronizeDevice as
 // the fallback. In vmarena the chunk pool does that, in one place. No call of
 // the driver waits for the whole device except SynchronizeDevice, and Close
-// when it tears down leaked mappings or streams.
+// when it tears down leaked mappings or streams (that wait covers foreign
+// streams too).
 //
 // The synchronous MemcpyDtoD and Memset are asynchronous in CUDA. The driver
 // queues them on a non-blocking stream of its own, created at Open, and waits

@@ -99,6 +99,9 @@ type fake struct {
 	launchFn   func(s uintptr, p uint64, n uintptr) int32 // a kernel's id, or -CUresult
 	finish     func(id int32) int32
 	faults     func() int64
+
+	foreignStream        func(dev int32, flags uint32) uintptr // a CUstream, or 0
+	destroyForeignStream func(h uintptr) int32                 // a CUresult
 }
 
 // newFake copies the double to a new path in t.TempDir() and loads it.
@@ -128,6 +131,9 @@ func newFake(t testing.TB, env ...string) *fake {
 		"fakecuda_launch":      &f.launchFn,
 		"fakecuda_finish":      &f.finish,
 		"fakecuda_faults":      &f.faults,
+
+		"fakecuda_foreign_stream":         &f.foreignStream,
+		"fakecuda_destroy_foreign_stream": &f.destroyForeignStream,
 	} {
 		sym, err := purego.Dlsym(h, name)
 		require.NoError(t, err)
@@ -167,6 +173,20 @@ func (f *fake) calls(t testing.TB, fn string) int64 {
 func (f *fake) set(t testing.TB, knob string, v uintptr) {
 	t.Helper()
 	require.Zero(t, f.setFn(knob, v), "the double has no knob %s", knob)
+}
+
+// foreign creates a stream on device dev outside the binding, as the caller's
+// own CUDA code would (retaining the device's primary context), and destroys
+// it when the test ends, before the driver closes. It returns the CUstream as
+// an acl.Stream.
+func (f *fake) foreign(t testing.TB, dev int32, flags uint32) acl.Stream {
+	t.Helper()
+	h := f.foreignStream(dev, flags)
+	require.NotZero(t, h, "fakecuda_foreign_stream")
+	t.Cleanup(func() {
+		require.Equal(t, int32(0), f.destroyForeignStream(h), "fakecuda_destroy_foreign_stream(%#x)", h)
+	})
+	return acl.Stream(h)
 }
 
 // fakeLive is what the double holds.
@@ -253,10 +273,13 @@ func (l *launcher) Launch(s acl.Stream, ptr acl.DevicePtr, n uintptr, done <-cha
 	return nil
 }
 
-// launch queues a kernel that stays unfinished until l.f.finish(id).
+// launch queues a kernel that stays unfinished until l.f.finish(id). Like a
+// caller's kernel launch, it takes the CUstream itself: a stream the driver
+// created or a foreign one. A stream the driver destroyed is refused, as the
+// driver refuses it.
 func (l *launcher) launch(s acl.Stream, ptr acl.DevicePtr, n uintptr) (int32, error) {
 	const op = "Launch"
-	st, cu, err := l.d.holdStream(op, s)
+	st, err := l.d.holdStream(op, s)
 	if err != nil {
 		return 0, err
 	}
@@ -265,7 +288,7 @@ func (l *launcher) launch(s acl.Stream, ptr acl.DevicePtr, n uintptr) (int32, er
 	if err != nil {
 		return 0, err
 	}
-	id := l.f.launchFn(cu, uint64(ptr), n)
+	id := l.f.launchFn(uintptr(s), uint64(ptr), n)
 	l.d.unbind(b)
 	if id < 0 {
 		return 0, l.d.lib.newError("fakecuda_launch", Result(-id))

@@ -76,7 +76,60 @@ func TestHardware(t *testing.T) {
 			return arenatest.Capped(openGPU(t), capacity)
 		})
 	})
+	t.Run("ForeignStream", testForeignStream)
 	t.Run("ChunkCosts", func(t *testing.T) { testChunkCosts(t, fresh) })
+}
+
+// testForeignStream passes the driver a CUstream it did not create, made
+// with cuStreamCreate(flags 0) as cudaStreamCreate makes one: MemsetAsync,
+// RecordEvent, QueryEvent, SynchronizeEvent and SynchronizeStream take it as
+// it is, DestroyStream refuses it, and the driver does not count it.
+func testForeignStream(t *testing.T) {
+	d := openGPU(t)
+	defer func() { require.NoError(t, d.Close()) }()
+	var fs uintptr
+	b, err := d.bind()
+	require.NoError(t, err)
+	r := d.lib.cuStreamCreate(&fs, 0)
+	d.unbind(b)
+	require.NoError(t, d.lib.newError("cuStreamCreate", r))
+	defer func() {
+		b, err := d.bind()
+		require.NoError(t, err)
+		r := d.lib.cuStreamDestroy(fs)
+		d.unbind(b)
+		require.NoError(t, d.lib.newError("cuStreamDestroy_v2", r))
+	}()
+	s := acl.Stream(fs)
+
+	g := d.gran
+	base, err := d.ReserveMemAddress(g, 0, 0, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.ReleaseMemAddress(base)) }()
+	p := acl.DeviceProp(d.Device(), 0)
+	h, err := d.MallocPhysical(g, &p, 0)
+	require.NoError(t, err)
+	require.NoError(t, d.MapMem(base, g, 0, h, 0))
+	require.NoError(t, d.MemSetAccess(base, g, acl.ReadWrite(d.Device())))
+	ev, err := d.CreateEvent()
+	require.NoError(t, err)
+
+	require.NoError(t, d.MemsetAsync(base, 0xC3, g, s))
+	require.NoError(t, d.RecordEvent(ev, s))
+	require.NoError(t, d.SynchronizeEvent(ev))
+	complete, err := d.QueryEvent(ev)
+	require.NoError(t, err)
+	require.True(t, complete)
+	require.NoError(t, d.SynchronizeStream(s))
+	got := make([]byte, 4)
+	require.NoError(t, d.MemcpyDtoH(got, base+acl.DevicePtr(g-4)))
+	require.Equal(t, []byte{0xC3, 0xC3, 0xC3, 0xC3}, got)
+	acltest.RequireCode(t, d.DestroyStream(s), acl.ErrCodeRTParamInvalid, "a foreign stream")
+	require.Equal(t, acl.LiveCounts{Reservations: 1, ReservedBytes: g, Mappings: 1, MappedBytes: g, Handles: 1, PhysicalBytes: g, Events: 1}, d.Live())
+
+	require.NoError(t, d.DestroyEvent(ev))
+	require.NoError(t, d.UnmapMem(base))
+	require.NoError(t, d.FreePhysical(h))
 }
 
 // samples collects durations of one call.

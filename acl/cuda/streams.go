@@ -6,22 +6,36 @@ import (
 
 // Streams and events.
 //
-// The driver hands out its own ids for streams and events, as it does for
-// physical handles, and keeps the CUDA handle behind each in its books. So a
-// stale id (destroyed, or never made) is refused with 107000 before CUDA sees
-// it, instead of reaching CUDA as a dangling CUstream or CUevent, and the
-// live counts are exact. acl.Stream(0) is the legacy default stream (a NULL
-// CUstream); it is never in the books and cannot be destroyed.
+// An acl.Stream of this driver is the CUstream itself: the pointer value
+// cuStreamCreate returned, so that a caller can hand a stream it created here
+// to its own kernel launches, and pass the driver a stream its own CUDA code
+// created. acl.Stream(0) is the legacy default stream (a NULL CUstream).
+//
+// The books (streams) hold the streams CreateStream made and DestroyStream
+// has not destroyed: they are counted, destroyed at Close if leaked, and only
+// they can be destroyed. Any other non-zero stream is foreign: the caller
+// owns it and vouches for it, and the calls that only use a stream
+// (RecordEvent, MemsetAsync, SynchronizeStream) pass it to CUDA as it is, as
+// a C program would. DestroyStream refuses a foreign stream (107000): its
+// owner destroys it. A stream this driver destroyed is remembered (gone) and
+// refused with 107000 rather than passed to CUDA as a dangling pointer, until
+// CUDA hands the same value out again through CreateStream; see graveyard for
+// the limits.
+//
+// Events are only ever created by the driver: an acl.Event is the driver's
+// own id, with the CUevent behind it in its books, so a stale or unknown one
+// is refused with 107000 before CUDA sees it.
 //
 // A call that waits (SynchronizeStream, SynchronizeEvent) or queues work
-// (RecordEvent, MemsetAsync) marks the objects it uses busy while CUDA runs it
-// outside omu, and DestroyStream and DestroyEvent refuse a busy object, so
-// that no CUDA call ever gets a handle destroyed under it.
+// (RecordEvent, MemsetAsync) marks the stream and event of the books it uses
+// busy while CUDA runs it outside omu, and DestroyStream and DestroyEvent
+// refuse a busy object, so that no CUDA call ever gets a handle the driver
+// destroyed under it.
 
-// stream is a CUstream created by CreateStream.
+// stream is a CUstream created by CreateStream. The CUstream is its key in
+// the books.
 type stream struct {
-	cu   uintptr // CUstream
-	busy int     // calls in flight that use it
+	busy int // calls in flight that use it
 }
 
 // event is a CUevent created by CreateEvent.
@@ -30,20 +44,68 @@ type event struct {
 	busy int     // calls in flight that use it
 }
 
-// holdStream returns the CUstream of s and marks it busy until
-// releaseStream(st). For the default stream st is nil and cu is 0.
-func (d *Driver) holdStream(op string, s acl.Stream) (st *stream, cu uintptr, err error) {
+// goneMax is how many destroyed streams a driver remembers, to refuse them.
+const goneMax = 1024
+
+// graveyard remembers the last goneMax streams the driver destroyed, so that
+// using one again is refused instead of reaching the runtime as a dangling
+// pointer. The runtime may hand a destroyed stream's pointer out again: to the
+// driver (CreateStream then revives it: it is simply the new stream), or to
+// the caller's own code, and then the driver cannot tell the caller's new
+// stream from the destroyed one and refuses it while it is remembered. A
+// stream destroyed more than goneMax destructions ago is forgotten and, if
+// used again, passed on as a foreign one. The zero value is empty.
+type graveyard struct {
+	slot map[acl.Stream]int // stream → its slot in ring
+	ring []acl.Stream       // the destroyed streams, oldest overwritten first
+	next int                // the slot the next burial takes
+}
+
+// bury remembers s as destroyed.
+func (g *graveyard) bury(s acl.Stream) {
+	if g.slot == nil {
+		g.slot = make(map[acl.Stream]int)
+	}
+	if len(g.ring) < goneMax {
+		g.ring = append(g.ring, s)
+	} else {
+		old := g.ring[g.next]
+		if i, ok := g.slot[old]; ok && i == g.next {
+			delete(g.slot, old)
+		}
+		g.ring[g.next] = s
+	}
+	g.slot[s] = g.next
+	g.next = (g.next + 1) % goneMax
+}
+
+// revive forgets s: the runtime handed it out again, as a new stream.
+func (g *graveyard) revive(s acl.Stream) { delete(g.slot, s) }
+
+// holds reports whether s is a stream the driver destroyed.
+func (g *graveyard) holds(s acl.Stream) bool {
+	_, ok := g.slot[s]
+	return ok
+}
+
+// holdStream checks s for a call of op: the default stream and a foreign
+// stream are passed as they are (st is nil); a stream of the books is marked
+// busy until releaseStream(st); a destroyed one is refused. The CUstream is
+// uintptr(s) in every case.
+func (d *Driver) holdStream(op string, s acl.Stream) (st *stream, err error) {
 	if s == 0 {
-		return nil, 0, nil
+		return nil, nil
 	}
 	d.omu.Lock()
 	defer d.omu.Unlock()
-	st, ok := d.streams[s]
-	if !ok {
-		return nil, 0, fail(op, acl.ErrCodeRTParamInvalid, "stream %#x is not a live stream", uintptr(s))
+	if st, ok := d.streams[s]; ok {
+		st.busy++
+		return st, nil
 	}
-	st.busy++
-	return st, st.cu, nil
+	if d.gone.holds(s) {
+		return nil, fail(op, acl.ErrCodeRTParamInvalid, "stream %#x was destroyed", uintptr(s))
+	}
+	return nil, nil // foreign: its owner vouches for it
 }
 
 func (d *Driver) releaseStream(st *stream) {
@@ -90,7 +152,8 @@ func (d *Driver) call(cufn string, fn func() Result) error {
 
 // CreateStream is cuStreamCreate with CU_STREAM_NON_BLOCKING: a stream that
 // is not ordered with the legacy default stream, so that work other code
-// queues there neither holds back nor waits for the caller's.
+// queues there neither holds back nor waits for the caller's. The stream is
+// the CUstream: the caller may queue its own kernels on it.
 func (d *Driver) CreateStream() (acl.Stream, error) {
 	const op = "aclrtCreateStream"
 	if err := d.begin(op); err != nil {
@@ -101,17 +164,22 @@ func (d *Driver) CreateStream() (acl.Stream, error) {
 	if err := d.call("cuStreamCreate", func() Result { return d.lib.cuStreamCreate(&cu, cuStreamNonBlocking) }); err != nil {
 		return 0, err
 	}
+	if cu == 0 {
+		return 0, fail("cuStreamCreate", acl.ErrCodeRTInternal, "CUDA returned a NULL stream")
+	}
+	s := acl.Stream(cu)
 	d.omu.Lock()
 	defer d.omu.Unlock()
-	d.nextObj += 0x10
-	s := acl.Stream(d.nextObj)
-	d.streams[s] = &stream{cu: cu}
+	d.gone.revive(s)
+	d.streams[s] = &stream{}
 	return s, nil
 }
 
-// DestroyStream is cuStreamDestroy_v2. CUDA would destroy a stream with work
-// pending once the work is done; the contract refuses it (107000), as it
-// refuses a stream another call is using, after asking cuStreamQuery.
+// DestroyStream is cuStreamDestroy_v2, for a stream this driver created.
+// CUDA would destroy a stream with work pending once the work is done; the
+// contract refuses it (107000), as it refuses a stream another call is
+// using, after asking cuStreamQuery. A foreign stream is refused (107000)
+// without a call: its owner destroys it.
 func (d *Driver) DestroyStream(s acl.Stream) error {
 	const op = "aclrtDestroyStream"
 	if s == 0 {
@@ -125,8 +193,10 @@ func (d *Driver) DestroyStream(s acl.Stream) error {
 	defer d.omu.Unlock()
 	st, ok := d.streams[s]
 	switch {
+	case !ok && d.gone.holds(s):
+		return fail(op, acl.ErrCodeRTParamInvalid, "stream %#x was destroyed", uintptr(s))
 	case !ok:
-		return fail(op, acl.ErrCodeRTParamInvalid, "stream %#x is not a live stream", uintptr(s))
+		return fail(op, acl.ErrCodeRTParamInvalid, "stream %#x was not created by this driver: its owner destroys it", uintptr(s))
 	case st.busy > 0:
 		return fail(op, acl.ErrCodeRTParamInvalid, "stream %#x is in use by %d calls in flight", uintptr(s), st.busy)
 	}
@@ -135,34 +205,35 @@ func (d *Driver) DestroyStream(s acl.Stream) error {
 		return err
 	}
 	defer d.unbind(b)
-	switch r := d.lib.cuStreamQuery(st.cu); r {
+	switch r := d.lib.cuStreamQuery(uintptr(s)); r {
 	case ResultSuccess:
 	case ResultNotReady:
 		return fail(op, acl.ErrCodeRTParamInvalid, "stream %#x has work pending: synchronise it first", uintptr(s))
 	default:
 		return d.lib.newError("cuStreamQuery", r)
 	}
-	if r := d.lib.cuStreamDestroy(st.cu); r != ResultSuccess {
+	if r := d.lib.cuStreamDestroy(uintptr(s)); r != ResultSuccess {
 		return d.lib.newError("cuStreamDestroy_v2", r)
 	}
 	delete(d.streams, s)
+	d.gone.bury(s)
 	return nil
 }
 
 // SynchronizeStream is cuStreamSynchronize: it waits for the work queued on
-// s, and returns the error of work that failed there.
+// s, and returns the error of work that failed there. s may be foreign.
 func (d *Driver) SynchronizeStream(s acl.Stream) error {
 	const op = "aclrtSynchronizeStream"
 	if err := d.begin(op); err != nil {
 		return err
 	}
 	defer d.end()
-	st, cu, err := d.holdStream(op, s)
+	st, err := d.holdStream(op, s)
 	if err != nil {
 		return err
 	}
 	defer d.releaseStream(st)
-	return d.call("cuStreamSynchronize", func() Result { return d.lib.cuStreamSynchronize(cu) })
+	return d.call("cuStreamSynchronize", func() Result { return d.lib.cuStreamSynchronize(uintptr(s)) })
 }
 
 // SynchronizeDevice is cuCtxSynchronize: it waits for every stream of the
@@ -196,7 +267,8 @@ func (d *Driver) CreateEvent() (acl.Event, error) {
 	return ev, nil
 }
 
-// RecordEvent is cuEventRecord(ev, s).
+// RecordEvent is cuEventRecord(ev, s). s may be foreign; CUDA requires it to
+// belong to the device's primary context, as the event does.
 func (d *Driver) RecordEvent(ev acl.Event, s acl.Stream) error {
 	const op = "aclrtRecordEvent"
 	if err := d.begin(op); err != nil {
@@ -208,12 +280,12 @@ func (d *Driver) RecordEvent(ev acl.Event, s acl.Stream) error {
 		return err
 	}
 	defer d.releaseEvent(e)
-	st, cu, err := d.holdStream(op, s)
+	st, err := d.holdStream(op, s)
 	if err != nil {
 		return err
 	}
 	defer d.releaseStream(st)
-	return d.call("cuEventRecord", func() Result { return d.lib.cuEventRecord(e.cu, cu) })
+	return d.call("cuEventRecord", func() Result { return d.lib.cuEventRecord(e.cu, uintptr(s)) })
 }
 
 // QueryEvent is cuEventQuery: CUDA_SUCCESS is complete, CUDA_ERROR_NOT_READY
@@ -286,8 +358,9 @@ func (d *Driver) DestroyEvent(ev acl.Event) error {
 	return nil
 }
 
-// MemsetAsync is cuMemsetD8Async on s, after checking that [ptr, ptr+n) is
-// mapped with access. It returns once the memset is queued.
+// MemsetAsync is cuMemsetD8Async on s (which may be foreign), after checking
+// that [ptr, ptr+n) is mapped with access. It returns once the memset is
+// queued.
 func (d *Driver) MemsetAsync(ptr acl.DevicePtr, value byte, n uintptr, s acl.Stream) error {
 	const op = "aclrtMemsetAsync"
 	if n == 0 {
@@ -302,10 +375,10 @@ func (d *Driver) MemsetAsync(ptr acl.DevicePtr, value byte, n uintptr, s acl.Str
 	if _, err := d.book.Accessible(op, ptr, n); err != nil {
 		return err
 	}
-	st, cu, err := d.holdStream(op, s)
+	st, err := d.holdStream(op, s)
 	if err != nil {
 		return err
 	}
 	defer d.releaseStream(st)
-	return d.call("cuMemsetD8Async", func() Result { return d.lib.cuMemsetD8Async(uint64(ptr), value, n, cu) })
+	return d.call("cuMemsetD8Async", func() Result { return d.lib.cuMemsetD8Async(uint64(ptr), value, n, uintptr(s)) })
 }

@@ -14,16 +14,6 @@ import (
 	"github.com/vmarena/vmarena/acl/acltest"
 )
 
-// cuStream returns the CUstream behind s.
-func cuStream(t testing.TB, d *Driver, s acl.Stream) uintptr {
-	t.Helper()
-	d.omu.Lock()
-	defer d.omu.Unlock()
-	st, ok := d.streams[s]
-	require.True(t, ok, "stream %#x", uintptr(s))
-	return st.cu
-}
-
 // mapRun maps k adjacent chunks of one granule at base, without access.
 func mapRun(t testing.TB, d *Driver, base acl.DevicePtr, k int) []acl.PhysicalHandle {
 	t.Helper()
@@ -56,7 +46,7 @@ func TestStreamAndEventFlags(t *testing.T) {
 	require.NoError(t, err)
 	ev, err := d.CreateEvent()
 	require.NoError(t, err)
-	require.Equal(t, int32(cuStreamNonBlocking), f.flags(cuStream(t, d, s)), "CU_STREAM_NON_BLOCKING")
+	require.Equal(t, int32(cuStreamNonBlocking), f.flags(uintptr(s)), "the stream is the CUstream, CU_STREAM_NON_BLOCKING")
 	d.omu.Lock()
 	evcu := d.events[ev].cu
 	d.omu.Unlock()
@@ -64,7 +54,6 @@ func TestStreamAndEventFlags(t *testing.T) {
 	require.Equal(t, acl.LiveCounts{Streams: 1, Events: 1}, d.Live())
 	require.Equal(t, int64(2), f.live().Streams)
 	require.Equal(t, int64(1), f.live().Events)
-	require.NotEqual(t, uintptr(s), cuStream(t, d, s), "ids are the driver's own")
 	require.NoError(t, d.DestroyEvent(ev))
 	require.NoError(t, d.DestroyStream(s))
 	require.True(t, d.Live().Zero())
@@ -142,8 +131,9 @@ func TestOpenStreamFails(t *testing.T) {
 	f.requireClean(t)
 }
 
-// Stale, NULL and busy streams and events are refused before CUDA sees
-// them, and a stream with work pending cannot be destroyed.
+// Destroyed, NULL and busy streams and events, and unknown events, are
+// refused before CUDA sees them, and a stream with work pending cannot be
+// destroyed. A stream the driver never made is the caller's: CUDA gets it.
 func TestStreamAndEventRefusals(t *testing.T) {
 	d, f := openFake(t, 0, Config{})
 	l := launcherOf(d).(*launcher)
@@ -162,9 +152,16 @@ func TestStreamAndEventRefusals(t *testing.T) {
 	acltest.RequireCode(t, err, acl.ErrCodeInvalidParam)
 	acltest.RequireCode(t, d.SynchronizeEvent(0), acl.ErrCodeInvalidParam)
 	acltest.RequireCode(t, d.DestroyEvent(0), acl.ErrCodeInvalidParam)
-	acltest.RequireCode(t, d.SynchronizeStream(0x1234), acl.ErrCodeRTParamInvalid, "never made")
-	acltest.RequireCode(t, d.MemsetAsync(base, 0, 1, 0x1234), acl.ErrCodeRTParamInvalid, "never made")
-	acltest.RequireCode(t, d.RecordEvent(ev, 0x1234), acl.ErrCodeRTParamInvalid)
+	// 0x1234 is no stream at all; passed on as a foreign one, CUDA (here
+	// the double) refuses it.
+	syncs := f.calls(t, "cuStreamSynchronize")
+	require.Equal(t, ResultInvalidHandle, resultOf(d.SynchronizeStream(0x1234)), "never made: CUDA's answer")
+	require.Equal(t, syncs+1, f.calls(t, "cuStreamSynchronize"))
+	require.Equal(t, ResultInvalidHandle, resultOf(d.MemsetAsync(base, 0, 1, 0x1234)))
+	require.Equal(t, ResultInvalidHandle, resultOf(d.RecordEvent(ev, 0x1234)))
+	err = d.DestroyStream(0x1234)
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, "not the driver's")
+	require.ErrorContains(t, err, "not created by this driver: its owner destroys it")
 	memsets := f.calls(t, "cuMemsetD8Async")
 	acltest.RequireCode(t, d.MemsetAsync(base+g-4, 0, 8, s), acl.ErrCodeRTParamInvalid, "past the mapping")
 	require.Equal(t, memsets, f.calls(t, "cuMemsetD8Async"), "refused before CUDA")
@@ -209,7 +206,9 @@ func TestStreamAndEventRefusals(t *testing.T) {
 	acltest.RequireCode(t, d.RecordEvent(ev2, s), acl.ErrCodeRTParamInvalid, "destroyed stream")
 	acltest.RequireCode(t, d.RecordEvent(ev, 0), acl.ErrCodeRTParamInvalid, "destroyed event")
 	require.Equal(t, records, f.calls(t, "cuEventRecord"), "refused before CUDA")
-	acltest.RequireCode(t, d.DestroyStream(s), acl.ErrCodeRTParamInvalid, "twice")
+	err = d.DestroyStream(s)
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, "twice")
+	require.ErrorContains(t, err, "was destroyed")
 	acltest.RequireCode(t, d.DestroyEvent(ev), acl.ErrCodeRTParamInvalid, "twice")
 	require.NoError(t, d.DestroyEvent(ev2))
 	unmapRun(t, d, base, hs)
@@ -417,4 +416,220 @@ func TestConcurrentStreams(t *testing.T) {
 	require.NoError(t, d.SynchronizeDevice())
 	unmapRun(t, d, base, hs)
 	require.NoError(t, d.ReleaseMemAddress(base))
+}
+
+// A stream created outside the driver, as the caller's own CUDA code creates
+// its streams, is passed to CUDA as it is: events recorded on it, memsets
+// queued on it and its synchronisation work, and order with work launched on
+// it, as on any stream. The driver neither counts it nor destroys it, and
+// Close leaves it to its owner.
+func TestForeignStreams(t *testing.T) {
+	d, f := openFake(t, 0, Config{})
+	l := launcherOf(d).(*launcher)
+	fs := f.foreign(t, 0, cuStreamNonBlocking)
+	require.Equal(t, int32(cuStreamNonBlocking), f.flags(uintptr(fs)))
+	require.True(t, d.Live().Zero(), "not in the driver's counts: %+v", d.Live())
+	require.Equal(t, int64(2), f.live().Streams, "the driver's own and the foreign one")
+	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+	require.NoError(t, err)
+	hs := mapRun(t, d, base, 2)
+	require.NoError(t, d.MemSetAccess(base, 2*g, acl.ReadWrite(0)))
+	ev, err := d.CreateEvent()
+	require.NoError(t, err)
+
+	// Record, query, synchronise, memset on an idle foreign stream.
+	records := f.calls(t, "cuEventRecord")
+	require.NoError(t, d.MemsetAsync(base, 0x5A, g, fs))
+	require.NoError(t, d.RecordEvent(ev, fs))
+	require.Equal(t, records+1, f.calls(t, "cuEventRecord"))
+	require.NoError(t, d.SynchronizeEvent(ev))
+	complete, err := d.QueryEvent(ev)
+	require.NoError(t, err)
+	require.True(t, complete)
+	require.NoError(t, d.SynchronizeStream(fs))
+	got := make([]byte, 2)
+	require.NoError(t, d.MemcpyDtoH(got, base+g-2))
+	require.Equal(t, []byte{0x5A, 0x5A}, got)
+
+	// Work in flight on it: the event recorded after a kernel completes only
+	// once the kernel has, and a memset queued behind it runs after it.
+	id, err := l.launch(fs, base, g)
+	require.NoError(t, err)
+	require.NoError(t, d.MemsetAsync(base+g, 7, 8, fs))
+	require.NoError(t, d.RecordEvent(ev, fs))
+	complete, err = d.QueryEvent(ev)
+	require.NoError(t, err)
+	require.False(t, complete, "behind the kernel")
+	waits := make(chan error, 2)
+	go func() { waits <- d.SynchronizeEvent(ev) }()
+	go func() { waits <- d.SynchronizeStream(fs) }()
+	select {
+	case err := <-waits:
+		t.Fatalf("a wait returned (%v) while the kernel on the foreign stream was in flight", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	require.Equal(t, int32(0), f.finish(id))
+	require.NoError(t, <-waits)
+	require.NoError(t, <-waits)
+	complete, err = d.QueryEvent(ev)
+	require.NoError(t, err)
+	require.True(t, complete)
+	require.NoError(t, d.MemcpyDtoH(got, base+g))
+	require.Equal(t, []byte{7, 7}, got, "the memset ran after the kernel")
+
+	// The Launcher of the conformance suite takes it too.
+	done := make(chan struct{})
+	require.NoError(t, l.Launch(fs, base, g, done))
+	require.NoError(t, d.RecordEvent(ev, fs))
+	time.AfterFunc(10*time.Millisecond, func() { close(done) })
+	require.NoError(t, d.SynchronizeEvent(ev))
+	require.Zero(t, l.Faults())
+
+	// Destroying it is its owner's business: refused before CUDA.
+	queries, destroys := f.calls(t, "cuStreamQuery"), f.calls(t, "cuStreamDestroy_v2")
+	err = d.DestroyStream(fs)
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid)
+	require.ErrorContains(t, err, "not created by this driver: its owner destroys it")
+	require.Equal(t, queries, f.calls(t, "cuStreamQuery"))
+	require.Equal(t, destroys, f.calls(t, "cuStreamDestroy_v2"))
+
+	require.NoError(t, d.DestroyEvent(ev))
+	unmapRun(t, d, base, hs)
+	require.NoError(t, d.ReleaseMemAddress(base))
+	require.True(t, d.Live().Zero(), "%+v", d.Live())
+	require.Equal(t, int64(2), f.live().Streams, "the foreign stream lives on")
+}
+
+// A blocking foreign stream (flags 0, what cudaStreamCreate makes) is
+// ordered with the legacy default stream, as CUDA orders it: the synchronous
+// host copies wait for its work, while Memset, on the driver's own
+// non-blocking stream, does not.
+func TestBlockingForeignStream(t *testing.T) {
+	d, f := openFake(t, 0, Config{})
+	l := launcherOf(d).(*launcher)
+	fs := f.foreign(t, 0, 0)
+	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+	require.NoError(t, err)
+	hs := mapRun(t, d, base, 2)
+	require.NoError(t, d.MemSetAccess(base, 2*g, acl.ReadWrite(0)))
+	id, err := l.launch(fs, base+g, g)
+	require.NoError(t, err)
+	unblock := func() { f.finish(id) }
+	require.NoError(t, returnsSoon(t, unblock, func() error { return d.Memset(base, 3, 8) }),
+		"the driver's own stream does not wait for a blocking stream")
+	copied := make(chan error, 1)
+	go func() { copied <- d.MemcpyHtoD(base, []byte{4}) }()
+	select {
+	case err := <-copied:
+		unblock()
+		t.Fatalf("a host copy ran (%v) before the blocking stream's work finished", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	unblock()
+	require.NoError(t, <-copied)
+	require.NoError(t, d.SynchronizeStream(fs))
+	unmapRun(t, d, base, hs)
+	require.NoError(t, d.ReleaseMemAddress(base))
+}
+
+// Close leaves foreign streams alone: they are neither leaks nor its to
+// destroy, even with work queued on them.
+func TestCloseLeavesForeignStreams(t *testing.T) {
+	f := newFake(t)
+	t.Cleanup(func() { f.requireClean(t) }) // after the foreign stream's cleanup destroys it
+	d, err := Open(Config{Library: f.path})
+	require.NoError(t, err)
+	fs := f.foreign(t, 0, cuStreamNonBlocking)
+	base, err := d.ReserveMemAddress(g, 0, 0, 0)
+	require.NoError(t, err)
+	hs := mapRun(t, d, base, 1)
+	require.NoError(t, d.MemSetAccess(base, g, acl.ReadWrite(0)))
+	require.NoError(t, d.MemsetAsync(base, 1, g, fs))
+	require.NoError(t, d.SynchronizeStream(fs))
+	unmapRun(t, d, base, hs)
+	require.NoError(t, d.ReleaseMemAddress(base))
+	syncs := f.calls(t, "cuCtxSynchronize")
+	require.NoError(t, d.Close(), "a foreign stream is no leak")
+	require.Equal(t, syncs, f.calls(t, "cuCtxSynchronize"), "nothing to drain")
+	l := f.live()
+	require.Equal(t, int64(1), l.Streams, "the foreign stream is still live")
+	require.Equal(t, int64(1), l.ContextRefs, "its owner's reference to the primary context")
+}
+
+// A stream the driver destroyed stays refused until CUDA hands its value out
+// again: to the driver, it is then simply the new stream; to someone else,
+// the driver cannot tell, and refuses it (the documented limit).
+func TestDestroyedStreamValueReused(t *testing.T) {
+	d, f := openFake(t, 0, Config{})
+	f.set(t, "reuse_streams", 1)
+	l := launcherOf(d).(*launcher)
+	base, err := d.ReserveMemAddress(g, 0, 0, 0)
+	require.NoError(t, err)
+	hs := mapRun(t, d, base, 1)
+	require.NoError(t, d.MemSetAccess(base, g, acl.ReadWrite(0)))
+	ev, err := d.CreateEvent()
+	require.NoError(t, err)
+
+	s, err := d.CreateStream()
+	require.NoError(t, err)
+	require.NoError(t, d.DestroyStream(s))
+	calls := func() [4]int64 {
+		return [4]int64{f.calls(t, "cuStreamSynchronize"), f.calls(t, "cuEventRecord"),
+			f.calls(t, "cuMemsetD8Async"), f.calls(t, "cuStreamDestroy_v2")}
+	}
+	before := calls()
+	for what, err := range map[string]error{
+		"sync":    d.SynchronizeStream(s),
+		"record":  d.RecordEvent(ev, s),
+		"memset":  d.MemsetAsync(base, 0, 8, s),
+		"destroy": d.DestroyStream(s),
+	} {
+		acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, what)
+		require.ErrorContains(t, err, "was destroyed", what)
+	}
+	_, err = l.launch(s, base, g)
+	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid, "launch")
+	require.Equal(t, before, calls(), "refused before CUDA")
+
+	again, err := d.CreateStream()
+	require.NoError(t, err)
+	require.Equal(t, s, again, "the double handed the value out again")
+	require.NoError(t, d.RecordEvent(ev, again), "the new stream")
+	require.NoError(t, d.SynchronizeStream(again))
+	require.Equal(t, 1, d.Live().Streams)
+	require.NoError(t, d.DestroyStream(again))
+
+	// Handed to the caller's own code instead, the value is still refused.
+	fs := f.foreign(t, 0, cuStreamNonBlocking)
+	require.Equal(t, s, fs, "the double handed the value to a foreign stream")
+	acltest.RequireCode(t, d.SynchronizeStream(fs), acl.ErrCodeRTParamInvalid, "the limit")
+
+	require.NoError(t, d.DestroyEvent(ev))
+	unmapRun(t, d, base, hs)
+	require.NoError(t, d.ReleaseMemAddress(base))
+}
+
+// The graveyard remembers the last goneMax destroyed streams.
+func TestGraveyard(t *testing.T) {
+	var g graveyard
+	require.False(t, g.holds(1))
+	for i := range goneMax {
+		g.bury(acl.Stream(0x100 + i))
+	}
+	require.True(t, g.holds(0x100))
+	g.revive(0x101)
+	require.False(t, g.holds(0x101))
+	g.bury(0x101) // buried again, in a new slot
+	require.False(t, g.holds(0x100), "the oldest is forgotten")
+	for i := 2; i < goneMax; i++ {
+		require.True(t, g.holds(acl.Stream(0x100+i)), "%#x", 0x100+i)
+	}
+	require.True(t, g.holds(0x101))
+	g.bury(0x9000) // overwrites the slot 0x101 had first: 0x101 stays
+	require.True(t, g.holds(0x101))
+	require.True(t, g.holds(0x102))
+	g.bury(0x9001)
+	require.False(t, g.holds(0x102), "the oldest is forgotten")
+	require.True(t, g.holds(0x9000))
+	require.Len(t, g.slot, goneMax)
 }

@@ -35,7 +35,16 @@
 //
 // Test-only functions (fakeacl_*) configure it, inject faults, queue and
 // finish stand-in kernels, report live objects and expose the C struct
-// layouts. Build variants:
+// layouts. fakeacl_foreign_stream makes a stream outside the binding, as the
+// caller's own CANN code would: it sets the device (a reference of its own,
+// as aclrtSetDevice takes) and creates a stream in the device's default
+// context. Such a stream is not counted among the aclrtCreateStream streams
+// but in fakeacl_stats_t.foreign_streams; only fakeacl_destroy_foreign_stream
+// destroys it (aclrtDestroyStream refuses it, so that a binding that destroys
+// a stream it did not create fails its tests). Streams are never freed, so a
+// stale handle reads as destroyed, unless fakeacl_set_reuse_streams(1): then
+// a new stream is the stream destroyed last, as a pointer freed and
+// allocated again would be. Build variants:
 //   -DFAKEACL_NO_SETACCESS   no aclrtMemSetAccess symbol (CANN before 8.5)
 //   -DFAKEACL_NO_MAPMEM      no aclrtMapMem symbol (a broken install)
 //   -DFAKEACL_NO_EVENTS      none of the event calls (an old runtime)
@@ -188,6 +197,7 @@ struct stream {
     int dev;
     int alive;
     int is_default;
+    int foreign;                 // made by fakeacl_foreign_stream
     struct work *head, *tail;    // queued and not finished; head may be running
     uint64_t queued, finished;   // seq of the last work queued, finished
     aclError err;                // the first fault since the last synchronisation
@@ -251,6 +261,7 @@ typedef struct {
     int64_t no_context_errors; // calls refused with 107002 for want of a context
     int64_t set_context_calls; // aclrtSetCurrentContext calls
     int64_t threads_seen;      // OS threads that made calls needing a context
+    int64_t foreign_streams;   // streams made by fakeacl_foreign_stream and not destroyed
 } fakeacl_stats_t;
 
 static int initialised;
@@ -264,6 +275,9 @@ static struct stream *all_streams;
 static struct event *all_events;
 static int next_kernel;
 static int no_setaccess;
+static int reuse_streams;              // a new stream is the one destroyed last (last_destroyed)
+static struct stream *last_destroyed;  // the stream destroyed last, or NULL
+static int64_t foreign_streams;
 
 static struct resv **resvs; // sorted by base
 static int nresv, capresv;
@@ -396,6 +410,15 @@ static void dev_copy(uintptr_t addr, unsigned char *host, size_t n, int to_dev);
 
 // new_stream makes a stream of dev. Caller holds mu.
 static struct stream *new_stream(int dev, int is_default) {
+    if (reuse_streams && !is_default && last_destroyed != NULL) {
+        struct stream *st = last_destroyed; // drained: destroyed streams have no work
+        last_destroyed = NULL;
+        st->dev = dev;
+        st->alive = 1;
+        st->foreign = 0;
+        st->err = ACL_SUCCESS;
+        return st;
+    }
     struct stream *st = calloc(1, sizeof *st); // never freed: see struct stream
     if (st == NULL) abort();
     st->dev = dev;
@@ -583,6 +606,49 @@ API aclError aclrtGetDeviceCount(uint32_t *count) {
     RET(ACL_SUCCESS);
 }
 
+// acquire_device takes a reference to device dev, creating its default
+// context with the first. Caller holds mu.
+static void acquire_device(int dev) {
+    if (dev_ctx[dev] == NULL) {
+        struct ctx *c = calloc(1, sizeof *c); // never freed: see struct ctx
+        if (c == NULL) abort();
+        c->magic = CTX_MAGIC;
+        c->dev = dev;
+        c->alive = 1;
+        c->defstream = new_stream(dev, 1);
+        dev_ctx[dev] = c;
+    }
+    dev_refs[dev]++;
+}
+
+// release_device drops a reference to device dev; the last one resets it.
+// Caller holds mu.
+static void release_device(int dev) {
+    if (--dev_refs[dev] > 0) return;
+    // The default context goes, and with it the device's streams, their
+    // work and its events.
+    for (struct stream *st = all_streams; st != NULL; st = st->next_all) {
+        if (st->dev != dev || !st->alive) continue;
+        drop_work(st);
+        st->alive = 0;
+        if (st->foreign) {
+            foreign_streams--;
+        } else if (!st->is_default) {
+            live.streams--;
+        }
+    }
+    for (struct event *ev = all_events; ev != NULL; ev = ev->next_all) {
+        if (ev->dev == dev && ev->alive) {
+            ev->alive = 0;
+            live.events--;
+        }
+    }
+    pthread_cond_broadcast(&cv);
+    dev_ctx[dev]->alive = 0;
+    if (cur == dev_ctx[dev]) cur = NULL;
+    dev_ctx[dev] = NULL;
+}
+
 API aclError aclrtSetDevice(int32_t deviceId) {
     pthread_mutex_lock(&mu);
     if (!initialised) FAIL(ACL_ERROR_UNINITIALIZE, "aclInit has not been called");
@@ -590,16 +656,7 @@ API aclError aclrtSetDevice(int32_t deviceId) {
         FAIL(ACL_ERROR_RT_INVALID_DEVICEID, "device %d: %u devices", deviceId, device_count);
     aclError c = injected(__func__);
     if (c) FAIL(c, "injected fault");
-    if (dev_ctx[deviceId] == NULL) {
-        struct ctx *c = calloc(1, sizeof *c); // never freed: see struct ctx
-        if (c == NULL) abort();
-        c->magic = CTX_MAGIC;
-        c->dev = deviceId;
-        c->alive = 1;
-        c->defstream = new_stream(deviceId, 1);
-        dev_ctx[deviceId] = c;
-    }
-    dev_refs[deviceId]++;
+    acquire_device(deviceId);
     cur = dev_ctx[deviceId];
     RET(ACL_SUCCESS);
 }
@@ -610,26 +667,7 @@ API aclError aclrtResetDevice(int32_t deviceId) {
     if (deviceId < 0 || (uint32_t)deviceId >= device_count)
         FAIL(ACL_ERROR_RT_INVALID_DEVICEID, "device %d: %u devices", deviceId, device_count);
     if (dev_refs[deviceId] == 0) FAIL(ACL_ERROR_RT_PARAM_INVALID, "device %d was not set", deviceId);
-    if (--dev_refs[deviceId] == 0) {
-        // The default context goes, and with it the device's streams, their
-        // work and its events.
-        for (struct stream *st = all_streams; st != NULL; st = st->next_all) {
-            if (st->dev != deviceId || !st->alive) continue;
-            drop_work(st);
-            st->alive = 0;
-            if (!st->is_default) live.streams--;
-        }
-        for (struct event *ev = all_events; ev != NULL; ev = ev->next_all) {
-            if (ev->dev == deviceId && ev->alive) {
-                ev->alive = 0;
-                live.events--;
-            }
-        }
-        pthread_cond_broadcast(&cv);
-        dev_ctx[deviceId]->alive = 0;
-        if (cur == dev_ctx[deviceId]) cur = NULL;
-        dev_ctx[deviceId] = NULL;
-    }
+    release_device(deviceId);
     RET(ACL_SUCCESS);
 }
 
@@ -675,11 +713,15 @@ API aclError aclrtDestroyStream(aclrtStream stream) {
     if (stream == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "stream is NULL");
     struct stream *st = find_stream(stream);
     if (st == NULL || !st->alive || st->is_default) FAIL(ACL_ERROR_RT_PARAM_INVALID, "%p is not a live stream", stream);
+    if (st->foreign)
+        FAIL(ACL_ERROR_RT_PARAM_INVALID, "stream %p belongs to other code (fakeacl_foreign_stream): not for this caller to destroy",
+             stream);
     if (st->head != NULL)
         FAIL(ACL_ERROR_RT_PARAM_INVALID, "stream %p has %llu tasks pending: synchronise it first", stream,
              (unsigned long long)(st->queued - st->finished));
     st->alive = 0;
     live.streams--;
+    last_destroyed = st;
     RET(ACL_SUCCESS);
 }
 
@@ -1316,6 +1358,47 @@ API int fakeacl_inject(const char *fn, int nth, int code) {
 // as a thread that never set one.
 API void fakeacl_clear_context(void) { cur = NULL; }
 
+// fakeacl_foreign_stream creates a stream on device dev outside the binding,
+// as the caller's own CANN code would: it takes a reference to the device
+// (as aclrtSetDevice does, without touching the thread's context) and makes
+// the stream in the device's default context. It returns an aclError.
+API aclError fakeacl_foreign_stream(int32_t dev, void **stream) {
+    pthread_mutex_lock(&mu);
+    if (!initialised) FAIL(ACL_ERROR_UNINITIALIZE, "aclInit has not been called");
+    if (dev < 0 || (uint32_t)dev >= device_count || dev >= MAXDEV)
+        FAIL(ACL_ERROR_RT_INVALID_DEVICEID, "device %d: %u devices", dev, device_count);
+    if (stream == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "stream is NULL");
+    acquire_device(dev);
+    struct stream *st = new_stream(dev, 0);
+    st->foreign = 1;
+    foreign_streams++;
+    *stream = st;
+    RET(ACL_SUCCESS);
+}
+
+// fakeacl_destroy_foreign_stream destroys a stream fakeacl_foreign_stream
+// made, which must have no work pending, and drops its device reference.
+// It returns an aclError.
+API aclError fakeacl_destroy_foreign_stream(void *stream) {
+    pthread_mutex_lock(&mu);
+    struct stream *st = find_stream(stream);
+    if (st == NULL || !st->alive || !st->foreign) FAIL(ACL_ERROR_RT_PARAM_INVALID, "%p is not a live foreign stream", stream);
+    if (st->head != NULL) FAIL(ACL_ERROR_RT_PARAM_INVALID, "stream %p has tasks pending: synchronise it first", stream);
+    st->alive = 0;
+    foreign_streams--;
+    last_destroyed = st;
+    release_device(st->dev);
+    RET(ACL_SUCCESS);
+}
+
+// fakeacl_set_reuse_streams makes a new stream reuse the stream destroyed
+// last (on != 0), as a freed pointer allocated again would, or not.
+API void fakeacl_set_reuse_streams(int on) {
+    pthread_mutex_lock(&mu);
+    reuse_streams = on;
+    pthread_mutex_unlock(&mu);
+}
+
 // fakeacl_launch queues a stand-in kernel on stream (NULL: dev's default
 // stream) that touches [ptr, ptr+n) and stays running until fakeacl_finish
 // is called with the id it returns. The range must be mapped. It returns the
@@ -1414,6 +1497,7 @@ API void fakeacl_stats(fakeacl_stats_t *out) {
     out->no_context_errors = no_ctx_errors;
     out->set_context_calls = set_ctx_calls;
     out->threads_seen = threads_seen;
+    out->foreign_streams = foreign_streams;
     pthread_mutex_unlock(&mu);
 }
 

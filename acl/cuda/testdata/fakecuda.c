@@ -56,8 +56,18 @@
 //
 // "Device memory" is host memory from mmap; device addresses are the double's
 // own integers, translated through its mapping table on every access. Stream
-// and event handles are the double's own integers too, never reused, so a
+// and event handles are the double's own integers too, never reused (unless
+// the reuse_streams knob is set: then a new stream takes the handle of the
+// stream destroyed last, as a pointer freed and allocated again would), so a
 // stale handle is CUDA_ERROR_INVALID_HANDLE rather than a crash.
+//
+// Foreign streams. fakecuda_foreign_stream creates a stream the way the CUDA
+// runtime of the caller's own framework would, outside the binding: it
+// retains the device's primary context (as the runtime does) and creates a
+// stream there, counted among the live streams but not as a cuStreamCreate
+// call. Only fakecuda_destroy_foreign_stream destroys it (and releases the
+// context): cuStreamDestroy_v2 refuses it with CUDA_ERROR_INVALID_HANDLE, so
+// that a binding which destroys a stream it did not create fails its tests.
 //
 // One mutex guards all state and one condition variable signals progress, so
 // the double may be called from any number of threads.
@@ -200,6 +210,7 @@ struct fstream {
 	struct fake_ctx *ctx;
 	unsigned flags;
 	int legacy;
+	int foreign; // made by fakecuda_foreign_stream
 	int dead;    // destroyed; freed once drained and unwaited
 	int waiters; // threads blocked in cuStreamSynchronize on it
 	struct item *head, *tail;
@@ -238,6 +249,8 @@ static struct fstream *streams; // every stream, the legacy ones included
 static struct fevent *events;
 static long live_allocs, live_maps, live_resv, live_streams, live_events;
 static uintptr_t next_handle = 0x1000; // stream and event handles
+static int reuse_streams;              // knob: a new stream takes the handle of the stream destroyed last
+static uintptr_t last_destroyed;       // that handle, or 0
 static uint64_t next_gseq;
 static int next_kernel;
 static long faults;
@@ -747,34 +760,52 @@ EXPORT CUresult cuCtxSynchronize(void) {
 
 // ---- streams and events ----
 
-EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags) {
-	BEGIN("cuStreamCreate", need_ctx());
-	if (ph == NULL || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING) != 0)
-		END(CUDA_ERROR_INVALID_VALUE);
+// new_stream makes a live stream of c with flags. Called with mu held.
+static struct fstream *new_stream(struct fake_ctx *c, unsigned flags) {
 	struct fstream *s = calloc(1, sizeof *s);
-	next_handle += 0x10;
-	s->handle = next_handle;
-	s->ctx = current;
+	if (reuse_streams && last_destroyed != 0) {
+		s->handle = last_destroyed;
+		last_destroyed = 0;
+	} else {
+		next_handle += 0x10;
+		s->handle = next_handle;
+	}
+	s->ctx = c;
 	s->flags = flags;
 	s->next = streams;
 	streams = s;
 	live_streams++;
-	*ph = (CUstream)s->handle;
+	return s;
+}
+
+// kill_stream destroys s: its queued work still runs, and it goes when it
+// has drained. Called with mu held.
+static void kill_stream(struct fstream *s) {
+	s->dead = 1;
+	live_streams--;
+	last_destroyed = s->handle;
+	progress();
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags) {
+	BEGIN("cuStreamCreate", need_ctx());
+	if (ph == NULL || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING) != 0)
+		END(CUDA_ERROR_INVALID_VALUE);
+	*ph = (CUstream)new_stream(current, flags)->handle;
 	END(CUDA_SUCCESS);
 }
 
 // cuStreamDestroy_v2 returns at once; work still queued runs, and the stream
-// goes when it has drained.
+// goes when it has drained. A foreign stream is refused (see the top of this
+// file).
 EXPORT CUresult cuStreamDestroy_v2(CUstream h) {
 	BEGIN("cuStreamDestroy_v2", need_ctx());
 	if (h == NULL || (uintptr_t)h == CU_STREAM_LEGACY)
 		END(CUDA_ERROR_INVALID_HANDLE);
 	struct fstream *s = stream_of(h);
-	if (s == NULL)
+	if (s == NULL || s->foreign)
 		END(CUDA_ERROR_INVALID_HANDLE);
-	s->dead = 1;
-	live_streams--;
-	progress();
+	kill_stream(s);
 	END(CUDA_SUCCESS);
 }
 
@@ -1295,7 +1326,8 @@ EXPORT void fakecuda_live(long *allocations, long *maps, long *resv, size_t *byt
 }
 
 // fakecuda_set sets a knob: "capacity", "devices", "granularity", "vmm",
-// "version", "stub", "va_limit". It returns -1 for an unknown knob.
+// "version", "stub", "va_limit", "reuse_streams". It returns -1 for an
+// unknown knob.
 EXPORT int fakecuda_set(const char *knob, size_t value) {
 	int rc = 0;
 	pthread_mutex_lock(&mu);
@@ -1313,6 +1345,8 @@ EXPORT int fakecuda_set(const char *knob, size_t value) {
 		stub = value != 0;
 	else if (strcmp(knob, "va_limit") == 0)
 		va_limit = value;
+	else if (strcmp(knob, "reuse_streams") == 0)
+		reuse_streams = value != 0;
 	else
 		rc = -1;
 	pthread_mutex_unlock(&mu);
@@ -1343,6 +1377,44 @@ EXPORT int fakecuda_flags(uintptr_t h) {
 			flags = (int)e->flags;
 	pthread_mutex_unlock(&mu);
 	return flags;
+}
+
+// fakecuda_foreign_stream creates a stream with flags in device dev's primary
+// context, outside the binding, as the caller's own CUDA code would: it
+// retains the primary context for the stream's life. It returns the CUstream,
+// or 0 before cuInit or for a bad device or flags.
+EXPORT uintptr_t fakecuda_foreign_stream(int dev, unsigned flags) {
+	uintptr_t h = 0;
+	pthread_mutex_lock(&mu);
+	if (initialized && dev >= 0 && dev < ndevices && (flags & ~(unsigned)CU_STREAM_NON_BLOCKING) == 0) {
+		ctxs[dev].refs++;
+		struct fstream *s = new_stream(&ctxs[dev], flags);
+		s->foreign = 1;
+		h = s->handle;
+	}
+	pthread_mutex_unlock(&mu);
+	return h;
+}
+
+// fakecuda_destroy_foreign_stream destroys a stream fakecuda_foreign_stream
+// made, as cuStreamDestroy_v2 would (queued work still runs), and releases
+// the primary context it retained. It returns a CUresult.
+EXPORT int fakecuda_destroy_foreign_stream(uintptr_t h) {
+	pthread_mutex_lock(&mu);
+	struct fstream *s = NULL;
+	for (struct fstream *o = streams; o != NULL; o = o->next)
+		if (o->foreign && !o->dead && o->handle == h)
+			s = o;
+	if (s == NULL) {
+		pthread_mutex_unlock(&mu);
+		return CUDA_ERROR_INVALID_HANDLE;
+	}
+	struct fake_ctx *c = s->ctx;
+	kill_stream(s);
+	if (--c->refs == 0)
+		reset_ctx(c);
+	pthread_mutex_unlock(&mu);
+	return CUDA_SUCCESS;
 }
 
 // fakecuda_launch queues a stand-in kernel on stream h of the calling

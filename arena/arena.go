@@ -830,6 +830,11 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 		a.maps++ // counted as strays: mapped above Cap
 		a.strays = append(a.strays, stray{m.At, m.C})
 	}
+	// The scrubs the fence orders have run: its event can go (a later
+	// record, should this Close fail, makes a new one).
+	if err := a.fence.destroy(a.drv); err != nil {
+		return fail(err)
+	}
 	if err := a.unstray(true); err != nil {
 		return fail(err)
 	}
@@ -843,7 +848,7 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	// Frozen for good: every Alloc takes the slow path and sees closed.
 	a.state.Store(frozen)
 	a.member.Leave()
-	err := errors.Join(a.release(0), a.fence.destroy(a.drv))
+	err := a.release(0)
 	if a.ownPool {
 		err = errors.Join(err, a.pool.Close())
 	}

@@ -28,29 +28,30 @@ func (c client) Reclaimable() (int, bool) {
 // promised, rounded up to whole chunks.
 func (a *Arena) keepBytes(l uint64) uint64 { return a.roundUp(max(l, a.floor.Load())) }
 
-// Reclaim gives back up to n chunks from the top of the arena, above Len,
-// as Shrink does. No byte below Len is touched.
-func (c client) Reclaim(n int) int {
+// Reclaim gives back up to n chunks from the top of the arena, above Len
+// and what Grow promised, as Shrink does. No byte below Len is touched. A
+// busy arena gives nothing and says so.
+func (c client) Reclaim(n int) (int, bool) {
 	a := c.a
 	if !a.mu.TryLock() {
-		return 0
+		return 0, true
 	}
 	defer a.mu.Unlock()
 	if a.closed.Load() {
-		return 0
+		return 0, false
 	}
 	s := a.freeze()
 	defer a.thaw(s, s&lenMask)
 	keep := max(int(a.keepBytes(s&lenMask)/a.chunkSize), len(a.chunks)-n)
 	k := len(a.chunks) - keep
 	if k <= 0 || a.unstray(false) != nil {
-		return 0
+		return 0, false
 	}
 	if err := a.dropTop(keep, false); err != nil {
-		return 0
+		return 0, false
 	}
 	a.reclaimed += uint64(k)
-	return k
+	return k, false
 }
 
 // Refill maps the headroom back up to Config.Headroom above Len, with memory
@@ -122,6 +123,9 @@ func (f *fence) wait(drv acl.Driver) error {
 	f.mu.Lock()
 	ev := f.ev
 	f.mu.Unlock()
+	if ev == 0 {
+		return nil // destroyed by a Close that had waited for the scrubs
+	}
 	if err := drv.SynchronizeEvent(ev); err != nil {
 		return fmt.Errorf("arena: wait for scrubs queued on the stream: %w", err)
 	}
@@ -133,17 +137,18 @@ func (f *fence) wait(drv acl.Driver) error {
 	}
 }
 
-// destroy gives the fence's event back. Call when the arena closes.
+// destroy gives the fence's event back, once the caller has waited for the
+// scrubs it orders (an arena's Close has).
 func (f *fence) destroy(drv acl.Driver) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.ev == 0 {
 		return nil
 	}
-	ev := f.ev
-	f.ev = 0
-	if err := drv.DestroyEvent(ev); err != nil {
-		return fmt.Errorf("arena: destroy fence event: %w", err)
+	if err := drv.DestroyEvent(f.ev); err != nil {
+		return fmt.Errorf("arena: destroy fence event: %w", err) // kept, to try again
 	}
+	f.ev = 0
+	f.waited.Store(f.gen.Load())
 	return nil
 }

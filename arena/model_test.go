@@ -364,7 +364,10 @@ func (w *world) settle(op string, err, want error) bool {
 		return true
 	}
 	w.n.failed++
-	if w.faulted() && isInjected(err) {
+	// An injected fault fails the operation, or, absorbed on the way (say,
+	// an unmap of a reclaimed chunk that fails and leaves it waiting), leaves
+	// it short of memory.
+	if w.faulted() && (isInjected(err) || errors.Is(err, arena.ErrOutOfMemory)) {
 		w.n.faultFailed++
 		return false
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vmarena/vmarena/acl"
 )
@@ -35,8 +36,8 @@ type Client interface {
 	Reclaimable() (chunks int, idle bool)
 	// Reclaim gives back up to n of those chunks and returns how many it
 	// gave. It never blocks on a lock another goroutine may hold: a busy
-	// client gives back nothing.
-	Reclaim(n int) int
+	// client gives back nothing and says so.
+	Reclaim(n int) (given int, busy bool)
 	// Refill maps the headroom the client keeps, with memory that is free
 	// now (TryAcquire): it takes nothing from anyone.
 	Refill()
@@ -94,8 +95,49 @@ func (m *Member) WantRefill() {
 }
 
 // relieve tries to free room for need more chunks after an Acquire fell
-// short for the reason short, and returns how many chunks it freed.
+// short for the reason short, and returns how many chunks it freed. It asks
+// again, a few times and briefly, members that were busy (in a growth of
+// their own, say): never long enough for two arenas that ask each other to
+// wait on each other for more than that.
 func (p *Pool) relieve(need int, short error) int {
+	freed := 0
+	for try, pause := 0, 20*time.Microsecond; ; try, pause = try+1, 2*pause {
+		n, busy := p.reclaimFromMembers(need - freed)
+		freed += n
+		if freed >= need || !busy || try == busyRetries {
+			break
+		}
+		time.Sleep(pause)
+	}
+	if freed > 0 {
+		p.mu.Lock()
+		p.stats.Reclaimed += int64(freed)
+		p.mu.Unlock()
+	}
+	// Reclaimed chunks the device may still read wait for their events:
+	// wait for them now, so that the retry finds them in the cache.
+	if err := p.settleAll(); err != nil {
+		return freed // what settled is in the cache; the rest stays pending
+	}
+	if errors.Is(short, ErrBudget) {
+		return freed
+	}
+	if n := p.dev.trimOthers(p); n > 0 {
+		p.mu.Lock()
+		p.stats.PeerTrimmed += int64(n)
+		p.mu.Unlock()
+		freed += n
+	}
+	return freed
+}
+
+// busyRetries bounds how often relieve asks busy members again.
+const busyRetries = 4
+
+// reclaimFromMembers asks the members for up to need chunks, idle ones first,
+// least recently used first, and reports how many they gave and whether one
+// that could have given more was busy.
+func (p *Pool) reclaimFromMembers(need int) (freed int, busy bool) {
 	type cand struct {
 		m      *Member
 		n      int
@@ -125,33 +167,15 @@ func (p *Pool) relieve(need int, short error) int {
 		}
 		return 0
 	})
-	freed := 0
 	for _, c := range cands {
 		if freed >= need {
 			break
 		}
-		freed += c.m.c.Reclaim(need - freed)
-	}
-	if freed > 0 {
-		p.mu.Lock()
-		p.stats.Reclaimed += int64(freed)
-		p.mu.Unlock()
-	}
-	// Reclaimed chunks the device may still read wait for their events:
-	// wait for them now, so that the retry finds them in the cache.
-	if err := p.settleAll(); err != nil {
-		return freed // what settled is in the cache; the rest stays pending
-	}
-	if errors.Is(short, ErrBudget) {
-		return freed
-	}
-	if n := p.dev.trimOthers(p); n > 0 {
-		p.mu.Lock()
-		p.stats.PeerTrimmed += int64(n)
-		p.mu.Unlock()
+		n, b := c.m.c.Reclaim(need - freed)
 		freed += n
+		busy = busy || b
 	}
-	return freed
+	return freed, busy
 }
 
 // device is what the pools on one device share: each other, to ask for

@@ -192,12 +192,18 @@ func (p *Pool) recycle(evs []acl.Event) {
 	p.destroyEvents(extra)
 }
 
-// destroyEvents destroys events the pool no longer keeps. A failure leaves
-// one behind, which the driver's own Close reports.
+// destroyEvents destroys events the pool no longer keeps. One the driver
+// fails to destroy goes back to the pool's free events, for Close to try
+// again.
 func (p *Pool) destroyEvents(evs []acl.Event) error {
 	var errs []error
 	for _, ev := range evs {
-		errs = append(errs, p.drv.DestroyEvent(ev))
+		if err := p.drv.DestroyEvent(ev); err != nil {
+			errs = append(errs, fmt.Errorf("chunk: destroy event: %w", err))
+			p.mu.Lock()
+			p.pending.free = append(p.pending.free, ev)
+			p.mu.Unlock()
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -9,7 +9,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
@@ -18,7 +20,7 @@ import (
 
 // stressCounts is what a stress run did.
 type stressCounts struct {
-	ops, allocs, grows, shrinks, truncates, closes, copies, bytesVerified, refused atomic.Int64
+	ops, allocs, grows, shrinks, truncates, closes, copies, bytesVerified, refused, kernels atomic.Int64
 }
 
 // TestStress runs many goroutines against arenas that share one budgeted
@@ -27,13 +29,19 @@ type stressCounts struct {
 // from it into the shared ones, and a watcher reads every Stats. Each goroutine checks its own bytes after
 // every write; at the end every buffer is read back, the invariants are
 // checked, everything is closed and the driver must hold nothing. Run it
-// with -race. The "faults" variant fails 2% of driver calls at random.
+// with -race. The "faults" variants fail 2% of driver calls at random. The
+// "deferred" variants give the owners' arenas a stream each, on which they
+// queue stand-in kernels over their buffers, and headroom to every arena:
+// the pool reclaims dropped memory between them under the tight budget, its
+// worker refills headroom and unmaps what waits for the kernels, and the
+// device must never see memory unmapped under its work.
 func TestStress(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		fault float64
-	}{{"clean", 0}, {"faults", 0.02}} {
-		t.Run(tc.name, func(t *testing.T) { stress(t, tc.fault) })
+		name     string
+		fault    float64
+		deferred bool
+	}{{"clean", 0, false}, {"faults", 0.02, false}, {"deferred", 0, true}, {"deferred-faults", 0.02, true}} {
+		t.Run(tc.name, func(t *testing.T) { stress(t, tc.fault, tc.deferred) })
 	}
 }
 
@@ -55,7 +63,7 @@ type sharedArena struct {
 	gen int64
 }
 
-func stress(t *testing.T, faultP float64) {
+func stress(t *testing.T, faultP float64, deferred bool) {
 	rounds := envInt("VMARENA_STRESS_ROUNDS", 300)
 	maxSize := 64 << 10 // bytes per buffer, at most (owners: twice that)
 	budgetChunks := 32  // tight on purpose: some Allocs fail for want of memory
@@ -96,9 +104,16 @@ func stress(t *testing.T, faultP float64) {
 	expected := func(err error) bool {
 		return errors.Is(err, arena.ErrOutOfMemory) || errors.Is(err, arena.ErrExhausted) || isInjected(err)
 	}
-	newArena := func(reserve int64, trap bool) *arena.Arena {
+	newArena := func(reserve int64, trap bool, stream acl.Stream) *arena.Arena {
+		cfg := arena.Config{Pool: pool, Reserve: reserve, TrapStale: trap}
+		if deferred {
+			cfg.Headroom = 2 << 21
+			if stream != 0 {
+				cfg.Streams = []acl.Stream{stream}
+			}
+		}
 		for {
-			a, err := arena.New(arena.Config{Pool: pool, Reserve: reserve, TrapStale: trap})
+			a, err := arena.New(cfg)
 			if err == nil {
 				return a
 			}
@@ -110,7 +125,7 @@ func stress(t *testing.T, faultP float64) {
 	}
 	arenas := make([]*sharedArena, shared)
 	for i := range arenas {
-		arenas[i] = &sharedArena{a: newArena(sharedReserve, false)}
+		arenas[i] = &sharedArena{a: newArena(sharedReserve, false, 0)}
 	}
 	// reset resets a shared arena that gen filled (or that found the pool's
 	// budget spent) and gives its memory back, unless someone did already.
@@ -250,9 +265,35 @@ func stress(t *testing.T, faultP float64) {
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(g), 12))
-			a := newArena(ownReserve, g%2 == 0)
+			var stream acl.Stream
+			if deferred {
+				s, err := hd.CreateStream()
+				if err != nil {
+					fail(err)
+					return
+				}
+				stream = s
+			}
+			busy := false // a kernel may be in flight on stream
+			quiet := func() {
+				if busy {
+					if err := hd.SynchronizeStream(stream); err != nil {
+						fail(err)
+					}
+					busy = false
+				}
+			}
+			a := newArena(ownReserve, g%2 == 0, stream)
 			var mine, out []stressBuf
 			defer func() {
+				if stream != 0 {
+					defer func() {
+						quiet()
+						if err := hd.DestroyStream(stream); err != nil {
+							fail(err)
+						}
+					}()
+				}
 				for {
 					err := a.Close()
 					if err == nil {
@@ -276,7 +317,22 @@ func stress(t *testing.T, faultP float64) {
 			}
 			for r := range rounds {
 				cnt.ops.Add(1)
-				switch k := rng.IntN(20); {
+				k := rng.IntN(20)
+				if deferred && k == 19 && len(mine) > 0 {
+					// A kernel reads one of our buffers for a little while.
+					s := mine[rng.IntN(len(mine))]
+					done := make(chan struct{})
+					if err := hd.Launch(stream, s.b.Ptr(), uintptr(s.b.Len()), done); err != nil {
+						fail(err)
+						return
+					}
+					time.AfterFunc(time.Duration(rng.IntN(500))*time.Microsecond, func() { close(done) })
+					busy = true
+					cnt.kernels.Add(1)
+					continue
+				}
+				quiet() // the host touches our memory only once our kernels are done
+				switch {
 				case k < 2:
 					cnt.truncates.Add(1)
 					i := rng.IntN(len(mine) + 1)
@@ -320,7 +376,7 @@ func stress(t *testing.T, faultP float64) {
 						prune()
 						break
 					}
-					a, mine = newArena(ownReserve, rng.IntN(2) == 0), nil
+					a, mine = newArena(ownReserve, rng.IntN(2) == 0, stream), nil
 				case k == 5 && len(mine) > 0:
 					// Copy one of ours into a new buffer in a shared arena.
 					src := mine[rng.IntN(len(mine))]
@@ -445,16 +501,21 @@ func stress(t *testing.T, faultP float64) {
 			t.Fatal(err)
 		}
 	}
+	ps := pool.Stats()
 	if err := pool.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if l := hd.Live(); !l.Zero() {
 		t.Fatalf("leaked: %+v", l)
 	}
+	if f := hd.Faults(); f != 0 {
+		t.Fatalf("the device saw %d faults: memory unmapped under its work", f)
+	}
 	if err := hd.Close(); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("stress: %d goroutines (+1 watcher), %d operations: %d allocs, %d grows (%d allocs or grows refused: budget, reservation or fault), %d shrinks, %d truncates/resets, %d closes, %d copies; %d bytes verified; %d faults injected; nothing leaked",
+	t.Logf("stress: %d goroutines (+1 watcher), %d operations: %d allocs, %d grows (%d allocs or grows refused: budget, reservation or fault), %d shrinks, %d truncates/resets, %d closes, %d copies; %d bytes verified; %d faults injected; %d kernels, %d chunks reclaimed, %d unmapped after their events; nothing leaked, no device fault",
 		shared*sharers+owners, cnt.ops.Load(), cnt.allocs.Load(), cnt.grows.Load(), cnt.refused.Load(), cnt.shrinks.Load(),
-		cnt.truncates.Load(), cnt.closes.Load(), cnt.copies.Load(), cnt.bytesVerified.Load(), fd.Injected(faultdriver.Any))
+		cnt.truncates.Load(), cnt.closes.Load(), cnt.copies.Load(), cnt.bytesVerified.Load(), fd.Injected(faultdriver.Any),
+		cnt.kernels.Load(), ps.Reclaimed, ps.Ordered)
 }

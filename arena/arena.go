@@ -377,6 +377,9 @@ func (a *Arena) Grow(n int) error {
 	if n < 0 {
 		return fmt.Errorf("arena: grow: %w: negative size %d", ErrInvalid, n)
 	}
+	if a.mapped(uint64(n)) {
+		return nil
+	}
 	if err := a.lock(); err != nil {
 		return err
 	}
@@ -392,6 +395,32 @@ func (a *Arena) Grow(n int) error {
 	a.floor.Store(max(a.floor.Load(), l+uint64(n)))
 	a.wantHeadroom(l + uint64(n))
 	return nil
+}
+
+// mapped is Grow's fast path: when n more bytes are mapped already (the
+// headroom, or memory kept after a drop), it records the promise and returns
+// true without taking the lock, so that a decode step's Grow never waits
+// behind the worker's refill. A freeze (Truncate, Shrink, a reclaim) or a
+// Cap that drops meanwhile sends Grow down the locked path.
+func (a *Arena) mapped(n uint64) bool {
+	if a == nil || a.drv == nil || a.closed.Load() {
+		return false
+	}
+	s := a.state.Load()
+	want := s&lenMask + n
+	if s&frozen != 0 || want > a.cap.Load() || want > a.reserved {
+		return false
+	}
+	for f := a.floor.Load(); f < want && !a.floor.CompareAndSwap(f, want); f = a.floor.Load() {
+	}
+	// A reclaim that froze the arena before the promise was raised may have
+	// taken memory below it: look again.
+	if a.state.Load()&frozen != 0 || want > a.cap.Load() {
+		return false
+	}
+	a.member.Touch()
+	a.wantHeadroom(want)
+	return true
 }
 
 // growLocked maps chunks until Cap ≥ target (≤ reserved). Chunks of the
@@ -860,20 +889,21 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 
 // Stats describes an arena at one moment.
 type Stats struct {
-	Base      acl.DevicePtr // the arena's first byte
-	Reserved  int           // address space reserved, bytes
-	Mapped    int           // bytes mapped (Cap)
-	Used      int           // bytes in use (Len)
-	Peak      int           // the most bytes ever in use at once
-	ChunkSize int           // bytes per chunk
-	Headroom  int           // Config.Headroom, rounded up to the chunk size
-	Maps      int64         // chunks placed in the arena's range: mapped, or taken back in place while they waited to be unmapped
-	Unmaps    int64         // chunks taken out of it: unmapped, or handed to the pool to unmap once the device is done
-	Grows     int64         // growths that placed at least one chunk
-	Reclaimed int64         // chunks the pool took back under pressure
-	Refills   int64         // growths the pool's worker made to refill the headroom
-	Strays    int           // chunks a failed undo left mapped above Cap; the next Grow, Shrink or Close unmaps them
-	Closed    bool
+	Base        acl.DevicePtr // the arena's first byte
+	Reserved    int           // address space reserved, bytes
+	Mapped      int           // bytes mapped (Cap)
+	Used        int           // bytes in use (Len)
+	Reclaimable int           // bytes mapped above Len and what Grow promised: what a pool under pressure may take back
+	Peak        int           // the most bytes ever in use at once
+	ChunkSize   int           // bytes per chunk
+	Headroom    int           // Config.Headroom, rounded up to the chunk size
+	Maps        int64         // chunks placed in the arena's range: mapped, or taken back in place while they waited to be unmapped
+	Unmaps      int64         // chunks taken out of it: unmapped, or handed to the pool to unmap once the device is done
+	Grows       int64         // growths that placed at least one chunk
+	Reclaimed   int64         // chunks the pool took back under pressure
+	Refills     int64         // growths the pool's worker made to refill the headroom
+	Strays      int           // chunks a failed undo left mapped above Cap; the next Grow, Shrink or Close unmaps them
+	Closed      bool
 }
 
 // Stats returns the arena's counters.
@@ -881,20 +911,22 @@ func (a *Arena) Stats() Stats {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	used := a.state.Load() & lenMask
+	mapped := a.cap.Load()
 	return Stats{
-		Base:      a.base,
-		Reserved:  int(a.reserved),
-		Mapped:    int(a.cap.Load()),
-		Used:      int(used),
-		Peak:      int(max(a.peak, used)),
-		ChunkSize: int(a.chunkSize),
-		Headroom:  int(a.headroom),
-		Maps:      int64(a.maps),
-		Unmaps:    int64(a.unmaps),
-		Grows:     int64(a.grows),
-		Reclaimed: int64(a.reclaimed),
-		Refills:   int64(a.refills),
-		Strays:    len(a.strays),
-		Closed:    a.closed.Load(),
+		Base:        a.base,
+		Reserved:    int(a.reserved),
+		Mapped:      int(mapped),
+		Used:        int(used),
+		Reclaimable: int(mapped - min(a.keepBytes(used), mapped)),
+		Peak:        int(max(a.peak, used)),
+		ChunkSize:   int(a.chunkSize),
+		Headroom:    int(a.headroom),
+		Maps:        int64(a.maps),
+		Unmaps:      int64(a.unmaps),
+		Grows:       int64(a.grows),
+		Reclaimed:   int64(a.reclaimed),
+		Refills:     int64(a.refills),
+		Strays:      len(a.strays),
+		Closed:      a.closed.Load(),
 	}
 }

@@ -20,7 +20,8 @@ func TestQuick(t *testing.T) {
 		t.Skip("the quick suite takes a few seconds")
 	}
 	dir := t.TempDir()
-	o, err := parseFlags([]string{"-quick", "-verify", "-device", "host", "-progress", "off", "-out", dir}, os.Stderr)
+	o, err := parseFlags([]string{"-quick", "-verify", "-device", "host", "-progress", "off", "-out", dir, "-strategies", "all",
+		"-kv-compute", "200us"}, os.Stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +30,7 @@ func TestQuick(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	text := out.String()
-	for _, want := range []string{"== kv:", "== scratch:", "== churn:", "== micro:", "== targets"} {
+	for _, want := range []string{"== kv:", "== scratch:", "== churn:", "== micro:", "== targets", "waits and scrubs", "on path"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q:\n%s", want, text)
 		}
@@ -50,6 +51,7 @@ func TestQuick(t *testing.T) {
 			PeakPhysical       int64   `json:"peak_physical"`
 			PeakLive           int64   `json:"peak_live"`
 			WallNS             float64 `json:"wall_ns"`
+			DeviceSyncs        int64   `json:"device_syncs"`
 		}
 		Targets []struct{ Name string }
 	}
@@ -62,6 +64,9 @@ func TestQuick(t *testing.T) {
 	for _, r := range res.Rows {
 		if r.WallNS <= 0 || r.PeakLive <= 0 || r.PeakPhysical < r.PeakLive {
 			t.Errorf("implausible row %+v", r)
+		}
+		if r.Strategy == "arena" && r.DeviceSyncs != 0 {
+			t.Errorf("%s: the arena, given the workload's stream, waited for the whole device %d times", r.Workload, r.DeviceSyncs)
 		}
 	}
 	if len(res.Targets) == 0 {

@@ -29,6 +29,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
@@ -59,6 +60,9 @@ type options struct {
 	maxCached int
 	growth    float64
 	scrub     string
+	headroom  int  // arena: chunks of headroom per region
+	ahead     int  // arena: fresh chunks the pool keeps ahead
+	stream    bool // arena: order unmaps and scrubs on the workload's stream
 
 	kv      workload.KV
 	scratch workload.Scratch
@@ -96,9 +100,9 @@ var quickValues = map[string]string{
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{
 		workloads:  append([]string(nil), workloadNames...),
-		strategies: append([]string(nil), strategy.Names...),
+		strategies: append([]string(nil), strategy.Default...),
 		kv: workload.KV{Layers: 32, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 16,
-			Slots: 16, Requests: 24, PromptMin: 64, PromptMax: 1536, GenMin: 64, GenMax: 1536},
+			Slots: 16, Requests: 24, PromptMin: 64, PromptMax: 1536, GenMin: 64, GenMax: 1536, BudgetFactor: 1.5},
 		scratch: workload.Scratch{Steps: 200, MinBufs: 4, MaxBufs: 16, MinSize: 128 << 10, MaxSize: 4 << 20,
 			SpikeProb: 0.03, SpikeMin: 16 << 20, SpikeMax: 64 << 20, Window: 8},
 		churn: workload.Churn{Tenants: 4, Steps: 160, Period: 40, Lo: 64 << 20, Hi: 512 << 20,
@@ -115,7 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole suite in seconds")
 	fs.Var(listFlag{&o.workloads, workloadNames}, "workloads", "workloads to run: kv, scratch, churn, or all")
-	fs.Var(listFlag{&o.strategies, strategy.Names}, "strategies", "strategies to compare: arena, realloc, prealloc, pertensor, or all")
+	fs.Var(listFlag{&o.strategies, strategy.Names}, "strategies", "strategies to compare: arena, arena-eager, realloc, prealloc, pertensor, or all (default arena,realloc,prealloc,pertensor)")
 	fs.IntVar(&o.count, "count", 1, "repetitions; each runs the strategies in a rotated order")
 	fs.StringVar(&o.out, "out", filepath.Join("bench", "out"), "directory for results.json, bench.txt and the plots")
 	fs.StringVar(&o.img, "img", "", "directory for the PNG plots (default -out)")
@@ -131,6 +135,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxCached, "cache", 0, "arena pool reuse cache, in chunks (0: the pool's default; -1: none)")
 	fs.Float64Var(&o.growth, "growth", 2, "realloc growth factor")
 	fs.StringVar(&o.scrub, "scrub", "reuse", "arena pool scrub policy: reuse (the default), release, never")
+	fs.IntVar(&o.headroom, "headroom", 2, "arena: chunks of mapped headroom the pool's worker keeps above each region's Len (0: none)")
+	fs.IntVar(&o.ahead, "ahead", 4, "arena: fresh chunks the pool's worker keeps allocated ahead, within the budget (0: none)")
+	fs.BoolVar(&o.stream, "stream", true, "arena: give the arenas the workload's stream, so unmaps wait for it alone (false: a device-wide wait before each unmap)")
 
 	fs.IntVar(&o.kv.Layers, "kv-layers", o.kv.Layers, "kv: layers")
 	fs.IntVar(&o.kv.KVHeads, "kv-heads", o.kv.KVHeads, "kv: KV heads")
@@ -141,6 +148,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.kv.Requests, "kv-requests", o.kv.Requests, "kv: sequences served in all")
 	fs.Var(rangeFlag{&o.kv.PromptMin, &o.kv.PromptMax}, "kv-prompt", "kv: prompt tokens, lo:hi")
 	fs.Var(rangeFlag{&o.kv.GenMin, &o.kv.GenMax}, "kv-gen", "kv: generated tokens, lo:hi")
+	fs.Var(sizeFlag{&o.kv.BudgetBytes}, "kv-budget", "kv: physical budget every strategy runs under (0: -kv-budget-factor × peak live + 2 chunks per slot)")
+	fs.Float64Var(&o.kv.BudgetFactor, "kv-budget-factor", o.kv.BudgetFactor, "kv: budget as a multiple of the peak of live KV bytes (0 with -kv-budget 0: no budget)")
+	fs.DurationVar(&o.kv.StepCompute, "kv-compute", o.kv.StepCompute, "kv: device compute per decode step, waited for between steps (not allocator time): what a background worker overlaps with")
 
 	fs.IntVar(&o.scratch.Steps, "scratch-steps", o.scratch.Steps, "scratch: steps")
 	fs.Var(rangeFlag{&o.scratch.MinBufs, &o.scratch.MaxBufs}, "scratch-bufs", "scratch: buffers per step, lo:hi")
@@ -189,6 +199,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.verify && !o.touch {
 		return nil, errors.New("-verify needs -touch")
+	}
+	if o.headroom < 0 || o.ahead < 0 {
+		return nil, fmt.Errorf("-headroom %d, -ahead %d: want 0 or more", o.headroom, o.ahead)
 	}
 	o.kv.Seed, o.scratch.Seed, o.churn.Seed = o.seed, o.seed, o.seed
 	return o, nil
@@ -356,28 +369,44 @@ func writeFile(path string, write func(io.Writer) error) error {
 // wrapper, and checks that everything was given back.
 func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(float64)) (*workload.Result, error) {
 	o := s.opts
-	budget := w.Budget(s.gran)
+	chunkSize := s.gran
+	if o.chunk > 0 {
+		chunkSize = o.chunk
+	}
+	budget := w.Budget(chunkSize)
 	cd := counting.New(s.drv, budget)
-	// The pool sees through the wrapper (Unwrap) whether the driver's fresh
-	// memory is zero (acl.Zeroing: the host driver's is), so fresh chunks are
-	// not scrubbed.
-	st, err := strategy.New(name, strategy.Config{Driver: cd, Chunk: o.chunk, MaxCached: o.maxCached,
-		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub]})
+	cfg := strategy.Config{Driver: cd, Chunk: o.chunk, MaxCached: o.maxCached,
+		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize, Ahead: o.ahead}
+	// The workload's device work runs on one stream, which the arena is told
+	// about; the other strategies wait for the whole device before they
+	// unmap, as engines without stream ordering do.
+	var stream acl.Stream
+	if o.stream && name == "arena" {
+		var err error
+		if stream, err = cd.CreateStream(); err != nil {
+			return nil, fmt.Errorf("create the workload's stream: %w", err)
+		}
+		cfg.Stream = stream
+	}
+	st, err := strategy.New(name, cfg)
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(err, destroyStream(cd, stream))
 	}
 	env := workload.NewEnv(cd, st, w.Name())
 	env.Touch, env.Verify, env.Progress = o.touch, o.verify, progress
 	env.Res.Rep = rep
 	runtime.GC()
+	cpu0 := cpuTime()
 	start := time.Now()
 	err = w.Run(env)
 	if p := strategy.Pool(st); p != nil {
 		ps := p.Stats()
 		env.Res.Pool = &ps
 	}
-	err = errors.Join(err, st.Close())
+	err = errors.Join(err, st.Close(), destroyStream(cd, stream))
 	env.Res.WallNS = int64(time.Since(start))
+	env.Res.CPUNS = cpuTime() - cpu0
+	env.Res.WindowCalls = cd.WindowCalls()
 	env.Res.Calls = cd.Calls()
 	env.Res.Mem = cd.Memory()
 	if c, ok := s.drv.(acl.Counter); ok && !c.Live().Zero() {
@@ -387,6 +416,24 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 		return nil, fmt.Errorf("%s on %s: %w", w.Name(), name, err)
 	}
 	return env.Res, nil
+}
+
+// destroyStream destroys the workload's stream, once its work is done.
+func destroyStream(d acl.Driver, s acl.Stream) error {
+	if s == 0 {
+		return nil
+	}
+	return errors.Join(d.SynchronizeStream(s), d.DestroyStream(s))
+}
+
+// cpuTime returns the CPU time the process has used, user and system, in
+// nanoseconds: every goroutine's, the background worker's included.
+func cpuTime() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
 func cpuModel() string {

@@ -138,6 +138,9 @@ type Stats struct {
 	Ordered       int64 // chunks unmapped after their events completed, without a device-wide wait
 	SyncFallbacks int64 // stream-ordered releases that fell back to SynchronizeDevice (an event call failed)
 	ReleaseErrors int64 // failed unmaps of pending chunks (they stay pending and are retried)
+
+	WorkerNS    int64 // time the background worker spent working (refills, chunks ahead, releases): off the callers' paths, not free
+	WorkerSpins int64 // rounds of work the worker did
 }
 
 // Pool hands out chunks of one size from one driver.

@@ -92,9 +92,14 @@ func (p *Pool) run(w *worker) {
 			return
 		}
 		timer.Stop()
+		start := time.Now()
 		progressed, waiting := p.settleReady()
 		p.refill()
 		p.fillAhead()
+		p.mu.Lock()
+		p.stats.WorkerNS += int64(time.Since(start))
+		p.stats.WorkerSpins++
+		p.mu.Unlock()
 		if answer != nil {
 			close(answer)
 		}

@@ -34,13 +34,30 @@ const (
 	DtoD
 	Memset
 	MemInfo
+	CreateStream
+	DestroyStream
+	SyncStream
+	SyncDevice
+	CreateEvent
+	RecordEvent
+	QueryEvent
+	SyncEvent
+	DestroyEvent
+	MemsetAsync
 	NumOps
 )
 
 var opNames = [NumOps]string{
 	"granularity", "malloc", "free", "reserve", "release", "map", "unmap",
 	"access", "htod", "dtoh", "dtod", "memset", "meminfo",
+	"stream+", "stream-", "sync-stream", "sync-device", "event+", "record", "query", "sync-event", "event-",
+	"memset-async",
 }
+
+// Memory ops are the calls that allocate, map or clear memory: what an
+// allocator's speed is made of (not the data copies a workload makes, nor
+// the stream and event calls).
+var MemoryOps = []Op{MallocPhysical, FreePhysical, Reserve, Release, Map, Unmap, SetAccess, Memset, MemsetAsync, DtoD}
 
 // String returns the short name of the call, e.g. "malloc".
 func (o Op) String() string {
@@ -54,6 +71,15 @@ func (o Op) String() string {
 type Calls struct {
 	N  [NumOps]int64 // calls of each kind
 	NS [NumOps]int64 // nanoseconds inside the driver, by kind
+}
+
+// Sum returns the calls and nanoseconds of the given kinds.
+func (c Calls) Sum(ops ...Op) (n, ns int64) {
+	for _, o := range ops {
+		n += c.N[o]
+		ns += c.NS[o]
+	}
+	return n, ns
 }
 
 // Total returns the number of calls and nanoseconds over every kind.
@@ -94,6 +120,12 @@ type Driver struct {
 	n, ns  [NumOps]atomic.Int64
 	total  atomic.Int64 // ns inside the driver over every call, for snapshots
 	selfNS atomic.Int64 // ns the wrapper spends on its own books, outside the timed calls
+
+	// Calls made while the workload is inside a strategy call (Window):
+	// the caller's critical path, plus any background call that overlaps
+	// it, so an upper bound of the caller's own.
+	window      atomic.Bool
+	winN, winNS [NumOps]atomic.Int64
 
 	budget int64
 
@@ -181,7 +213,35 @@ func (d *Driver) done(op Op, start time.Time) time.Time {
 	d.n[op].Add(1)
 	d.ns[op].Add(ns)
 	d.total.Add(ns)
+	if d.window.Load() {
+		d.winN[op].Add(1)
+		d.winNS[op].Add(ns)
+	}
 	return end
+}
+
+// Window marks whether the workload is inside a strategy call now: calls
+// made meanwhile count as on the caller's path (WindowCalls).
+func (d *Driver) Window(in bool) { d.window.Store(in) }
+
+// WindowCalls returns the calls made inside the workload's strategy calls
+// so far: the caller's critical path, and whatever background call
+// overlapped it.
+func (d *Driver) WindowCalls() Calls {
+	var c Calls
+	for i := range c.N {
+		c.N[i] = d.winN[i].Load()
+		c.NS[i] = d.winNS[i].Load()
+	}
+	return c
+}
+
+// timed runs a call of kind op and records it.
+func (d *Driver) timed(op Op, call func() error) error {
+	start := time.Now()
+	err := call()
+	d.self(d.done(op, start))
+	return err
 }
 
 // self adds the wrapper's own time since end (its bookkeeping after a call).
@@ -351,6 +411,59 @@ func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
 func (d *Driver) GetMemInfo(attr acl.MemAttr) (free, total uintptr, err error) {
 	defer func(start time.Time) { d.self(d.done(MemInfo, start)) }(time.Now())
 	return d.Driver.GetMemInfo(attr)
+}
+
+// CreateStream passes the call on.
+func (d *Driver) CreateStream() (s acl.Stream, err error) {
+	err = d.timed(CreateStream, func() (e error) { s, e = d.Driver.CreateStream(); return e })
+	return s, err
+}
+
+// DestroyStream passes the call on.
+func (d *Driver) DestroyStream(s acl.Stream) error {
+	return d.timed(DestroyStream, func() error { return d.Driver.DestroyStream(s) })
+}
+
+// SynchronizeStream passes the call on.
+func (d *Driver) SynchronizeStream(s acl.Stream) error {
+	return d.timed(SyncStream, func() error { return d.Driver.SynchronizeStream(s) })
+}
+
+// SynchronizeDevice passes the call on.
+func (d *Driver) SynchronizeDevice() error {
+	return d.timed(SyncDevice, func() error { return d.Driver.SynchronizeDevice() })
+}
+
+// CreateEvent passes the call on.
+func (d *Driver) CreateEvent() (ev acl.Event, err error) {
+	err = d.timed(CreateEvent, func() (e error) { ev, e = d.Driver.CreateEvent(); return e })
+	return ev, err
+}
+
+// RecordEvent passes the call on.
+func (d *Driver) RecordEvent(ev acl.Event, s acl.Stream) error {
+	return d.timed(RecordEvent, func() error { return d.Driver.RecordEvent(ev, s) })
+}
+
+// QueryEvent passes the call on.
+func (d *Driver) QueryEvent(ev acl.Event) (done bool, err error) {
+	err = d.timed(QueryEvent, func() (e error) { done, e = d.Driver.QueryEvent(ev); return e })
+	return done, err
+}
+
+// SynchronizeEvent passes the call on.
+func (d *Driver) SynchronizeEvent(ev acl.Event) error {
+	return d.timed(SyncEvent, func() error { return d.Driver.SynchronizeEvent(ev) })
+}
+
+// DestroyEvent passes the call on.
+func (d *Driver) DestroyEvent(ev acl.Event) error {
+	return d.timed(DestroyEvent, func() error { return d.Driver.DestroyEvent(ev) })
+}
+
+// MemsetAsync passes the call on.
+func (d *Driver) MemsetAsync(ptr acl.DevicePtr, value byte, n uintptr, s acl.Stream) error {
+	return d.timed(MemsetAsync, func() error { return d.Driver.MemsetAsync(ptr, value, n, s) })
 }
 
 // Close does not close the wrapped driver: the suite shares one driver

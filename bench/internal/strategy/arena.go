@@ -10,35 +10,64 @@ import (
 
 // arenaStrategy gives every region its own arena; all of them draw chunks
 // from one pool, so a chunk one region gives back is reused by the next.
+// Eager, it is the arena as a plain allocator; otherwise the regions are one
+// tenant (one model's sequences), keep headroom, order their unmaps and
+// scrubs on the workload's stream, and leave dropped memory mapped until the
+// pool needs it.
 type arenaStrategy struct {
-	pool *chunk.Pool
+	pool   *chunk.Pool
+	eager  bool
+	tenant chunk.Tenant
+	cfg    Config
 }
 
-func newArena(cfg Config) (*arenaStrategy, error) {
-	p, err := chunk.New(cfg.Driver, chunk.Config{Size: int(cfg.Chunk), MaxCached: cfg.MaxCached, Budget: cfg.Budget,
-		Scrub: cfg.Scrub})
+func newArena(cfg Config, eager bool) (*arenaStrategy, error) {
+	pc := chunk.Config{Size: int(cfg.Chunk), MaxCached: cfg.MaxCached, Budget: cfg.Budget, Scrub: cfg.Scrub}
+	if !eager {
+		pc.Ahead = cfg.Ahead
+	}
+	p, err := chunk.New(cfg.Driver, pc)
 	if err != nil {
 		return nil, fmt.Errorf("strategy arena: %w", err)
 	}
-	return &arenaStrategy{pool: p}, nil
+	s := &arenaStrategy{pool: p, eager: eager, cfg: cfg}
+	if !eager {
+		s.tenant = chunk.NewTenant()
+	}
+	return s, nil
 }
 
-func (s *arenaStrategy) Name() string { return "arena" }
+func (s *arenaStrategy) Name() string {
+	if s.eager {
+		return "arena-eager"
+	}
+	return "arena"
+}
 
 // Pool returns the chunk pool the arenas share.
 func (s *arenaStrategy) Pool() *chunk.Pool { return s.pool }
 
 func (s *arenaStrategy) Open(max int64) (Region, error) {
-	a, err := arena.New(arena.Config{Pool: s.pool, Reserve: max})
+	cfg := arena.Config{Pool: s.pool, Reserve: max}
+	if !s.eager {
+		cfg.Tenant, cfg.Headroom = s.tenant, s.cfg.Headroom
+		if s.cfg.Stream != 0 {
+			cfg.Streams = []acl.Stream{s.cfg.Stream}
+		}
+	}
+	a, err := arena.New(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &arenaRegion{a: a}, nil
+	return &arenaRegion{a: a, eager: s.eager}, nil
 }
 
 func (s *arenaStrategy) Close() error { return s.pool.Close() }
 
-type arenaRegion struct{ a *arena.Arena }
+type arenaRegion struct {
+	a     *arena.Arena
+	eager bool
+}
 
 func (r *arenaRegion) Grow(n int64) error { return r.a.Grow(int(n)) }
 
@@ -61,7 +90,16 @@ func (r *arenaRegion) Ptr(off, n int64) (acl.DevicePtr, error) {
 func (r *arenaRegion) Len() int64             { return int64(r.a.Len()) }
 func (r *arenaRegion) Truncate(n int64) error { return r.a.Truncate(int(n)) }
 func (r *arenaRegion) Trim() error            { return r.a.Shrink() }
-func (r *arenaRegion) Close() error           { return r.a.Close() }
+
+// Idle keeps the memory mapped (a pool under pressure reclaims it), unless
+// eager.
+func (r *arenaRegion) Idle() error {
+	if r.eager {
+		return r.a.Shrink()
+	}
+	return nil
+}
+func (r *arenaRegion) Close() error { return r.a.Close() }
 
 // Arena returns the arena behind a region of the arena strategy, or nil.
 func Arena(r Region) *arena.Arena {

@@ -117,6 +117,9 @@ func (r *reallocRegion) Trim() error {
 	return nil
 }
 
+// Idle trims: a realloc buffer has no way to lend its unused capacity.
+func (r *reallocRegion) Idle() error { return r.Trim() }
+
 func (r *reallocRegion) Close() error {
 	r.len = 0
 	return r.move(0)
@@ -150,6 +153,7 @@ func (r *preallocRegion) Grow(n int64) error {
 }
 
 func (r *preallocRegion) Trim() error { return nil }
+func (r *preallocRegion) Idle() error { return nil }
 
 func (r *preallocRegion) Close() error {
 	err := r.s.free(r.seg)
@@ -251,5 +255,6 @@ func (r *perTensorRegion) Truncate(n int64) error {
 }
 
 func (r *perTensorRegion) Trim() error { return nil }
+func (r *perTensorRegion) Idle() error { return nil }
 
 func (r *perTensorRegion) Close() error { return r.Truncate(0) }

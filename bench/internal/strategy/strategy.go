@@ -3,7 +3,12 @@
 // acl.Driver:
 //
 //	arena      vmarena: one reservation per region, chunks mapped as it grows,
-//	           from a chunk pool (shared by all regions) with a reuse cache
+//	           from a chunk pool (shared by all regions) with a reuse cache;
+//	           memory a region drops stays mapped until another region's
+//	           growth needs it, a background worker keeps headroom mapped,
+//	           unmaps wait for the workload's stream, one tenant
+//	arena-eager the arena as a plain allocator: no headroom, no stream, a
+//	           tenant per region, and dropped memory given back at once
 //	realloc    a buffer that grows by allocating a larger region (×Growth),
 //	           copying the old contents over on the device and freeing the old
 //	prealloc   one mapping per region, sized for its maximum up front
@@ -11,8 +16,10 @@
 //
 // A Region is a growable byte range, addressed by logical offsets: Grow makes
 // room, Alloc cuts a tensor from it (never calling the driver), Truncate drops
-// tensors at the top and Trim gives memory back as far as the strategy can.
-// The workloads call exactly the same sequence on every strategy.
+// tensors at the top, Idle says the region will grow again soon (a finished
+// sequence whose slot takes the next request), and Trim gives memory back as
+// far as the strategy can. The workloads call exactly the same sequence on
+// every strategy.
 package strategy
 
 import (
@@ -24,7 +31,10 @@ import (
 )
 
 // Names lists the strategies, in the order the suite reports them.
-var Names = []string{"arena", "realloc", "prealloc", "pertensor"}
+var Names = []string{"arena", "arena-eager", "realloc", "prealloc", "pertensor"}
+
+// Default lists the strategies the suite runs unless told otherwise.
+var Default = []string{"arena", "realloc", "prealloc", "pertensor"}
 
 // ErrFull is returned by Grow and Alloc when a region cannot hold the request
 // (a preallocated region past its maximum, or an Alloc without a Grow).
@@ -56,6 +66,11 @@ type Region interface {
 	Len() int64
 	// Truncate drops every tensor at or above logical offset n.
 	Truncate(n int64) error
+	// Idle tells the region that the memory above Len is unused for now and
+	// that it will grow again soon: it gives back what it cannot keep
+	// cheaply (realloc halves or frees its buffer; the arena keeps its
+	// chunks mapped, for a pool under pressure to reclaim).
+	Idle() error
 	// Trim gives memory above Len back, as far as the strategy can.
 	Trim() error
 	// Close releases everything the region holds.
@@ -81,6 +96,14 @@ type Config struct {
 	// Scrub is the arena pool's scrub policy (the zero value is the pool's
 	// default, ScrubOnReuse).
 	Scrub chunk.Scrub
+	// Stream is the stream the workload's device work runs on: the arena
+	// strategy orders its unmaps and scrubs on it. 0: none (the device-wide
+	// fallback).
+	Stream acl.Stream
+	// Headroom is the mapped headroom the arena strategy keeps per region.
+	Headroom int64
+	// Ahead is the fresh chunks the arena strategy's pool keeps allocated.
+	Ahead int
 }
 
 // New returns the strategy called name.
@@ -90,7 +113,9 @@ func New(name string, cfg Config) (Strategy, error) {
 	}
 	switch name {
 	case "arena":
-		return newArena(cfg)
+		return newArena(cfg, false)
+	case "arena-eager":
+		return newArena(cfg, true)
 	case "realloc", "prealloc", "pertensor":
 		d, err := newDev(cfg.Driver)
 		if err != nil {
@@ -170,10 +195,14 @@ func (d *dev) alloc(size int64) (segment, error) {
 	return segment{base: base, h: h, size: size}, nil
 }
 
-// free gives a segment back: unmap, free, release.
+// free gives a segment back: wait for the device (as engines without
+// stream ordering do before an unmap), unmap, free, release.
 func (d *dev) free(s segment) error {
 	if s.size == 0 {
 		return nil
+	}
+	if err := d.drv.SynchronizeDevice(); err != nil {
+		return err
 	}
 	if err := d.drv.UnmapMem(s.base); err != nil {
 		return err

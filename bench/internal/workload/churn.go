@@ -14,7 +14,8 @@ import (
 // device under one memory budget. Each tenant is a region whose demand swings
 // between Lo and Hi bytes with period Period steps, the tenants evenly out of
 // phase, with ±Jitter noise. Each step a tenant grows to its demand a tensor
-// (Tensor bytes: a Grow and an Alloc) at a time, or truncates to it and trims.
+// (Tensor bytes: a Grow and an Alloc) at a time, or truncates to it and
+// marks the memory above idle (Region.Idle).
 // A Grow refused for lack of memory is counted as denied and the tenant waits
 // for the next step.
 type Churn struct {
@@ -140,10 +141,13 @@ func (c Churn) Run(env *Env) (err error) {
 				if err := env.truncate(r, target); err != nil {
 					return fmt.Errorf("churn: step %d: tenant %d: truncate: %w", step, i, err)
 				}
-				// Giving memory back can need memory (realloc copies into a
-				// smaller buffer): under the budget that may fail, and the
-				// tenant keeps what it holds.
-				if err := env.trim(r); errors.Is(err, acl.ErrOutOfMemory) {
+				// The tenant will grow again: it gives back what its
+				// strategy cannot keep cheaply (the arena keeps the chunks
+				// mapped until another tenant needs them). Giving memory
+				// back can need memory (realloc copies into a smaller
+				// buffer): under the budget that may fail, and the tenant
+				// keeps what it holds.
+				if err := env.idle(r); errors.Is(err, acl.ErrOutOfMemory) {
 					env.Res.FailedTrims++
 				} else if err != nil {
 					return fmt.Errorf("churn: step %d: tenant %d: trim: %w", step, i, err)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/bench/internal/counting"
 	"github.com/vmarena/vmarena/bench/internal/strategy"
 	"github.com/vmarena/vmarena/chunk"
@@ -42,7 +43,18 @@ type Sample struct {
 	Live     int64 // bytes of live tensors (the workload's own count)
 	Physical int64 // physical bytes held
 	Mapped   int64 // bytes mapped
+	// Held but free to take, within Physical: the arena pool's cache, and
+	// what arenas keep mapped above what they use and promised (a pool under
+	// pressure reclaims it). Physical − Cached − Reclaimable is what the
+	// strategy cannot give up: its committed memory.
+	Cached, Reclaimable int64
 }
+
+// Committed is the physical memory the strategy cannot give up on demand.
+func (s Sample) Committed() int64 { return s.Physical - s.Cached - s.Reclaimable }
+
+// CommittedMapped is the mapped memory the strategy cannot give up.
+func (s Sample) CommittedMapped() int64 { return s.Mapped - s.Reclaimable }
 
 // Result is what one run of a workload on a strategy measured.
 type Result struct {
@@ -50,7 +62,8 @@ type Result struct {
 	Strategy    string
 	Rep         int
 	WallNS      int64 // the whole run: opening, steps, closing
-	MemNS       int64 // inside the strategy's calls (wall minus bookkeeping and data writes)
+	MemNS       int64 // inside the strategy's calls during the steps: the caller's critical path
+	SetupNS     int64 // opening and closing the regions (once per server, not per request)
 	Steps       int
 	GrowCalls   int64       // calls of Grow
 	Grows       []GrowEvent // the Grows that called the driver
@@ -66,6 +79,31 @@ type Result struct {
 	Samples     []Sample
 	Pool        *chunk.Stats // the arena's pool, before it closed
 	Err         string
+
+	// The caller's critical path, step by step (KV decode): the time the
+	// step's decode work (one token per sequence, and the block grows) spent
+	// inside the strategy's calls, the driver calls made in the step's
+	// strategy calls, prefills included (an upper bound: a background call
+	// that overlaps counts too), and the tokens generated. Steps before
+	// SteadyFrom are warm-up.
+	StepNS, StepCalls, StepTokens []int64
+	SteadyFrom                    int
+	Tokens                        int64          // tokens generated (KV)
+	Preempted                     int64          // sequences preempted for want of memory and served again (KV)
+	WindowCalls                   counting.Calls // driver calls inside the workload's strategy calls
+	CPUNS                         int64          // process CPU time (user + system) during the run: every goroutine's
+}
+
+// SteadyTokens returns the tokens generated from SteadyFrom on.
+func (r *Result) SteadyTokens() int64 {
+	var n int64
+	if r.SteadyFrom < 0 {
+		return 0
+	}
+	for i := r.SteadyFrom; i < len(r.StepTokens); i++ {
+		n += r.StepTokens[i]
+	}
+	return n
 }
 
 // Env is what a workload runs against, and where it records.
@@ -80,6 +118,7 @@ type Env struct {
 	src     []byte
 	checked int
 	live    int64 // bytes of live tensors now
+	regions map[strategy.Region]bool
 }
 
 const touchChunk = 4 << 20
@@ -89,29 +128,49 @@ func NewEnv(drv *counting.Driver, s strategy.Strategy, workload string) *Env {
 	return &Env{Drv: drv, S: s, Res: &Result{Workload: workload, Strategy: s.Name()}}
 }
 
-func (e *Env) start() time.Time { return time.Now() }
-func (e *Env) stop(t time.Time) { e.Res.MemNS += int64(time.Since(t)) }
+// start and stop bracket a strategy call: the caller's critical path.
+func (e *Env) start() time.Time {
+	e.Drv.Window(true)
+	return time.Now()
+}
+
+func (e *Env) stop(t time.Time) {
+	e.Res.MemNS += int64(time.Since(t))
+	e.Drv.Window(false)
+}
+
+// setup brackets a region's opening or closing, kept apart from the steps.
+func (e *Env) setup(t time.Time) {
+	e.Res.SetupNS += int64(time.Since(t))
+	e.Drv.Window(false)
+}
 
 func (e *Env) open(max int64) (strategy.Region, error) {
-	defer e.stop(e.start())
+	defer e.setup(e.start())
 	r, err := e.S.Open(max)
 	if err == nil {
 		e.Res.Regions++
+		if e.regions == nil {
+			e.regions = make(map[strategy.Region]bool)
+		}
+		e.regions[r] = true
 	}
 	return r, err
 }
 
 func (e *Env) close(r strategy.Region) error {
-	defer e.stop(e.start())
+	defer e.setup(e.start())
+	delete(e.regions, r)
 	return r.Close()
 }
 
 // grow calls r.Grow(n) and records it when it reached the driver.
 func (e *Env) grow(r strategy.Region, n int64) error {
 	c0, d0, s0 := e.Drv.CallCount(), e.Drv.DriverNS(), e.Drv.SelfNS()
-	t := time.Now()
+	t := e.start()
 	err := r.Grow(n)
 	ns := int64(time.Since(t))
+	e.Drv.Window(false)
 	e.Res.MemNS += ns
 	e.Res.GrowCalls++
 	if c := e.Drv.CallCount() - c0; c > 0 && err == nil {
@@ -131,6 +190,11 @@ func (e *Env) trim(r strategy.Region) error {
 	return r.Trim()
 }
 
+func (e *Env) idle(r strategy.Region) error {
+	defer e.stop(e.start())
+	return r.Idle()
+}
+
 // touch writes the logical range [off, off+n) of r, as a kernel producing
 // the tensor would, when Env.Touch is set.
 func (e *Env) touch(r strategy.Region, off, n int64) error {
@@ -145,16 +209,31 @@ func (e *Env) touch(r strategy.Region, off, n int64) error {
 	}
 	for n > 0 {
 		k := min(n, touchChunk)
-		p, err := r.Ptr(off, k)
-		if err != nil {
-			return err
-		}
-		if err := e.Drv.MemcpyHtoD(p, e.src[:k]); err != nil {
+		if err := e.write(r, off, e.src[:k]); err != nil {
 			return err
 		}
 		off, n = off+k, n-k
 	}
 	return nil
+}
+
+// write copies src to the logical offset off of r, as the workload's kernel
+// would: into an arena through arena.CopyIn, which first waits for clears
+// the arena queued on its stream (a kernel on that stream would run after
+// them), elsewhere with the driver's copy.
+func (e *Env) write(r strategy.Region, off int64, src []byte) error {
+	if a := strategy.Arena(r); a != nil {
+		b, err := a.Slice(int(off), len(src))
+		if err != nil {
+			return err
+		}
+		return arena.CopyIn(b, src)
+	}
+	p, err := r.Ptr(off, int64(len(src)))
+	if err != nil {
+		return err
+	}
+	return e.Drv.MemcpyHtoD(p, src)
 }
 
 // verify reads back [off, off+n) of r (at most one touch chunk), written by
@@ -191,14 +270,35 @@ func (e *Env) addLive(d int64) {
 // sample records the memory at the end of a step.
 func (e *Env) sample(step int) {
 	m := e.Drv.Memory()
-	e.Res.Samples = append(e.Res.Samples, Sample{Step: step, Live: e.live, Physical: m.Physical, Mapped: m.Mapped})
+	cached, reclaimable := e.idleMemory()
+	e.Res.Samples = append(e.Res.Samples, Sample{Step: step, Live: e.live, Physical: m.Physical, Mapped: m.Mapped,
+		Cached: cached, Reclaimable: reclaimable})
 	e.Res.Steps = step + 1
+}
+
+// idleMemory returns the memory held but free to take: the arena pool's
+// cache, and what the arenas keep mapped above what they use and promised.
+func (e *Env) idleMemory() (cached, reclaimable int64) {
+	p := strategy.Pool(e.S)
+	if p == nil {
+		return 0, 0
+	}
+	ps := p.Stats()
+	cached = int64(ps.Cached) * int64(ps.ChunkSize)
+	for r := range e.regions {
+		if a := strategy.Arena(r); a != nil {
+			reclaimable += int64(a.Stats().Reclaimable)
+		}
+	}
+	return cached, reclaimable
 }
 
 // final records the memory at the end of the run, before the regions close.
 func (e *Env) final() {
 	m := e.Drv.Memory()
-	e.Res.Final = Sample{Step: e.Res.Steps, Live: e.live, Physical: m.Physical, Mapped: m.Mapped}
+	cached, reclaimable := e.idleMemory()
+	e.Res.Final = Sample{Step: e.Res.Steps, Live: e.live, Physical: m.Physical, Mapped: m.Mapped,
+		Cached: cached, Reclaimable: reclaimable}
 }
 
 func (e *Env) progress(f float64) {

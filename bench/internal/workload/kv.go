@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"time"
 
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/bench/internal/counting"
 	"github.com/vmarena/vmarena/bench/internal/strategy"
 )
 
@@ -13,8 +16,15 @@ import (
 // step until it has generated its tokens, and is then replaced by the next
 // request. Every token appends a K and a V tensor for every layer. A
 // sequence's cache is one region: it grows a block of BlockTokens tokens at a
-// time (the prompt's blocks at once), and is truncated and trimmed when the
-// sequence finishes.
+// time (the prompt's blocks at once); when the sequence finishes, the region
+// is truncated and marked idle, and the slot's next request starts in it.
+//
+// Every strategy runs under the same physical budget (Budget). A sequence
+// whose growth the budget or the device refuses is preempted, as serving
+// engines do: its cache is dropped and the request is served again later
+// from its prompt and what it had generated (the recomputed tokens are the
+// price). A slot whose region cannot even open (a preallocation beyond the
+// budget) stays empty.
 type KV struct {
 	Layers, KVHeads, HeadDim, DType int // the model: bytes per token = 2·Layers·KVHeads·HeadDim·DType
 	BlockTokens                     int // tokens a Grow makes room for while decoding
@@ -22,7 +32,15 @@ type KV struct {
 	Requests                        int // sequences served in all
 	PromptMin, PromptMax            int // prompt length, uniform
 	GenMin, GenMax                  int // generated tokens, uniform
-	Seed                            uint64
+	// BudgetBytes is the physical budget; 0 means BudgetFactor × the peak
+	// of live KV bytes (from the schedule), plus two chunks per slot.
+	BudgetBytes  int64
+	BudgetFactor float64 // 0 means no budget, unless BudgetBytes is set
+	// StepCompute is the device compute of one decode step, which the host
+	// waits for (to sample the next tokens) between steps: the time a
+	// background worker has to map ahead. It is not allocator time.
+	StepCompute time.Duration
+	Seed        uint64
 }
 
 // Name returns "kv".
@@ -46,19 +64,89 @@ func (c KV) MaxBytes() int64 {
 
 // Describe says in one line what the configuration does.
 func (c KV) Describe() string {
-	return fmt.Sprintf("%d slots, %d requests, prompt %d–%d + gen %d–%d tokens, %s/token (%d layers × K,V × %d heads × %d × %dB), block %d tokens = %s; prealloc maps %s",
+	b := "no budget"
+	if n := c.Budget(2 << 20); n > 0 {
+		b = "budget " + HumanBytes(n)
+		if c.BudgetBytes == 0 {
+			b += fmt.Sprintf(" (%g× peak live + 2 chunks per slot)", c.BudgetFactor)
+		}
+	}
+	compute := ""
+	if c.StepCompute > 0 {
+		compute = fmt.Sprintf("; %v of device compute per step", c.StepCompute)
+	}
+	return fmt.Sprintf("%d slots, %d requests, prompt %d–%d + gen %d–%d tokens, %s/token (%d layers × K,V × %d heads × %d × %dB), block %d tokens = %s; %s%s; prealloc maps %s",
 		c.Slots, c.Requests, c.PromptMin, c.PromptMax, c.GenMin, c.GenMax, HumanBytes(c.TokenBytes()),
-		c.Layers, c.KVHeads, c.HeadDim, c.DType, c.BlockTokens, HumanBytes(c.BlockBytes()),
+		c.Layers, c.KVHeads, c.HeadDim, c.DType, c.BlockTokens, HumanBytes(c.BlockBytes()), b, compute,
 		HumanBytes(int64(c.Slots)*c.MaxBytes()))
 }
 
-// Budget is the physical memory budget the workload runs under (0: none).
-func (c KV) Budget(int64) int64 { return 0 }
+// Budget is the physical memory budget every strategy runs under (0: none);
+// gran is the driver's granularity.
+func (c KV) Budget(gran int64) int64 {
+	switch {
+	case c.BudgetBytes > 0:
+		return c.BudgetBytes
+	case c.BudgetFactor <= 0 || c.check() != nil:
+		return 0
+	}
+	return alignUp(int64(c.BudgetFactor*float64(c.PeakLive()))+2*int64(c.Slots)*gran, gran)
+}
+
+// request is one sequence to serve: its prompt (with what it generated
+// before a preemption) and the tokens still to generate.
+type request struct{ prompt, gen int }
+
+func (c KV) requests() []request {
+	rng := rand.New(rand.NewPCG(c.Seed, 0x6b76))
+	reqs := make([]request, c.Requests)
+	for i := range reqs {
+		reqs[i] = request{c.PromptMin + rng.IntN(c.PromptMax-c.PromptMin+1), c.GenMin + rng.IntN(c.GenMax-c.GenMin+1)}
+	}
+	return reqs
+}
+
+// PeakLive is the most live KV bytes at once in the schedule without
+// preemption: the same for every strategy.
+func (c KV) PeakLive() int64 {
+	reqs := c.requests()
+	type slot struct{ tokens, left int }
+	slots := make([]slot, c.Slots)
+	var live, peak int64
+	next := 0
+	for {
+		busy := false
+		for i := range slots {
+			s := &slots[i]
+			switch {
+			case s.left == 0 && next < len(reqs):
+				s.tokens, s.left = reqs[next].prompt, reqs[next].gen
+				next++
+				live += int64(s.tokens)
+			case s.left > 0:
+				s.tokens++
+				s.left--
+				live++
+			default:
+				continue
+			}
+			busy = true
+			peak = max(peak, live)
+			if s.left == 0 {
+				live -= int64(s.tokens)
+				s.tokens = 0
+			}
+		}
+		if !busy {
+			return peak * c.TokenBytes()
+		}
+	}
+}
 
 func (c KV) check() error {
 	if c.Layers <= 0 || c.KVHeads <= 0 || c.HeadDim <= 0 || c.DType <= 0 || c.BlockTokens <= 0 ||
 		c.Slots <= 0 || c.Requests <= 0 || c.PromptMin <= 0 || c.PromptMax < c.PromptMin ||
-		c.GenMin <= 0 || c.GenMax < c.GenMin {
+		c.GenMin <= 0 || c.GenMax < c.GenMin || c.BudgetBytes < 0 || c.BudgetFactor < 0 {
 		return fmt.Errorf("kv: bad configuration %+v", c)
 	}
 	return nil
@@ -67,6 +155,7 @@ func (c KV) check() error {
 type kvSeq struct {
 	r         strategy.Region
 	active    bool
+	req       request
 	tokens    int // in the cache
 	gen, left int // tokens to generate, still to generate
 }
@@ -76,13 +165,10 @@ func (c KV) Run(env *Env) (err error) {
 	if err := c.check(); err != nil {
 		return err
 	}
-	rng := rand.New(rand.NewPCG(c.Seed, 0x6b76))
-	type req struct{ prompt, gen int }
-	reqs := make([]req, c.Requests)
+	queue := c.requests()
 	var totalTokens int64
-	for i := range reqs {
-		reqs[i] = req{c.PromptMin + rng.IntN(c.PromptMax-c.PromptMin+1), c.GenMin + rng.IntN(c.GenMax-c.GenMin+1)}
-		totalTokens += int64(reqs[i].prompt + reqs[i].gen)
+	for _, q := range queue {
+		totalTokens += int64(q.prompt + q.gen)
 	}
 	tok, layer, block := c.TokenBytes(), c.LayerBytes(), c.BlockBytes()
 
@@ -94,12 +180,21 @@ func (c KV) Run(env *Env) (err error) {
 			}
 		}
 	}()
+	open := 0
 	for i := range seqs {
 		r, err := env.open(c.MaxBytes())
-		if err != nil {
+		switch {
+		case errors.Is(err, acl.ErrOutOfMemory):
+			env.Res.Denied++ // the slot stays empty: its region does not fit the budget
+			continue
+		case err != nil:
 			return fmt.Errorf("kv: open slot %d: %w", i, err)
 		}
 		seqs[i].r = r
+		open++
+	}
+	if open == 0 {
+		return fmt.Errorf("kv: no slot fits the budget of %s", HumanBytes(c.Budget(block)))
 	}
 
 	// appendTokens appends n tokens to s: per token, K and V for every layer.
@@ -126,36 +221,92 @@ func (c KV) Run(env *Env) (err error) {
 		}
 		return nil
 	}
+	// release drops s's cache and marks its region idle.
+	release := func(s *kvSeq) error {
+		if err := errors.Join(env.truncate(s.r, 0), env.idle(s.r)); err != nil {
+			return err
+		}
+		env.addLive(-int64(s.tokens) * tok)
+		s.active, s.tokens = false, 0
+		return nil
+	}
+	// preempt drops a sequence the budget refused and queues its request
+	// again, first, with what it generated as part of its prompt.
+	preempt := func(s *kvSeq, step int, cause error) error {
+		active := 0
+		for i := range seqs {
+			if seqs[i].active {
+				active++
+			}
+		}
+		if active == 1 {
+			return fmt.Errorf("kv: step %d: a sequence of %d tokens alone does not fit: %w", step, s.tokens, cause)
+		}
+		done := s.gen - s.left
+		q := request{prompt: s.req.prompt + done, gen: s.left}
+		env.Res.Preempted++
+		if err := release(s); err != nil {
+			return err
+		}
+		queue = append([]request{q}, queue...)
+		return nil
+	}
 
-	next := 0
 	var done int64
+	finished := 0
+	env.Res.SteadyFrom = -1
 	for step := 0; ; step++ {
 		busy := false
+		w0, t0 := env.Drv.WindowCalls(), env.Res.Tokens
+		var decodeNS int64 // the step's decode work in the allocator: appends and block grows
 		for i := range seqs {
 			s := &seqs[i]
+			if s.r == nil {
+				continue
+			}
 			switch {
-			case !s.active && next < len(reqs):
+			case !s.active && len(queue) > 0:
 				// Prefill: the prompt's blocks at once.
-				q := reqs[next]
-				next++
-				*s = kvSeq{r: s.r, active: true, gen: q.gen, left: q.gen}
-				if err := env.grow(s.r, ceilDiv(int64(q.prompt), int64(c.BlockTokens))*block); err != nil {
-					return fmt.Errorf("kv: step %d: prefill %d tokens: %w", step, q.prompt, err)
+				q := queue[0]
+				queue = queue[1:]
+				*s = kvSeq{r: s.r, active: true, req: q, gen: q.gen, left: q.gen}
+				err := env.grow(s.r, ceilDiv(int64(q.prompt), int64(c.BlockTokens))*block)
+				if err == nil {
+					err = appendTokens(s, q.prompt)
 				}
-				if err := appendTokens(s, q.prompt); err != nil {
-					return fmt.Errorf("kv: step %d: prefill: %w", step, err)
+				if errors.Is(err, acl.ErrOutOfMemory) {
+					if err := preempt(s, step, err); err != nil {
+						return err
+					}
+					busy = true
+					continue
+				}
+				if err != nil {
+					return fmt.Errorf("kv: step %d: prefill %d tokens: %w", step, q.prompt, err)
 				}
 				done += int64(q.prompt)
 			case s.active:
+				var err error
+				m := env.Res.MemNS
 				if s.tokens%c.BlockTokens == 0 {
-					if err := env.grow(s.r, block); err != nil {
-						return fmt.Errorf("kv: step %d: grow at %d tokens: %w", step, s.tokens, err)
-					}
+					err = env.grow(s.r, block)
 				}
-				if err := appendTokens(s, 1); err != nil {
-					return fmt.Errorf("kv: step %d: decode: %w", step, err)
+				if err == nil {
+					err = appendTokens(s, 1)
+				}
+				decodeNS += env.Res.MemNS - m
+				if errors.Is(err, acl.ErrOutOfMemory) {
+					if err := preempt(s, step, err); err != nil {
+						return err
+					}
+					busy = true
+					continue
+				}
+				if err != nil {
+					return fmt.Errorf("kv: step %d: decode at %d tokens: %w", step, s.tokens, err)
 				}
 				done++
+				env.Res.Tokens++
 				s.left--
 			default:
 				continue
@@ -163,18 +314,29 @@ func (c KV) Run(env *Env) (err error) {
 			busy = true
 			if s.active && s.left == 0 {
 				// Finished: check the prompt survived the growth, drop the
-				// cache and give the memory back.
+				// cache; the slot's next request starts in the same region.
 				if err := env.verify(s.r, 0, tok); err != nil {
 					return fmt.Errorf("kv: step %d: %w", step, err)
 				}
-				if err := errors.Join(env.truncate(s.r, 0), env.trim(s.r)); err != nil {
+				if err := release(s); err != nil {
 					return fmt.Errorf("kv: step %d: release: %w", step, err)
 				}
-				env.addLive(-int64(s.tokens) * tok)
-				s.active = false
+				finished++
+				if finished == open && env.Res.SteadyFrom < 0 {
+					env.Res.SteadyFrom = step + 1 // every slot has served its first request
+				}
 			}
 		}
+		wc := env.Drv.WindowCalls()
+		n1, _ := wc.Sum(counting.MemoryOps...)
+		n0, _ := w0.Sum(counting.MemoryOps...)
+		env.Res.StepNS = append(env.Res.StepNS, decodeNS)
+		env.Res.StepCalls = append(env.Res.StepCalls, n1-n0)
+		env.Res.StepTokens = append(env.Res.StepTokens, env.Res.Tokens-t0)
 		env.sample(step)
+		if c.StepCompute > 0 && busy {
+			time.Sleep(c.StepCompute)
+		}
 		if step%64 == 0 {
 			env.progress(float64(done) / float64(totalTokens))
 		}

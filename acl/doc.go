@@ -17,6 +17,10 @@
 //	aclrtMemcpy (DEVICE_TO_DEVICE)    Driver.MemcpyDtoD
 //	aclrtMemset                       Driver.Memset
 //	aclrtGetMemInfo                   Driver.GetMemInfo
+//	aclrtMemExportToShareableHandle   Driver.MemExportToShareableHandle
+//	aclrtMemSetPidToShareableHandle   Driver.MemSetPidToShareableHandle
+//	aclrtMemImportFromShareableHandle Driver.MemImportFromShareableHandle
+//	aclrtDeviceGetBareTgid            Driver.DeviceGetBareTgid
 //
 // The types ([PhysicalMemProp], [MemLocation], [MemAccessDesc]) have the exact
 // layout of their C structs and the enums carry ACL's values, so a binding can
@@ -45,7 +49,9 @@
 //   - FreePhysical drops the owner's reference; memory still mapped is freed
 //     when its last mapping goes;
 //   - on a real device, work that may read a range finishes before the range
-//     is unmapped.
+//     is unmapped;
+//   - an allocation is exported at most once, an imported one never, and a
+//     process does not import what it exported (see [ShareableHandle]).
 //
 // # Errors
 //

@@ -113,6 +113,30 @@ type Driver interface {
 	// stay mapped until the memset has run.
 	MemsetAsync(ptr DevicePtr, value byte, n uintptr, s Stream) error
 
+	// Sharing memory with other processes (see ShareableHandle and
+	// Caps().Sharing). A driver that cannot share fails these calls with
+	// ErrNotSupported (207000), and DeviceGetBareTgid still answers.
+	//
+	// MemExportToShareableHandle is aclrtMemExportToShareableHandle: the
+	// shareable form of h, of handleType Caps().Sharing.HandleType(), with
+	// flags ExportDefault or ExportDisablePIDValidation. An allocation is
+	// exported once; the result is valid until h is freed.
+	MemExportToShareableHandle(h PhysicalHandle, handleType MemHandleType, flags uint64) (ShareableHandle, error)
+	// MemSetPidToShareableHandle is aclrtMemSetPidToShareableHandle: the
+	// processes (as DeviceGetBareTgid names them) that may import the token
+	// s. Only the exporter may call it.
+	MemSetPidToShareableHandle(s ShareableHandle, pids []int32) error
+	// MemImportFromShareableHandle is aclrtMemImportFromShareableHandle:
+	// a handle of this process for the memory another process exported, on
+	// device (the driver's own). The handle is mapped and freed like one
+	// MallocPhysical made; its memory stays alive while any process holds it.
+	MemImportFromShareableHandle(s ShareableHandle, device int32) (PhysicalHandle, error)
+	// DeviceGetBareTgid is aclrtDeviceGetBareTgid: this process's id as the
+	// device knows it, for another process's MemSetPidToShareableHandle
+	// (inside a container it differs from os.Getpid). Drivers without such a
+	// call return os.Getpid().
+	DeviceGetBareTgid() (int32, error)
+
 	// Caps says what the device allows beyond the rules every driver
 	// enforces. It makes no driver call.
 	Caps() Caps
@@ -132,6 +156,12 @@ type Caps struct {
 	AccessSpan bool
 	// Fresh says what a fresh physical allocation (MallocPhysical) may hold.
 	Fresh Freshness
+	// Sharing says in which form physical memory crosses processes, if at
+	// all (SharingNone).
+	Sharing Sharing
+	// ReadOnly: MemSetAccess also grants MemAccessRead, so that a mapping
+	// can be made read-only for the device. ACL documents READWRITE only.
+	ReadOnly bool
 }
 
 // Freshness says what bytes a fresh physical allocation may hold, and so
@@ -169,8 +199,10 @@ type LiveCounts struct {
 	ReservedBytes uintptr // bytes in those ranges
 	Mappings      int     // mapped ranges
 	MappedBytes   uintptr // bytes in those mappings
-	Handles       int     // physical allocations not yet freed
-	PhysicalBytes uintptr // bytes of physical memory held
+	Handles       int     // physical allocations not yet freed, imported ones included
+	PhysicalBytes uintptr // bytes of physical memory held, imported ones included
+	Imported      int     // of Handles, those imported from another process
+	ImportedBytes uintptr // of PhysicalBytes, those of imported handles
 	Streams       int     // streams created and not destroyed
 	Events        int     // events created and not destroyed
 }

@@ -28,7 +28,10 @@ type PhysicalHandle uintptr
 // MemHandleType is aclrtMemHandleType.
 type MemHandleType int32
 
-// Handle types. Only MemHandleTypeNone is accepted by MallocPhysical.
+// Handle types. MallocPhysical accepts MemHandleTypeNone, and
+// MemHandleTypePOSIX (an allocation that can be exported as a file
+// descriptor) where Caps().Sharing is SharingFD; ACL accepts NONE only, and
+// exports any allocation as a token.
 const (
 	MemHandleTypeNone  MemHandleType = 0 // ACL_MEM_HANDLE_TYPE_NONE
 	MemHandleTypePOSIX MemHandleType = 2 // ACL_MEM_HANDLE_TYPE_POSIX
@@ -150,7 +153,7 @@ type MemLocation struct {
 
 // PhysicalMemProp is aclrtPhysicalMemProp (32 bytes, the C layout).
 type PhysicalMemProp struct {
-	HandleType     MemHandleType     // must be MemHandleTypeNone
+	HandleType     MemHandleType     // MemHandleTypeNone, or MemHandleTypePOSIX for an exportable allocation (SharingFD)
 	AllocationType MemAllocationType // must be MemAllocationTypePinned
 	MemAttr        MemAttr           // kind of memory, e.g. HBMMemHuge
 	Location       MemLocation       // device the memory lives on

@@ -107,6 +107,18 @@ func (d *sparseDriver) DestroyEvent(acl.Event) error                            
 func (d *sparseDriver) MemsetAsync(acl.DevicePtr, byte, uintptr, acl.Stream) error { return nil }
 func (d *sparseDriver) Caps() acl.Caps                                             { return acl.Caps{} }
 
+// The sparse device shares nothing between processes.
+func (d *sparseDriver) MemExportToShareableHandle(acl.PhysicalHandle, acl.MemHandleType, uint64) (acl.ShareableHandle, error) {
+	return acl.ShareableHandle{}, acl.NewError("aclrtMemExportToShareableHandle", acl.ErrCodeRTFeatureNotSupport, "sparse")
+}
+func (d *sparseDriver) MemSetPidToShareableHandle(acl.ShareableHandle, []int32) error {
+	return acl.NewError("aclrtMemSetPidToShareableHandle", acl.ErrCodeRTFeatureNotSupport, "sparse")
+}
+func (d *sparseDriver) MemImportFromShareableHandle(acl.ShareableHandle, int32) (acl.PhysicalHandle, error) {
+	return 0, acl.NewError("aclrtMemImportFromShareableHandle", acl.ErrCodeRTFeatureNotSupport, "sparse")
+}
+func (d *sparseDriver) DeviceGetBareTgid() (int32, error) { return 1, nil }
+
 // Bug: Len had 40 bits, so an arena of MaxReserve (1 TiB) allocated to its
 // very end stored 2^40 into the state word: Len read 0 and the next Alloc
 // handed out offset 0 again, over live data. Fixed by giving Len 41 bits.

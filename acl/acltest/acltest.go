@@ -68,6 +68,8 @@ func Run(t *testing.T, f Factory) {
 		{"WorkInFlight", testInFlight},
 		{"UnmapUnderWorkFaults", testUnmapFault},
 		{"CopyRacingWorkFaults", testCopyRaceFault},
+		{"ShareArgs", testShareArgs},
+		{"ShareExport", testShareExport},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -203,7 +205,7 @@ func testMallocChecks(t *testing.T, d acl.Driver, f Factory) {
 	}{
 		{"size0", 0, nil, 0, acl.ErrCodeInvalidParam},
 		{"flags", g, nil, 1, acl.ErrCodeInvalidParam},
-		{"handleType", g, func(p *acl.PhysicalMemProp) { p.HandleType = acl.MemHandleTypePOSIX }, 0, acl.ErrCodeInvalidParam},
+		{"handleType", g, func(p *acl.PhysicalMemProp) { p.HandleType = 7 }, 0, acl.ErrCodeInvalidParam},
 		{"allocationType", g, func(p *acl.PhysicalMemProp) { p.AllocationType = 1 }, 0, acl.ErrCodeInvalidParam},
 		{"managed", g, func(p *acl.PhysicalMemProp) { p.Location.Type = acl.MemLocationTypeManaged }, 0, acl.ErrCodeInvalidParam},
 		{"ddrOnDevice", g, func(p *acl.PhysicalMemProp) { p.MemAttr = acl.DDRMemHuge }, 0, acl.ErrCodeInvalidParam},
@@ -347,7 +349,20 @@ func testSetAccess(t *testing.T, d acl.Driver, f Factory) {
 	require.Error(t, d.MemSetAccess(base, 2*g, nil), "no descriptor")
 	ro := acl.ReadWrite(d.Device())
 	ro[0].Flags = acl.MemAccessRead
-	require.Error(t, d.MemSetAccess(base, 2*g, ro), "read-only is not supported")
+	if !d.Caps().ReadOnly {
+		require.Error(t, d.MemSetAccess(base, 2*g, ro), "read-only is not supported")
+		return
+	}
+	// A read-only mapping reads, refuses writes, and takes read-write again.
+	require.NoError(t, d.MemcpyHtoD(base, []byte("before")))
+	require.NoError(t, d.MemSetAccess(base, 2*g, ro))
+	got := make([]byte, 6)
+	require.NoError(t, d.MemcpyDtoH(got, base))
+	assert.Equal(t, "before", string(got))
+	requireFail(t, f, d.MemcpyHtoD(base, []byte("after")), acl.ErrCodeRTParamInvalid, "copy into a read-only mapping")
+	requireFail(t, f, d.Memset(base, 0, g), acl.ErrCodeRTParamInvalid, "memset of a read-only mapping")
+	require.NoError(t, d.MemSetAccess(base, 2*g, acl.ReadWrite(d.Device())))
+	require.NoError(t, d.MemcpyHtoD(base, []byte("after")))
 }
 
 func testCopy(t *testing.T, d acl.Driver, f Factory) {

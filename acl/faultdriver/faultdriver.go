@@ -70,6 +70,10 @@ const (
 	SynchronizeEvent
 	DestroyEvent
 	MemsetAsync
+	MemExportToShareableHandle
+	MemSetPidToShareableHandle
+	MemImportFromShareableHandle
+	DeviceGetBareTgid
 	numOps
 )
 
@@ -79,6 +83,7 @@ var Ops = []Op{
 	MapMem, UnmapMem, MemSetAccess, MemcpyHtoD, MemcpyDtoH, MemcpyDtoD, Memset, GetMemInfo,
 	CreateStream, DestroyStream, SynchronizeStream, SynchronizeDevice,
 	CreateEvent, RecordEvent, QueryEvent, SynchronizeEvent, DestroyEvent, MemsetAsync,
+	MemExportToShareableHandle, MemSetPidToShareableHandle, MemImportFromShareableHandle, DeviceGetBareTgid,
 }
 
 var opNames = [numOps]string{
@@ -106,6 +111,11 @@ var opNames = [numOps]string{
 	SynchronizeEvent:            "aclrtSynchronizeEvent",
 	DestroyEvent:                "aclrtDestroyEvent",
 	MemsetAsync:                 "aclrtMemsetAsync",
+
+	MemExportToShareableHandle:   "aclrtMemExportToShareableHandle",
+	MemSetPidToShareableHandle:   "aclrtMemSetPidToShareableHandle",
+	MemImportFromShareableHandle: "aclrtMemImportFromShareableHandle",
+	DeviceGetBareTgid:            "aclrtDeviceGetBareTgid",
 }
 
 // String returns the ACL function the kind stands for, or "any".
@@ -481,6 +491,39 @@ func (d *Driver) MemsetAsync(ptr acl.DevicePtr, value byte, n uintptr, s acl.Str
 		return err
 	}
 	return d.inner.MemsetAsync(ptr, value, n, s)
+}
+
+// MemExportToShareableHandle forwards, or fails by injection.
+func (d *Driver) MemExportToShareableHandle(h acl.PhysicalHandle, handleType acl.MemHandleType, flags uint64) (acl.ShareableHandle, error) {
+	if err := d.check(MemExportToShareableHandle); err != nil {
+		return acl.ShareableHandle{}, err
+	}
+	return d.inner.MemExportToShareableHandle(h, handleType, flags)
+}
+
+// MemSetPidToShareableHandle forwards, or fails by injection.
+func (d *Driver) MemSetPidToShareableHandle(s acl.ShareableHandle, pids []int32) error {
+	if err := d.check(MemSetPidToShareableHandle); err != nil {
+		return err
+	}
+	return d.inner.MemSetPidToShareableHandle(s, pids)
+}
+
+// MemImportFromShareableHandle forwards, or fails by injection (and nothing
+// is imported).
+func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int32) (acl.PhysicalHandle, error) {
+	if err := d.check(MemImportFromShareableHandle); err != nil {
+		return 0, err
+	}
+	return d.inner.MemImportFromShareableHandle(s, device)
+}
+
+// DeviceGetBareTgid forwards, or fails by injection.
+func (d *Driver) DeviceGetBareTgid() (int32, error) {
+	if err := d.check(DeviceGetBareTgid); err != nil {
+		return 0, err
+	}
+	return d.inner.DeviceGetBareTgid()
 }
 
 // Caps returns the wrapped driver's.

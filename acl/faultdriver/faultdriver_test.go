@@ -120,5 +120,35 @@ func TestBadRules(t *testing.T) {
 	assert.Panics(t, func() { faultdriver.New(nil) })
 	assert.Equal(t, "aclrtMapMem", faultdriver.MapMem.String())
 	assert.Equal(t, "fault(host)", d.Name())
-	assert.Equal(t, len(faultdriver.Ops), int(faultdriver.MemsetAsync), "Ops lists every kind")
+	assert.Equal(t, len(faultdriver.Ops), int(faultdriver.DeviceGetBareTgid), "Ops lists every kind")
+}
+
+// The sharing calls forward, and fail by injection without effect: an
+// export that failed can be made again.
+func TestShareOps(t *testing.T) {
+	d := faultdriver.New(newHost(t, 64<<20))
+	defer d.Close()
+	p := prop()
+	p.HandleType = acl.MemHandleTypePOSIX
+	h, err := d.MallocPhysical(g, p, 0)
+	require.NoError(t, err)
+	d.FailNth(faultdriver.MemExportToShareableHandle, 1, 0)
+	_, err = d.MemExportToShareableHandle(h, acl.MemHandleTypePOSIX, 0)
+	acltest.RequireCode(t, err, acl.ErrCodeRTDrvInternal)
+	s, err := d.MemExportToShareableHandle(h, acl.MemHandleTypePOSIX, 0)
+	require.NoError(t, err)
+	d.FailNth(faultdriver.MemImportFromShareableHandle, 1, acl.ErrCodeRTMemoryAllocation)
+	_, err = d.MemImportFromShareableHandle(s, 0)
+	require.ErrorIs(t, err, acl.ErrOutOfMemory)
+	_, err = d.MemImportFromShareableHandle(s, 0)
+	acltest.RequireCode(t, err, acl.ErrCodeRTDrvInternal, "the exporter's own import, forwarded")
+	d.FailNth(faultdriver.DeviceGetBareTgid, 1, 0)
+	_, err = d.DeviceGetBareTgid()
+	require.Error(t, err)
+	pid, err := d.DeviceGetBareTgid()
+	require.NoError(t, err)
+	require.ErrorIs(t, d.MemSetPidToShareableHandle(s, []int32{pid}), acl.ErrNotSupported)
+	assert.Equal(t, int64(3), d.Injected(faultdriver.Any))
+	require.NoError(t, d.FreePhysical(h))
+	assert.True(t, d.Live().Zero())
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/internal/book"
 	"github.com/vmarena/vmarena/acl/internal/rules"
+	"github.com/vmarena/vmarena/acl/ipc"
 )
 
 // Config configures a host driver. The zero value is a strict device with a
@@ -64,6 +65,7 @@ type Driver struct {
 	fd      int
 	space   offsets
 	handles map[acl.PhysicalHandle]*handle
+	imports map[ipc.FileID]*handle // imported memory, by its file, so that a second import finds the first
 	nextID  acl.PhysicalHandle
 	book    book.Book[resvX, *handle]
 	phys    uintptr // committed physical bytes, or being committed
@@ -77,11 +79,13 @@ type Driver struct {
 
 type handle struct {
 	id    acl.PhysicalHandle
+	fd    int     // the memory file: the driver's, or the allocation's own (share.go)
 	off   uintptr // offset in the memory file
 	size  uintptr
 	page  uintptr // 2 MiB or 1 GiB
-	refs  int     // the owner's reference plus one per mapping
-	freed bool    // FreePhysical dropped the owner's reference
+	refs  int     // the owners' references plus one per mapping
+	freed bool    // FreePhysical dropped the last owner's reference
+	share         // exportable and imported allocations (share.go)
 }
 
 type (
@@ -136,6 +140,7 @@ func New(cfg Config) (*Driver, error) {
 		fd:      fd,
 		space:   newOffsets(offsetSpace),
 		handles: make(map[acl.PhysicalHandle]*handle),
+		imports: make(map[ipc.FileID]*handle),
 		nextID:  0x1000,
 		quit:    make(chan struct{}),
 	}
@@ -168,9 +173,11 @@ func (d *Driver) Name() string { return "host" }
 func (d *Driver) Device() int32 { return d.cfg.Device }
 
 // Caps reports fresh memory as zeroed (fallocate hands out zeroed pages, so
-// a chunk pool need not clear fresh chunks), and AccessSpan as configured.
+// a chunk pool need not clear fresh chunks), AccessSpan as configured,
+// sharing as file descriptors (on Linux), and read-only mappings
+// (mprotect PROT_READ).
 func (d *Driver) Caps() acl.Caps {
-	return acl.Caps{AccessSpan: d.cfg.AccessSpan, Fresh: acl.FreshZeroed}
+	return acl.Caps{AccessSpan: d.cfg.AccessSpan, Fresh: acl.FreshZeroed, Sharing: sharing, ReadOnly: true}
 }
 
 // Capacity returns the simulated device memory in bytes.
@@ -228,11 +235,23 @@ func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option a
 // when the capacity would be exceeded or the kernel has no memory left.
 func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
 	const op = "aclrtMallocPhysical"
-	size, err := rules.Malloc(op, size, prop, flags, d.cfg.Device, "host", pageOf)
+	posix, err := rules.ExportableProp(op, prop, d.cfg.Device, "host")
+	if err != nil {
+		return 0, err
+	}
+	if posix {
+		p := *prop
+		p.HandleType = acl.MemHandleTypeNone
+		prop = &p
+	}
+	size, err = rules.Malloc(op, size, prop, flags, d.cfg.Device, "host", pageOf)
 	if err != nil {
 		return 0, err
 	}
 	page := pageOf(prop.MemAttr)
+	if posix {
+		return d.mallocOwn(size, page)
+	}
 
 	d.mu.Lock()
 	if d.closed {
@@ -266,7 +285,7 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 		return 0, fail(op, acl.ErrCodeRTFailure, "fallocate: %v", err)
 	}
 	d.nextID++
-	h := &handle{id: d.nextID, off: off, size: size, page: page, refs: 1}
+	h := &handle{id: d.nextID, fd: d.fd, off: off, size: size, page: page, refs: 1, share: share{owners: 1}}
 	d.handles[h.id] = h
 	d.live.Handles++
 	d.live.PhysicalBytes += size
@@ -295,8 +314,13 @@ func (d *Driver) FreePhysical(id acl.PhysicalHandle) error {
 		d.mu.Unlock()
 		return fail(op, acl.ErrCodeRTParamInvalid, "handle %#x freed too many times (it is still mapped)", uintptr(id))
 	}
-	h.freed = true
-	d.live.Handles--
+	if h.owners--; h.owners == 0 {
+		h.freed = true
+		d.live.Handles--
+		if h.imported {
+			d.live.Imported--
+		}
+	}
 	release := d.unrefLocked(h)
 	d.mu.Unlock()
 	return d.decommit(op, release)
@@ -310,6 +334,9 @@ func (d *Driver) unrefLocked(h *handle) *handle {
 		return nil
 	}
 	delete(d.handles, h.id)
+	if h.imported && d.imports[h.file] == h {
+		delete(d.imports, h.file)
+	}
 	return h
 }
 
@@ -318,6 +345,9 @@ func (d *Driver) unrefLocked(h *handle) *handle {
 func (d *Driver) decommit(op string, h *handle) error {
 	if h == nil {
 		return nil
+	}
+	if h.fd != d.fd {
+		return d.closeOwn(op, h)
 	}
 	err := sysDecommit(d.fd, h.off, h.size)
 	d.mu.Lock()
@@ -413,7 +443,7 @@ func seam(r *reservation, p, q *mapping) int {
 	if lo < hi {
 		n++
 	}
-	if q != nil && !(p != nil && lo == hi && p.Access == q.Access && p.H.off+p.H.size == q.H.off) {
+	if q != nil && !(p != nil && lo == hi && p.Access == q.Access && p.ReadOnly == q.ReadOnly && p.H.fd == q.H.fd && p.H.off+p.H.size == q.H.off) {
 		n++
 	}
 	return n
@@ -463,7 +493,7 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	if d.vmas+delta > d.cfg.MapLimit {
 		return fail(op, acl.ErrCodeRTResourceAllocFail, "%d memory areas in use, limit %d (vm.max_map_count)", d.vmas, d.cfg.MapLimit)
 	}
-	if err := sysMap(at(r, uintptr(ptr)), size, d.fd, h.off, m.Access); err != nil {
+	if err := sysMap(at(r, uintptr(ptr)), size, h.fd, h.off, m.Access); err != nil {
 		return fail(op, acl.ErrCodeRTResourceAllocFail, "mmap: %v", err)
 	}
 	r.Insert(i, m)
@@ -510,17 +540,18 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 	return d.decommit(op, release)
 }
 
-// MemSetAccess grants read-write access to the mapping at [ptr, ptr+size),
-// or with Config.AccessSpan to the run of adjacent mappings that covers it
-// exactly.
+// MemSetAccess grants read-write access (or, with MemAccessRead, read-only
+// access) to the mapping at [ptr, ptr+size), or with Config.AccessSpan to the
+// run of adjacent mappings that covers it exactly.
 func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
 	const op = "aclrtMemSetAccess"
 	if d.cfg.NoSetAccess {
 		return fail(op, acl.ErrCodeRTFeatureNotSupport, "this runtime has no aclrtMemSetAccess")
 	}
-	if err := rules.Access(op, ptr, size, desc, d.cfg.Device, true); err != nil {
+	if err := rules.AccessFlags(op, ptr, size, desc, d.cfg.Device, true, true); err != nil {
 		return err
 	}
+	ro := rules.ReadOnly(desc)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -545,15 +576,15 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 	}
 	for k := i; k < j; k++ {
 		m := r.Maps[k]
-		if m.Access {
+		if m.Access && m.ReadOnly == ro {
 			continue
 		}
-		if err := sysProtect(at(r, m.Addr), m.Size); err != nil {
+		if err := sysProtect(at(r, m.Addr), m.Size, ro); err != nil {
 			return fail(op, acl.ErrCodeRTFailure, "mprotect: %v", err)
 		}
 		p, q := neighbours(r, k, true)
 		before := seam(r, p, m) + seam(r, m, q)
-		m.Access = true
+		m.Access, m.ReadOnly = true, ro
 		delta := seam(r, p, m) + seam(r, m, q) - before
 		r.X.vmas += delta
 		d.addVMAs(delta)
@@ -564,10 +595,20 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 // hostRange returns the host memory behind [ptr, ptr+n), which must be mapped
 // with access throughout.
 func (d *Driver) hostRangeLocked(op string, ptr acl.DevicePtr, n uintptr) ([]byte, error) {
+	return d.rangeLocked(op, ptr, n, false)
+}
+
+// rangeLocked is hostRangeLocked, for a write when write is set: a
+// read-only mapping is refused, where a device would fault.
+func (d *Driver) rangeLocked(op string, ptr acl.DevicePtr, n uintptr, write bool) ([]byte, error) {
 	if d.closed {
 		return nil, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
-	r, err := d.book.Accessible(op, ptr, n)
+	check := d.book.Accessible
+	if write {
+		check = d.book.Writable
+	}
+	r, err := check(op, ptr, n)
 	if err != nil {
 		return nil, err
 	}
@@ -597,7 +638,7 @@ func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	b, err := d.hostRangeLocked("aclrtMemcpy", dst, uintptr(len(src)))
+	b, err := d.rangeLocked("aclrtMemcpy", dst, uintptr(len(src)), true)
 	if err != nil {
 		return err
 	}
@@ -634,7 +675,7 @@ func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
 	if err != nil {
 		return err
 	}
-	t, err := d.hostRangeLocked("aclrtMemcpy", dst, n)
+	t, err := d.rangeLocked("aclrtMemcpy", dst, n, true)
 	if err != nil {
 		return err
 	}
@@ -651,7 +692,7 @@ func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
 	}
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	b, err := d.hostRangeLocked("aclrtMemset", ptr, n)
+	b, err := d.rangeLocked("aclrtMemset", ptr, n, true)
 	if err != nil {
 		return err
 	}
@@ -704,6 +745,11 @@ func (d *Driver) Close() error {
 		}
 	}
 	d.book.Reset()
+	for _, h := range d.handles {
+		if h.fd != d.fd {
+			errs = append(errs, d.forgetOwnLocked(h))
+		}
+	}
 	d.handles = nil
 	if err := sysClose(d.fd); err != nil {
 		errs = append(errs, err)

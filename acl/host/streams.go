@@ -137,7 +137,7 @@ func (d *Driver) execute(w *work) {
 	case workMemset:
 		// Hold the driver lock shared so that no unmap runs under the write.
 		d.mu.RLock()
-		b, err := d.hostRangeLocked("aclrtMemsetAsync", acl.DevicePtr(w.lo), w.hi-w.lo)
+		b, err := d.rangeLocked("aclrtMemsetAsync", acl.DevicePtr(w.lo), w.hi-w.lo, true)
 		if err == nil && !w.faulted {
 			fill(b, w.value)
 		}
@@ -209,7 +209,7 @@ func (d *Driver) streamLocked(op string, s acl.Stream) (*stream, error) {
 func (d *Driver) enqueue(op string, s acl.Stream, w *work) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	if _, err := d.hostRangeLocked(op, acl.DevicePtr(w.lo), w.hi-w.lo); err != nil {
+	if _, err := d.rangeLocked(op, acl.DevicePtr(w.lo), w.hi-w.lo, w.kind == workMemset); err != nil {
 		return err
 	}
 	ss := &d.ss

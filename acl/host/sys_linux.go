@@ -66,14 +66,18 @@ func sysUnmap(p unsafe.Pointer, size uintptr) error {
 	return err
 }
 
-// sysProtect makes [p, p+size) readable and writable.
-func sysProtect(p unsafe.Pointer, size uintptr) error {
-	return unix.Mprotect(unsafe.Slice((*byte)(p), size), unix.PROT_READ|unix.PROT_WRITE)
+// sysProtect makes [p, p+size) readable, and writable unless readOnly.
+func sysProtect(p unsafe.Pointer, size uintptr, readOnly bool) error {
+	prot := unix.PROT_READ | unix.PROT_WRITE
+	if readOnly {
+		prot = unix.PROT_READ
+	}
+	return unix.Mprotect(unsafe.Slice((*byte)(p), size), prot)
 }
 
 // sysMemfile creates the sparse memory file all physical allocations are cut from.
 func sysMemfile(size uintptr) (int, error) {
-	fd, err := unix.MemfdCreate("vmarena-host", unix.MFD_CLOEXEC)
+	fd, err := unix.MemfdCreate(memfileName, unix.MFD_CLOEXEC)
 	if err != nil {
 		return -1, err
 	}
@@ -144,3 +148,16 @@ func maxMapCount() int {
 	}
 	return 65530
 }
+
+// sysIsMemfile reports whether fd is a memory file a host driver made.
+func sysIsMemfile(fd int) bool {
+	link, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	return err == nil && bytes.HasPrefix([]byte(link), []byte("/memfd:"+memfileName))
+}
+
+// isFDLimit reports whether err says the process or system is out of
+// descriptors.
+func isFDLimit(err error) bool { return errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) }
+
+// memfileName names the driver's memory files (in /proc/PID/fd and maps).
+const memfileName = "vmarena-host"

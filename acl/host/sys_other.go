@@ -16,11 +16,13 @@ func sysRelease(p unsafe.Pointer, size uintptr) error        { return errNotLinu
 func sysMap(p unsafe.Pointer, size uintptr, fd int, off uintptr, access bool) error {
 	return errNotLinux
 }
-func sysUnmap(p unsafe.Pointer, size uintptr) error   { return errNotLinux }
-func sysProtect(p unsafe.Pointer, size uintptr) error { return errNotLinux }
-func sysMemfile(size uintptr) (int, error)            { return -1, errNotLinux }
-func sysClose(fd int) error                           { return errNotLinux }
-func sysCommit(fd int, off, size uintptr) error       { return errNotLinux }
-func sysDecommit(fd int, off, size uintptr) error     { return errNotLinux }
-func memAvailable() uintptr                           { return 0 }
-func maxMapCount() int                                { return 65530 }
+func sysUnmap(p unsafe.Pointer, size uintptr) error                  { return errNotLinux }
+func sysProtect(p unsafe.Pointer, size uintptr, readOnly bool) error { return errNotLinux }
+func sysMemfile(size uintptr) (int, error)                           { return -1, errNotLinux }
+func sysClose(fd int) error                                          { return errNotLinux }
+func sysCommit(fd int, off, size uintptr) error                      { return errNotLinux }
+func sysDecommit(fd int, off, size uintptr) error                    { return errNotLinux }
+func memAvailable() uintptr                                          { return 0 }
+func maxMapCount() int                                               { return 65530 }
+func sysIsMemfile(fd int) bool                                       { return false }
+func isFDLimit(err error) bool                                       { return false }

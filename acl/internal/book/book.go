@@ -16,7 +16,8 @@ import (
 type Mapping[H any] struct {
 	Addr, Size uintptr
 	H          H
-	Access     bool // MemSetAccess granted read-write
+	Access     bool // MemSetAccess granted access
+	ReadOnly   bool // and the access is read-only (MemAccessRead)
 }
 
 // Reservation is one reserved range and the mappings in it; X is whatever
@@ -142,6 +143,23 @@ func (b *Book[X, H]) Accessible(op string, ptr acl.DevicePtr, n uintptr) (*Reser
 			return nil, acl.Errorf(op, acl.ErrCodeRTParamInvalid, "mapping at %#x has no access (call aclrtMemSetAccess)", r.Maps[i].Addr)
 		}
 		at = r.Maps[i].Addr + r.Maps[i].Size
+	}
+	return r, nil
+}
+
+// Writable is Accessible for a write: every mapping of the range must also
+// be writable (a read-only mapping refuses the write with 107000, where a
+// device would fault).
+func (b *Book[X, H]) Writable(op string, ptr acl.DevicePtr, n uintptr) (*Reservation[X, H], error) {
+	r, err := b.Accessible(op, ptr, n)
+	if err != nil {
+		return nil, err
+	}
+	addr := uintptr(ptr)
+	for i := r.Index(addr); i < len(r.Maps) && r.Maps[i].Addr < addr+n; i++ {
+		if r.Maps[i].ReadOnly {
+			return nil, acl.Errorf(op, acl.ErrCodeRTParamInvalid, "mapping at %#x is read-only", r.Maps[i].Addr)
+		}
 	}
 	return r, nil
 }

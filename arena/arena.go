@@ -109,6 +109,7 @@ type Arena struct {
 	member    *chunk.Member
 	trap      bool // Config.TrapStale
 	fence     fence
+	imp       *imported // set for a View's arena: another process's memory, of a fixed size (share.go)
 
 	mu        sync.Mutex    // serialises the slow path and everything that calls the driver
 	closed    atomic.Bool   // set under mu; read without it by Buffer checks
@@ -211,7 +212,8 @@ func (a *Arena) at(i int) acl.DevicePtr { return a.base.Add(uintptr(uint64(i) * 
 // errNotMade is returned by the methods of an Arena that New did not make.
 var errNotMade = fmt.Errorf("arena: %w: the Arena was not made by New", ErrInvalid)
 
-// lock takes mu for an operation on an open arena, or returns why it cannot.
+// lock takes mu for an operation that changes an open arena's size, or
+// returns why it cannot.
 func (a *Arena) lock() error {
 	if a == nil {
 		return ErrClosed
@@ -223,6 +225,10 @@ func (a *Arena) lock() error {
 	if a.closed.Load() {
 		a.mu.Unlock()
 		return ErrClosed
+	}
+	if a.imp != nil {
+		a.mu.Unlock()
+		return errFixed
 	}
 	return nil
 }
@@ -724,7 +730,7 @@ func (a *Arena) freeze() uint64 {
 // epoch (so an Alloc that read the state before the freeze fails its
 // compare-and-swap) and lets Allocs run again. Call with mu held.
 func (a *Arena) thaw(s, n uint64) {
-	a.state.Store((s+epochOne)&epochMask | min(n, a.cap.Load()))
+	a.state.Store((s+epochOne)&epochMask | min(n, a.cap.Load()) | a.imp.pin())
 }
 
 // Truncate drops every allocation at or above offset n (0 ≤ n ≤ Len), like

@@ -91,7 +91,7 @@ type Element interface {
 // (aclrtMemcpy HOST_TO_DEVICE). src must fit: len(src)×size ≤ dst.Len().
 func CopyIn[T Element](dst Buffer, src []T) error {
 	b := asBytes(src)
-	if err := dst.check("copy in"); err != nil {
+	if err := dst.checkWrite("copy in"); err != nil {
 		return err
 	}
 	if uintptr(len(b)) > dst.n {
@@ -130,7 +130,7 @@ func CopyOut[T Element](dst []T, src Buffer) error {
 // of the same driver; src.Len() ≤ dst.Len(). The bytes copied must not
 // overlap (ErrInvalid): device copies do not promise memmove's semantics.
 func Copy(dst, src Buffer) error {
-	if err := dst.check("copy"); err != nil {
+	if err := dst.checkWrite("copy"); err != nil {
 		return err
 	}
 	if err := src.check("copy"); err != nil {
@@ -156,7 +156,7 @@ func Copy(dst, src Buffer) error {
 
 // Fill sets every byte of b to v on the device (aclrtMemset).
 func Fill(b Buffer, v byte) error {
-	if err := b.check("fill"); err != nil {
+	if err := b.checkWrite("fill"); err != nil {
 		return err
 	}
 	if err := b.a.fence.wait(b.a.drv); err != nil {

@@ -308,3 +308,6 @@ func TestRegressionOverlappingCopyRefused(t *testing.T) {
 	dst, _ = b.Slice(50, 100)
 	require.NoError(t, arena.Copy(dst, src), "adjacent ranges are fine")
 }
+
+// newSparseNoShare returns a driver that cannot share memory.
+func newSparseNoShare() acl.Driver { return newSparse() }

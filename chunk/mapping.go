@@ -129,7 +129,10 @@ func (p *Pool) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (sc
 func (p *Pool) at(ptr acl.DevicePtr, i int) acl.DevicePtr { return ptr.Add(uintptr(i) * p.size) }
 
 // grantAccess grants read-write access to the n chunks mapped from ptr.
-func (p *Pool) grantAccess(ptr acl.DevicePtr, n int) error {
+func (p *Pool) grantAccess(ptr acl.DevicePtr, n int) error { return p.grant(ptr, n, p.access) }
+
+// grant grants the access desc describes to the n chunks mapped from ptr.
+func (p *Pool) grant(ptr acl.DevicePtr, n int, desc []acl.MemAccessDesc) error {
 	if p.implicit.Load() {
 		return nil
 	}
@@ -139,7 +142,7 @@ func (p *Pool) grantAccess(ptr acl.DevicePtr, n int) error {
 	}
 	for i := 0; i < n; i += step {
 		at := p.at(ptr, i)
-		err := p.drv.MemSetAccess(at, uintptr(min(step, n-i))*p.size, p.access)
+		err := p.drv.MemSetAccess(at, uintptr(min(step, n-i))*p.size, desc)
 		switch {
 		case errors.Is(err, acl.ErrNotSupported):
 			p.implicit.Store(true)
@@ -239,7 +242,7 @@ func (p *Pool) Release(ptr acl.DevicePtr, c Chunk) error {
 	if err != nil {
 		return err
 	}
-	scrub := p.scrub == ScrubOnRelease && l.holder != zeroed
+	scrub := p.scrub == ScrubOnRelease && l.holder != zeroed && l.shared == nil // a shared chunk is freed, and its bytes are another process's too
 	if scrub {
 		if err := p.drv.Memset(ptr, 0, p.size); err != nil {
 			return fmt.Errorf("chunk: scrub at %v: %w", ptr, err)

@@ -105,6 +105,13 @@ type Config struct {
 	// pool's background worker, within the budget, so that a growth that
 	// finds the cache empty does not wait for MallocPhysical. 0 means none.
 	Ahead int
+	// Shareable allocates chunks that can be exported to another process
+	// (Export; arena.Share). ACL exports any allocation; a driver that
+	// shares file descriptors (acl.SharingFD) exports only those made with
+	// PhysicalMemProp.HandleType = MemHandleTypePOSIX, which on the host
+	// driver cost a descriptor and a kernel memory area each. New fails with
+	// acl.ErrNotSupported when the driver cannot share.
+	Shareable bool
 }
 
 // Chunk is one physical allocation of the pool's chunk size.
@@ -141,6 +148,9 @@ type Stats struct {
 
 	WorkerNS    int64 // time the background worker spent working (refills, chunks ahead, releases): off the callers' paths, not free
 	WorkerSpins int64 // rounds of work the worker did
+
+	Exported int64 // chunks exported to other processes (Export); freed, not cached, when put back
+	Imported int64 // chunks imported from other processes (Import); freed when put back
 }
 
 // Pool hands out chunks of one size from one driver.
@@ -160,6 +170,8 @@ type Pool struct {
 
 	mu      sync.Mutex
 	closed  bool
+	shareMu sync.Mutex                   // serialises Export, so that a chunk is exported once
+	doomed  []doomedRef                  // shared chunks whose free failed: Trim and Close try again (share.go)
 	cache   []entry                      // LIFO: the chunk unmapped last is reused first
 	out     map[acl.PhysicalHandle]lease // chunks handed out and not yet Put back
 	held    uintptr                      // bytes in use, cached, or being allocated
@@ -180,6 +192,7 @@ type entry struct {
 type lease struct {
 	tenant Tenant
 	holder Tenant
+	shared *shared // exported or imported: freed when put back (share.go)
 }
 
 // New returns a pool of chunks from drv.
@@ -192,6 +205,13 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 			cfg.Size, cfg.Budget, cfg.Ahead, cfg.Scrub)
 	}
 	prop := acl.DeviceProp(drv.Device(), cfg.MemAttr)
+	caps := drv.Caps()
+	if cfg.Shareable {
+		if caps.Sharing == acl.SharingNone {
+			return nil, fmt.Errorf("chunk: shareable chunks: %w: %s does not share memory between processes", acl.ErrNotSupported, drv.Name())
+		}
+		prop.HandleType = caps.Sharing.HandleType()
+	}
 	g, err := drv.MemGetAllocationGranularity(&prop, acl.GranularityMinimum)
 	if err != nil {
 		return nil, fmt.Errorf("chunk: granularity: %w", err)
@@ -210,7 +230,6 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	case maxCached < 0:
 		maxCached = 0
 	}
-	caps := drv.Caps()
 	p := &Pool{
 		drv:       drv,
 		size:      size,
@@ -415,6 +434,9 @@ func (p *Pool) Put(c Chunk) error {
 		p.mu.Unlock()
 		return fmt.Errorf("chunk: %w: put of chunk %#x, which is not out of this pool", acl.ErrInvalidParam, uintptr(c.Handle))
 	}
+	if l.shared != nil {
+		return p.putSharedLocked(c, l) // freed, never cached
+	}
 	delete(p.out, c.Handle)
 	p.stats.InUse--
 	e := entry{c.Handle, l.holder}
@@ -463,7 +485,7 @@ func (p *Pool) trim() (int, error) {
 	p.cache = nil
 	p.stats.Cached = 0
 	p.mu.Unlock()
-	var errs []error
+	errs := []error{p.freeDoomed()}
 	n := 0
 	for _, e := range cache {
 		err := p.free(e)

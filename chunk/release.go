@@ -106,11 +106,16 @@ func (p *Pool) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
 			return err
 		}
 	}
+	scrubbed := 0
 	if p.scrub == ScrubOnRelease {
 		for _, m := range ms {
+			if p.isShared(m.C) {
+				continue // freed, and its bytes are another process's too
+			}
 			if err := p.drv.MemsetAsync(m.At, 0, p.size, streams[0]); err != nil {
 				return p.fallback(nil, fmt.Errorf("scrub at %v: %w", m.At, err))
 			}
+			scrubbed++
 		}
 	}
 	evs := make([]acl.Event, 0, len(streams))
@@ -133,10 +138,8 @@ func (p *Pool) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
 	}
 	p.pending.queue = append(p.pending.queue, b)
 	p.pending.chunks += len(ms)
-	if p.scrub == ScrubOnRelease {
-		p.stats.Scrubs += int64(len(ms))
-		p.stats.ScrubsAsync += int64(len(ms))
-	}
+	p.stats.Scrubs += int64(scrubbed)
+	p.stats.ScrubsAsync += int64(scrubbed)
 	p.wakeLocked()
 	p.mu.Unlock()
 	return nil

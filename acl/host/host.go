@@ -216,7 +216,7 @@ func pageOf(attr acl.MemAttr) uintptr {
 // attributes, for both options.
 func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option acl.MemGranularityOptions) (uintptr, error) {
 	const op = "aclrtMemGetAllocationGranularity"
-	if err := rules.Prop(op, prop, d.cfg.Device, "host"); err != nil {
+	if _, err := rules.ExportableProp(op, prop, d.cfg.Device, "host"); err != nil {
 		return 0, err
 	}
 	if err := rules.GranularityOption(op, option); err != nil {

@@ -52,7 +52,8 @@ func startPeer(t *testing.T, role string) *peer {
 	conn, f, err := ipc.Socketpair()
 	require.NoError(t, err)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), peerEnv+"="+role)
+	cmd.Env = append(os.Environ(), peerEnv+"="+role,
+		"GORACE="+os.Getenv("GORACE")+" atexit_sleep_ms=0") // a race-enabled peer exits at once
 	cmd.ExtraFiles = []*os.File{f}
 	cmd.Stderr = os.Stderr
 	require.NoError(t, cmd.Start())

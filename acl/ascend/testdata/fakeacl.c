@@ -243,6 +243,8 @@ typedef struct {
     uint64_t mapped_bytes;
     int64_t handles;
     uint64_t physical_bytes;
+    int64_t imported;        // of handles, those imported (aclrtMemImportFromShareableHandle)
+    uint64_t imported_bytes; // of physical_bytes, those of imported handles
     int64_t streams; // created with aclrtCreateStream and not destroyed
     int64_t events;  // created with aclrtCreateEvent and not destroyed
 } fakeacl_live_t;

@@ -1,0 +1,542 @@
+package arena
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"net"
+	"os"
+	"slices"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/host"
+	"github.com/vmarena/vmarena/acl/ipc"
+	"github.com/vmarena/vmarena/chunk"
+)
+
+// ShareOptions says who may import what Share offers, and how.
+type ShareOptions struct {
+	// PID is the consumer: the process id, as this process sees it, of the
+	// one process allowed to import. Required.
+	PID int
+	// UID is the user the consumer must run as. The zero value means this
+	// process's own user (os.Getuid()).
+	UID int
+	// ReadOnly gives the consumer a read-only view.
+	ReadOnly bool
+}
+
+// ImportConfig configures Import.
+type ImportConfig struct {
+	// Driver is the device to map the memory on. nil means the pool's
+	// driver, or the process-wide host driver when Pool is nil too.
+	Driver acl.Driver
+	// Pool is the pool whose budget the imported chunks count against,
+	// from Import until the View is closed. Its chunk size must be the
+	// producer's. nil means a private pool, closed with the View.
+	Pool *chunk.Pool
+	// Budget caps, in bytes, what a private pool accepts: the most memory
+	// this process takes from the producer. 0 means no cap. It must be 0
+	// with Pool.
+	Budget int64
+	// Streams are the device streams whose work may read the View, as in
+	// Config.Streams: Close unmaps once the work queued on them has run, or,
+	// without streams, once the device is idle.
+	Streams []acl.Stream
+	// ReadOnly asks for a read-only view, whatever the producer allows.
+	ReadOnly bool
+	// Tenant is who may read the View's bytes (see Config.Tenant).
+	Tenant chunk.Tenant
+}
+
+// A View is memory another process shared with this one: the whole chunks of
+// the producer's arena that hold the buffer it shared, mapped in a
+// reservation of this process sized to them, at an address that never
+// changes. No byte was copied: both processes map the same physical memory,
+// and a write by either is seen by the other (unless the View is read-only).
+//
+// The View's Buffer is a Buffer like any other (CopyOut, Slice, Copy into
+// this process's arenas), of an arena whose size is fixed: Alloc, Grow,
+// Truncate, Reset and Shrink fail with ErrImported, and a read-only View's
+// writes (CopyIn, Copy and Fill into it) with ErrReadOnly. Close releases it.
+//
+// The memory stays valid until the View is closed, whatever the producer
+// does: if it frees, shrinks, closes or dies, the device keeps the memory for
+// the View. Closing the View, or this process's death, frees only this
+// process's reference.
+type View struct {
+	a   *Arena
+	buf Buffer
+}
+
+// imported is what an arena of a View knows about its memory.
+type imported struct {
+	readOnly bool // writes through the API are refused
+	device   bool // and the device maps it read-only too
+}
+
+// pin returns the frozen bit for an imported arena, which stays frozen so
+// that no Alloc takes the lock-free path.
+func (i *imported) pin() uint64 {
+	if i == nil {
+		return 0
+	}
+	return frozen
+}
+
+// stepHook, when set (by tests), is called at each step of Share and Import,
+// so that a test can end the process there.
+var stepHook func(step string)
+
+func step(name string) {
+	if stepHook != nil {
+		stepHook(name)
+	}
+}
+
+var errFixed = fmt.Errorf("arena: %w: a View cannot allocate, grow or shrink", ErrImported)
+
+// checkWrite is check for a write: a read-only View refuses it.
+func (b Buffer) checkWrite(op string) error {
+	if err := b.check(op); err != nil {
+		return err
+	}
+	if b.a.imp != nil && b.a.imp.readOnly {
+		return fmt.Errorf("arena: %s: %w", op, ErrReadOnly)
+	}
+	return nil
+}
+
+// Buffer returns the buffer the producer shared.
+func (v *View) Buffer() Buffer { return v.buf }
+
+// ReadOnly reports whether writes through the View are refused.
+func (v *View) ReadOnly() bool { return v.a.imp.readOnly }
+
+// DeviceReadOnly reports whether the device maps the View read-only too
+// (acl.Caps.ReadOnly), so that device work writing into it faults.
+func (v *View) DeviceReadOnly() bool { return v.a.imp.device }
+
+// Close releases the View: CloseContext with a context that is never done.
+func (v *View) Close() error { return v.CloseContext(context.Background()) }
+
+// CloseContext unmaps the View once the work queued on ImportConfig.Streams
+// (or, without streams, on the device) has run, releases its reservation and
+// frees this process's reference to the memory (and closes the private
+// pool), as Arena.CloseContext does. The producer's memory is not touched.
+// It is safe to call more than once, and on a nil *View.
+func (v *View) CloseContext(ctx context.Context) error {
+	if v == nil {
+		return nil
+	}
+	return v.a.CloseContext(ctx)
+}
+
+// Share lends the whole chunks that hold b, a buffer of a, to the one
+// process opt names, over conn, with no copy: the consumer, calling Import
+// on the other end, maps them into a reservation of its own. Share waits for
+// the work queued on the arena's streams (or the device, without streams) so
+// that the consumer sees what it wrote, then waits for the consumer to say
+// that it has mapped the memory.
+//
+// Who may import: the process on the other end must be opt.PID, running as
+// opt.UID, as the kernel vouches for it (SCM_CREDENTIALS); anyone else is
+// refused (ErrRefused), and gets nothing. Where the device shares tokens
+// (ACL), the chunks are exported with an allow-list holding only the
+// consumer; where it shares descriptors (CUDA, the host driver), the
+// descriptors are sent to the consumer alone. The arena must draw from a
+// pool whose chunks are exportable (Config.Chunk.Shareable, or a
+// chunk.Config.Shareable pool) where the device shares descriptors.
+//
+// Sharing is at chunk granularity: the consumer can read the rest of the
+// chunks that hold b too, so allocate what you share chunk-aligned and
+// alone (Alloc(n, a.ChunkSize())). The shared chunks are never reused by
+// the arena's pool: once the arena lets them go (Truncate and Shrink,
+// Reset, Close) they are freed, and the device keeps the memory for the
+// consumer as long as it maps it. The producer's pool counts them until
+// then. Keep b's bytes in use until Share returns.
+//
+// Share honours conn's deadlines. An error leaves the arena as it was
+// (chunks exported before the failure stay marked shared).
+func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
+	const op = "arena: share"
+	switch {
+	case a == nil:
+		return ErrClosed
+	case a.drv == nil:
+		return errNotMade
+	case conn == nil:
+		return fmt.Errorf("%s: %w: no connection", op, ErrInvalid)
+	case opt.PID <= 0:
+		return fmt.Errorf("%s: %w: ShareOptions.PID must name the consumer's process", op, ErrInvalid)
+	case b.a != a:
+		return fmt.Errorf("%s %v: %w: the buffer belongs to another arena", op, b, ErrInvalid)
+	case b.n == 0:
+		return fmt.Errorf("%s: %w: empty buffer", op, ErrInvalid)
+	case a.imp != nil:
+		return fmt.Errorf("%s: %w: a View cannot be shared again", op, ErrImported)
+	}
+	if err := b.check("share"); err != nil {
+		return err
+	}
+	sharing := a.drv.Caps().Sharing
+	if sharing == acl.SharingNone {
+		return fmt.Errorf("%s: %w: %s does not share memory between processes", op, acl.ErrNotSupported, a.drv.Name())
+	}
+	uid := opt.UID
+	if uid == 0 {
+		uid = os.Getuid()
+	}
+
+	// Who is on the other end?
+	if err := ipc.EnableCredentials(conn); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	hb := make([]byte, helloLen)
+	_, cred, err := ipc.Recv(conn, hb, 0)
+	if err != nil {
+		return fmt.Errorf("%s: read the consumer's hello: %w", op, err)
+	}
+	step("share:hello")
+	refuse := func(err error) error {
+		status, code, text := failure(err)
+		_ = ipc.Send(conn, offer{status: status, code: code, text: text}.encode(), nil, false)
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	h, err := decodeHello(hb)
+	switch {
+	case err != nil:
+		return refuse(err)
+	case cred == nil:
+		return refuse(fmt.Errorf("%w: the consumer's credentials did not come with its hello", ErrRefused))
+	case cred.PID != opt.PID || cred.UID != uid:
+		return refuse(fmt.Errorf("%w: process %d (uid %d) is not the consumer named: process %d, uid %d",
+			ErrRefused, cred.PID, cred.UID, opt.PID, uid))
+	case h.sharing != sharing:
+		return refuse(fmt.Errorf("%w: the consumer shares memory as %v, this driver as %v", acl.ErrNotSupported, h.sharing, sharing))
+	}
+
+	// What the consumer will see was written before it looks.
+	if err := a.pool.WaitStreams(context.Background(), a.streams); err != nil {
+		return refuse(err)
+	}
+	first, handles, err := a.export(b, h.tgid)
+	if err != nil {
+		return refuse(err)
+	}
+	step("share:exported")
+	o := offer{sharing: sharing, chunkSize: a.chunkSize, chunks: uint64(len(handles)),
+		off: uint64(b.off) - uint64(first)*a.chunkSize, n: uint64(b.n)}
+	if opt.ReadOnly {
+		o.flags |= flagReadOnly
+	}
+	if err := sendHandles(conn, o, handles); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	step("share:offered")
+	k, err := readAck(conn)
+	if err != nil {
+		return fmt.Errorf("%s: the consumer did not say it mapped the memory: %w", op, err)
+	}
+	if k.status != statusOK {
+		return fmt.Errorf("%s: %w", op, remote("consumer", k.status, k.code, k.text))
+	}
+	step("share:acked")
+	return nil
+}
+
+// export exports the chunks that hold b for the process tgid, and returns
+// the index of the first and their shareable handles.
+func (a *Arena) export(b Buffer, tgid int32) (int, []acl.ShareableHandle, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err := b.check("share"); err != nil { // the arena may have changed meanwhile
+		return 0, nil, err
+	}
+	first := int(uint64(b.off) / a.chunkSize)
+	last := int((uint64(b.off) + uint64(b.n) - 1) / a.chunkSize)
+	hs := make([]acl.ShareableHandle, 0, last-first+1)
+	for _, c := range a.chunks[first : last+1] {
+		s, err := a.pool.Export(c, tgid)
+		if err != nil {
+			return 0, nil, err
+		}
+		hs = append(hs, s)
+	}
+	return first, hs, nil
+}
+
+// sendHandles sends the offer and the shareable handles after it.
+func sendHandles(c *net.UnixConn, o offer, hs []acl.ShareableHandle) error {
+	if err := ipc.Send(c, o.encode(), nil, false); err != nil {
+		return err
+	}
+	if o.sharing == acl.SharingToken {
+		b := make([]byte, 8*len(hs))
+		for i, s := range hs {
+			le.PutUint64(b[8*i:], s.Value)
+		}
+		return ipc.Send(c, b, nil, false)
+	}
+	for len(hs) > 0 {
+		n := min(len(hs), fdBatch)
+		fds := make([]int, n)
+		for i, s := range hs[:n] {
+			fds[i] = int(s.Value)
+		}
+		b := make([]byte, batchLen)
+		le.PutUint32(b, uint32(n))
+		if err := ipc.Send(c, b, fds, false); err != nil {
+			return err
+		}
+		hs = hs[n:]
+	}
+	return nil
+}
+
+// Import maps the memory the producer on the other end of conn shares with
+// Arena.Share, and returns it as a View. It tells the producer who it is
+// (its credentials, checked by the kernel, and for an ACL allow-list the id
+// DeviceGetBareTgid gives), reserves address space for exactly the shared
+// chunks, imports and maps them, and tells the producer it is done.
+//
+// It fails with an error matching ErrRefused when the producer refused this
+// process (or does not speak the protocol), acl.ErrNotSupported when the
+// driver cannot share or shares in another form than the producer's,
+// ErrOutOfMemory (chunk.ErrBudget) past the budget, and the driver's errors.
+// A failed Import holds nothing; the connection is then of no further use.
+// Import honours conn's deadlines.
+func Import(conn *net.UnixConn, cfg ImportConfig) (*View, error) {
+	const op = "arena: import"
+	if conn == nil {
+		return nil, fmt.Errorf("%s: %w: no connection", op, ErrInvalid)
+	}
+	if cfg.Budget < 0 || (cfg.Pool != nil && cfg.Budget != 0) {
+		return nil, fmt.Errorf("%s: %w: budget %d (with a pool, the pool's budget counts)", op, ErrInvalid, cfg.Budget)
+	}
+	drv := cfg.Driver
+	switch {
+	case cfg.Pool != nil && drv != nil && cfg.Pool.Driver() != drv:
+		return nil, fmt.Errorf("%s: %w: ImportConfig.Driver differs from the pool's driver", op, ErrInvalid)
+	case cfg.Pool != nil:
+		drv = cfg.Pool.Driver()
+	case drv == nil:
+		d, err := host.Default()
+		if err != nil {
+			return nil, fmt.Errorf("%s: default host driver: %w", op, err)
+		}
+		drv = d
+	}
+	sharing := drv.Caps().Sharing
+	if sharing == acl.SharingNone {
+		return nil, fmt.Errorf("%s: %w: %s does not share memory between processes", op, acl.ErrNotSupported, drv.Name())
+	}
+	tgid, err := drv.DeviceGetBareTgid()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	h := hello{sharing: sharing, tgid: tgid, device: drv.Device()}
+	if cfg.ReadOnly {
+		h.flags |= flagReadOnly
+	}
+	if err := ipc.Send(conn, h.encode(), nil, true); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	step("import:hello")
+	o, err := readOffer(conn)
+	if err != nil {
+		return nil, fmt.Errorf("%s: read the producer's offer: %w", op, err)
+	}
+	if o.status != statusOK {
+		return nil, fmt.Errorf("%s: %w", op, remote("producer", o.status, o.code, o.text))
+	}
+	step("import:offer")
+	fail := func(err error) (*View, error) {
+		status, code, text := failure(err)
+		_ = ipc.Send(conn, ack{status: status, code: code, text: text}.encode(), nil, false)
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	cs := o.chunkSize
+	switch {
+	case o.sharing != sharing:
+		return fail(fmt.Errorf("%w: the producer shares memory as %v, this driver as %v", acl.ErrNotSupported, o.sharing, sharing))
+	case cs == 0 || cs > MaxReserve || o.chunks == 0 || o.chunks > MaxReserve/cs:
+		return fail(fmt.Errorf("%w: the producer offers %d chunks of %d bytes", ErrRefused, o.chunks, cs))
+	case o.n == 0 || o.off >= cs || o.n > o.chunks*cs-o.off:
+		return fail(fmt.Errorf("%w: the producer offers [%d, +%d) of %d chunks of %d bytes", ErrRefused, o.off, o.n, o.chunks, cs))
+	case cfg.Pool != nil && uint64(cfg.Pool.ChunkSize()) != cs:
+		drainHandles(conn, o)
+		return fail(fmt.Errorf("%w: the producer's chunks are %d bytes, the pool's %d", ErrInvalid, cs, cfg.Pool.ChunkSize()))
+	case cfg.Budget != 0 && o.chunks*cs > uint64(cfg.Budget):
+		drainHandles(conn, o)
+		return fail(fmt.Errorf("%w: %w: the producer shares %d bytes, the budget is %d", chunk.ErrBudget, ErrOutOfMemory, o.chunks*cs, cfg.Budget))
+	}
+	pool, own := cfg.Pool, false
+	if pool == nil {
+		p, err := chunk.New(drv, chunk.Config{Size: int(cs), MaxCached: -1, Budget: cfg.Budget, Scrub: chunk.ScrubNever})
+		if err != nil {
+			drainHandles(conn, o)
+			return fail(err)
+		}
+		pool, own = p, true
+	}
+	tenant := cfg.Tenant
+	if tenant == 0 {
+		tenant = chunk.NewTenant()
+	}
+	chunks, err := importHandles(conn, o, pool, tenant)
+	if err != nil {
+		if own {
+			err = errors.Join(err, pool.Close())
+		}
+		return fail(err)
+	}
+	step("import:imported")
+	imp := &imported{readOnly: cfg.ReadOnly || o.flags&flagReadOnly != 0}
+	imp.device = imp.readOnly && drv.Caps().ReadOnly
+	a, err := newView(drv, pool, own, tenant, cfg.Streams, cs, chunks, imp)
+	if err != nil {
+		return fail(err)
+	}
+	v := &View{a: a, buf: Buffer{a: a, off: uintptr(o.off), n: uintptr(o.n)}}
+	step("import:mapped")
+	if err := ipc.Send(conn, ack{status: statusOK}.encode(), nil, false); err != nil {
+		// The producer cannot know the memory is mapped: give it back, so
+		// that both ends agree the hand-over failed.
+		return nil, errors.Join(fmt.Errorf("%s: tell the producer: %w", op, err), v.Close())
+	}
+	return v, nil
+}
+
+// importHandles receives the offer's handles and imports them into pool for
+// tenant. On failure it gives back what it imported, and closes every
+// descriptor it received (reading the rest of them off the connection).
+func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (cs []chunk.Chunk, err error) {
+	defer func() {
+		if err != nil {
+			for _, ch := range cs {
+				err = errors.Join(err, pool.Put(ch))
+			}
+			cs = nil
+		}
+	}()
+	n := int(o.chunks)
+	if o.sharing == acl.SharingToken {
+		b := make([]byte, 8*n)
+		if _, _, err := ipc.Recv(c, b, 0); err != nil {
+			return nil, err
+		}
+		for i := range n {
+			ch, err := pool.Import(t, acl.ShareableHandle{Type: acl.MemHandleTypeNone, Value: le.Uint64(b[8*i:])})
+			if err != nil {
+				return cs, err
+			}
+			cs = append(cs, ch)
+		}
+		return cs, nil
+	}
+	for len(cs) < n {
+		fds, err := recvBatch(c, n-len(cs))
+		if err != nil {
+			return cs, err
+		}
+		for i, fd := range fds {
+			ch, err := pool.Import(t, acl.ShareableHandle{Type: acl.MemHandleTypePOSIX, Value: uint64(fd)})
+			if err != nil {
+				err = errors.Join(err, ipc.CloseAll(fds[i:]))
+				drainFDs(c, n-len(cs)-len(fds))
+				return cs, err
+			}
+			cs = append(cs, ch)
+			_ = ipc.Close(fd) // the driver keeps what it needs
+		}
+	}
+	return cs, nil
+}
+
+// recvBatch receives one batch of at most left descriptors.
+func recvBatch(c *net.UnixConn, left int) ([]int, error) {
+	b := make([]byte, batchLen)
+	fds, _, err := ipc.Recv(c, b, fdBatch)
+	if err != nil {
+		return nil, err
+	}
+	if n := int(le.Uint32(b)); n != len(fds) || n == 0 || n > left {
+		return nil, errors.Join(fmt.Errorf("%w: a batch of %d descriptors says %d, %d expected at most", ErrRefused, len(fds), n, left),
+			ipc.CloseAll(fds))
+	}
+	return fds, nil
+}
+
+// drainHandles reads the offer's handles off the connection and closes any
+// descriptors among them.
+func drainHandles(c *net.UnixConn, o offer) {
+	if o.sharing == acl.SharingToken {
+		_, _, _ = ipc.Recv(c, make([]byte, 8*o.chunks), 0)
+		return
+	}
+	drainFDs(c, int(o.chunks))
+}
+
+// drainFDs receives left more descriptors and closes them.
+func drainFDs(c *net.UnixConn, left int) {
+	for left > 0 {
+		fds, err := recvBatch(c, left)
+		if err != nil {
+			return
+		}
+		_ = ipc.CloseAll(fds)
+		left -= len(fds)
+	}
+}
+
+// newView makes the arena of a View: a reservation of exactly the imported
+// chunks, mapped in order, with Len = Cap fixed. On failure it gives back the
+// chunks and everything else it made.
+func newView(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream, cs uint64,
+	chunks []chunk.Chunk, imp *imported) (*Arena, error) {
+	a := &Arena{drv: drv, pool: pool, ownPool: own, chunkSize: cs, tenant: t, streams: slices.Clone(streams), imp: imp}
+	size := cs * uint64(len(chunks))
+	giveBack := func(err error) (*Arena, error) {
+		for _, c := range chunks {
+			err = errors.Join(err, pool.Put(c))
+		}
+		if own {
+			err = errors.Join(err, pool.Close())
+		}
+		return nil, err
+	}
+	if err := a.reserve(size); err != nil {
+		return giveBack(err)
+	}
+	m, err := pool.Join(client{a}, false)
+	if err != nil {
+		return giveBack(errors.Join(fmt.Errorf("arena: %w", err), a.releaseReservation()))
+	}
+	a.member = m
+	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), 30)
+	a.state.Store(frozen) // no Alloc takes the lock-free path
+	if err := pool.MapImported(a.base, chunks, imp.device); err != nil {
+		var left *chunk.LeftMappedError
+		if errors.As(err, &left) {
+			// Chunks the undo could not unmap: strays, for Close to unmap.
+			for _, l := range left.Left {
+				a.maps++
+				a.strays = append(a.strays, stray{l.At, l.C})
+				chunks = slices.DeleteFunc(chunks, func(c chunk.Chunk) bool { return c == l.C })
+			}
+		}
+		for _, c := range chunks {
+			err = errors.Join(err, pool.Put(c))
+		}
+		return nil, errors.Join(fmt.Errorf("arena: import: %w", err), a.Close())
+	}
+	a.chunks = chunks
+	a.maps = uint64(len(chunks))
+	a.grows = 1
+	a.cap.Store(size)
+	a.peak = size
+	a.state.Store(frozen | size)
+	return a, nil
+}

@@ -1,0 +1,233 @@
+package chunk
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// Sharing chunks with other processes.
+//
+// A chunk out of the pool can be exported (Export) for another process to
+// map, and a chunk another process exported can be imported (Import) and
+// lent like one of the pool's own. Either way the chunk is shared: its
+// memory may be mapped by two processes at once, so it never goes back to the
+// reuse cache, where it could be handed to another tenant of this process
+// while the other process still reads or writes it. Put frees it instead,
+// which drops only this process's reference: the device keeps the memory
+// alive for the other process, and the other process's death frees nothing
+// of this one's. A shared chunk is never scrubbed either: its bytes are the
+// other process's as much as its tenant's, and the pool does not reuse it.
+//
+// Budget: an exported chunk counts against the budget of the pool that made
+// it until it is put back; an imported chunk counts against the budget of
+// the pool that imported it, from Import until it is put back. Importing the
+// same memory twice into one pool counts it, and holds it, once.
+
+// shared is what the pool knows about a shared chunk.
+type shared struct {
+	imported bool
+	holders  int                 // imported: how many Imports handed it out and have not put it back
+	export   acl.ShareableHandle // exported: its shareable form
+	pids     []int32             // exported as a token: the processes allowed to import it
+}
+
+// doomedRef is a shared chunk to free, or a second import reference of
+// memory the pool holds (extra: freeing it frees no budget), whose free
+// failed: never cached, tried again by Trim and Close.
+type doomedRef struct {
+	h     acl.PhysicalHandle
+	extra bool
+}
+
+// freeShared frees a shared chunk, or keeps it doomed if the driver refuses.
+func (p *Pool) freeShared(r doomedRef) error {
+	err := p.drv.FreePhysical(r.h)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stats.Frees++
+	if err != nil {
+		p.doomed = append(p.doomed, r)
+		return fmt.Errorf("chunk: free shared chunk: %w", err)
+	}
+	if !r.extra {
+		p.held -= p.size
+	}
+	return nil
+}
+
+// freeDoomed tries again to free the doomed chunks.
+func (p *Pool) freeDoomed() error {
+	p.mu.Lock()
+	ds := p.doomed
+	p.doomed = nil
+	p.mu.Unlock()
+	var errs []error
+	for _, r := range ds {
+		errs = append(errs, p.freeShared(r))
+	}
+	return errors.Join(errs...)
+}
+
+// isShared reports whether c is out of the pool and shared.
+func (p *Pool) isShared(c Chunk) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.out[c.Handle].shared != nil
+}
+
+// putSharedLocked puts back a shared chunk: it is freed, unless another
+// Import of the same memory still holds it. Called by Put with mu held;
+// unlocks it.
+func (p *Pool) putSharedLocked(c Chunk, l lease) error {
+	if l.shared.holders > 1 {
+		l.shared.holders--
+		p.mu.Unlock()
+		return nil
+	}
+	delete(p.out, c.Handle)
+	p.stats.InUse--
+	p.mu.Unlock()
+	_ = p.freeShared(doomedRef{h: c.Handle}) // a failure keeps it doomed, for Trim and Close
+	return nil
+}
+
+// Export returns the shareable form of c, a chunk out of this pool, for the
+// process pid (as that process's acl.Driver.DeviceGetBareTgid names it) to
+// import. The first Export of a chunk exports it (ExportDefault); later ones
+// return the same shareable handle. Where the driver shares tokens, pid is
+// added to the chunk's allow-list; where it shares descriptors, the
+// descriptor is the capability and pid is not used (send it only to pid).
+// An exported chunk is freed, not cached, when it is put back. The pool must
+// be Config.Shareable where the driver shares descriptors.
+func (p *Pool) Export(c Chunk, pid int32) (acl.ShareableHandle, error) {
+	p.shareMu.Lock()
+	defer p.shareMu.Unlock()
+	l, err := p.leaseOf("export", 0, c)
+	if err != nil {
+		return acl.ShareableHandle{}, err
+	}
+	sharing := p.drv.Caps().Sharing
+	if l.shared == nil {
+		s, err := p.drv.MemExportToShareableHandle(c.Handle, sharing.HandleType(), acl.ExportDefault)
+		if err != nil {
+			return acl.ShareableHandle{}, fmt.Errorf("chunk: export chunk %#x: %w", uintptr(c.Handle), err)
+		}
+		p.mu.Lock()
+		l = p.out[c.Handle]
+		l.shared = &shared{export: s}
+		p.out[c.Handle] = l
+		p.stats.Exported++
+		p.mu.Unlock()
+	}
+	if l.shared.imported {
+		return acl.ShareableHandle{}, fmt.Errorf("chunk: export chunk %#x: %w: it was imported; only its exporter can share it",
+			uintptr(c.Handle), acl.ErrInvalidParam)
+	}
+	if sharing == acl.SharingToken && pid != 0 && !slices.Contains(l.shared.pids, pid) {
+		pids := append(slices.Clone(l.shared.pids), pid)
+		if err := p.drv.MemSetPidToShareableHandle(l.shared.export, pids); err != nil {
+			return acl.ShareableHandle{}, fmt.Errorf("chunk: allow process %d to import chunk %#x: %w", pid, uintptr(c.Handle), err)
+		}
+		p.mu.Lock()
+		l.shared.pids = pids
+		p.mu.Unlock()
+	}
+	return l.shared.export, nil
+}
+
+// Import imports the memory another process exported as s, a chunk of the
+// pool's size, and lends it to tenant t like a chunk of the pool's own (map
+// it with MapImported, give it back with Put). It counts against the budget
+// (ErrBudget before any driver call). The chunk holds t's bytes, so it is
+// never scrubbed; it is freed, not cached, when put back. Importing memory
+// the pool holds already returns the same chunk, which must then be put back
+// as many times.
+func (p *Pool) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
+	if t == 0 {
+		t = NewTenant()
+	}
+	p.dev.note(t)
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return Chunk{}, ErrClosed
+	}
+	if p.budget != 0 && p.held+p.size > p.budget {
+		held := p.held
+		p.stats.Failures++
+		p.mu.Unlock()
+		return Chunk{}, fmt.Errorf("%w: %w: %d of %d bytes held, importing %d more", ErrBudget, acl.ErrOutOfMemory,
+			held, p.budget, p.size)
+	}
+	p.held += p.size
+	p.mu.Unlock()
+
+	h, err := p.drv.MemImportFromShareableHandle(s, p.drv.Device())
+
+	p.mu.Lock()
+	if err != nil {
+		p.held -= p.size
+		p.stats.Failures++
+		p.mu.Unlock()
+		return Chunk{}, fmt.Errorf("chunk: import %v: %w", s, err)
+	}
+	l, ok := p.out[h]
+	if !ok {
+		p.out[h] = lease{tenant: t, holder: t, shared: &shared{imported: true, holders: 1}}
+		p.stats.InUse++
+		p.stats.Imported++
+		p.mu.Unlock()
+		return Chunk{h}, nil
+	}
+	// The driver handed back memory the pool holds already, with one more
+	// reference (ACL's rule). Drop that reference: the pool's first one
+	// keeps the memory, and counts it once.
+	p.held -= p.size
+	p.mu.Unlock()
+	var ferr error
+	if err := p.freeShared(doomedRef{h: h, extra: true}); err != nil {
+		ferr = fmt.Errorf("chunk: import %v: drop the second reference: %w", s, err)
+	}
+	if l.shared == nil || !l.shared.imported {
+		return Chunk{}, errors.Join(ferr, fmt.Errorf("chunk: import %v: %w: the driver returned chunk %#x, which the pool lent out as its own",
+			s, acl.ErrInvalidHandle, uintptr(h)))
+	}
+	p.mu.Lock()
+	l.shared.holders++
+	p.stats.Imported++
+	p.mu.Unlock()
+	return Chunk{h}, nil
+}
+
+// MapImported maps imported chunks cs side by side from ptr and grants the
+// device access to them: read-only when readOnly is set and the driver can
+// map read-only (acl.Caps.ReadOnly; the caller enforces it otherwise), else
+// read-write. Nothing is scrubbed: the chunks hold what the other process
+// shared. A failed MapImported unmaps what it mapped, top down; a chunk it
+// cannot unmap is listed in a *LeftMappedError. The chunks are given back as
+// any others: Release or ReleaseAfter, then Put.
+func (p *Pool) MapImported(ptr acl.DevicePtr, cs []Chunk, readOnly bool) error {
+	for i, c := range cs {
+		if _, err := p.leaseOf("map", p.at(ptr, i), c); err != nil {
+			return err
+		}
+	}
+	for i, c := range cs {
+		at := p.at(ptr, i)
+		if err := p.drv.MapMem(at, p.size, 0, c.Handle, 0); err != nil {
+			return p.unmapRange(ptr, cs[:i], fmt.Errorf("chunk: map at %v: %w", at, err))
+		}
+	}
+	desc := p.access
+	if readOnly && p.drv.Caps().ReadOnly {
+		desc = acl.ReadWrite(p.drv.Device())
+		desc[0].Flags = acl.MemAccessRead
+	}
+	if err := p.grant(ptr, len(cs), desc); err != nil {
+		return p.unmapRange(ptr, cs, err)
+	}
+	return nil
+}

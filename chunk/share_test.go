@@ -1,0 +1,196 @@
+package chunk_test
+
+import (
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/faultdriver"
+	"github.com/vmarena/vmarena/chunk"
+)
+
+// An exported chunk is exported once, and freed, never cached, when it comes
+// back; the budget counts it until then.
+func TestExportedChunkIsFreed(t *testing.T) {
+	d := newDriver(t, 64<<20)
+	fd := faultdriver.New(d)
+	p, err := chunk.New(fd, chunk.Config{Shareable: true, Budget: 4 * g, Scrub: chunk.ScrubOnRelease})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.ReleaseMemAddress(base)) }()
+	cs, err := p.Acquire(0, 2)
+	require.NoError(t, err)
+	for i, c := range cs {
+		require.NoError(t, p.Map(base.Add(uintptr(i)*g), c))
+	}
+	s, err := p.Export(cs[0], 1234)
+	require.NoError(t, err)
+	again, err := p.Export(cs[0], 1234)
+	require.NoError(t, err)
+	assert.Equal(t, s, again, "exported once")
+	assert.Equal(t, int64(1), fd.Calls(faultdriver.MemExportToShareableHandle))
+	assert.Zero(t, fd.Calls(faultdriver.MemSetPidToShareableHandle), "a descriptor has no allow-list to set")
+	assert.Equal(t, int64(1), p.Stats().Exported)
+
+	scrubs := fd.Calls(faultdriver.Memset)
+	for i, c := range cs {
+		require.NoError(t, p.Release(base.Add(uintptr(i)*g), c))
+		require.NoError(t, p.Put(c))
+	}
+	assert.Equal(t, scrubs+1, fd.Calls(faultdriver.Memset), "the shared chunk is not scrubbed on release: the other process may read it")
+	st := p.Stats()
+	assert.Equal(t, 1, st.Cached, "only the chunk that was not shared is cached")
+	assert.Equal(t, int64(1), st.Frees)
+	assert.Equal(t, int64(g), st.HeldBytes)
+	_, err = p.Export(cs[0], 1)
+	require.ErrorIs(t, err, acl.ErrInvalidParam, "a chunk that is not out")
+}
+
+// Pools that cannot share say so.
+func TestShareableNeedsSharing(t *testing.T) {
+	d := newDriver(t, 64<<20)
+	_, err := chunk.New(&noShare{d}, chunk.Config{Shareable: true})
+	require.ErrorIs(t, err, acl.ErrNotSupported)
+	p, err := chunk.New(d, chunk.Config{})
+	require.NoError(t, err)
+	defer p.Close()
+	c, err := p.Get()
+	require.NoError(t, err)
+	_, err = p.Export(c, 1)
+	require.ErrorIs(t, err, acl.ErrInvalidParam, "the host driver exports only chunks made exportable")
+	require.NoError(t, p.Put(c))
+}
+
+type noShare struct{ acl.Driver }
+
+func (noShare) Caps() acl.Caps { return acl.Caps{} }
+
+// tokenDriver stands in for another process's exports, ACL-style: a token
+// names memory it allocates on first import, and importing it again returns
+// the same handle with one more reference.
+type tokenDriver struct {
+	acl.Driver
+	mu   sync.Mutex
+	h    map[uint64]acl.PhysicalHandle
+	refs map[acl.PhysicalHandle]int
+}
+
+func (d *tokenDriver) Caps() acl.Caps { c := d.Driver.Caps(); c.Sharing = acl.SharingToken; return c }
+
+func (d *tokenDriver) MemImportFromShareableHandle(s acl.ShareableHandle, dev int32) (acl.PhysicalHandle, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s.Value == 0 {
+		return 0, acl.NewError("aclrtMemImportFromShareableHandle", acl.ErrCodeRTInvalidHandle, "unknown token")
+	}
+	if h, ok := d.h[s.Value]; ok {
+		d.refs[h]++
+		return h, nil
+	}
+	p := acl.DeviceProp(0, 0)
+	h, err := d.Driver.MallocPhysical(g, &p, 0)
+	if err != nil {
+		return 0, err
+	}
+	d.h[s.Value], d.refs[h] = h, 1
+	return h, nil
+}
+
+func (d *tokenDriver) FreePhysical(h acl.PhysicalHandle) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if n, ok := d.refs[h]; ok && n > 1 {
+		d.refs[h]--
+		return nil
+	}
+	delete(d.refs, h)
+	for k, v := range d.h {
+		if v == h {
+			delete(d.h, k)
+		}
+	}
+	return d.Driver.FreePhysical(h)
+}
+
+// Imports count against the budget (refused before any driver call), are
+// never cached or scrubbed, and two imports of the same memory hold it once.
+func TestImport(t *testing.T) {
+	d := newDriver(t, 64<<20)
+	td := &tokenDriver{Driver: d, h: map[uint64]acl.PhysicalHandle{}, refs: map[acl.PhysicalHandle]int{}}
+	fd := faultdriver.New(td)
+	p, err := chunk.New(fd, chunk.Config{Budget: 2 * g})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	tok := func(v uint64) acl.ShareableHandle { return acl.ShareableHandle{Value: v} }
+
+	_, err = p.Import(0, tok(0))
+	require.ErrorIs(t, err, acl.ErrInvalidHandle)
+	assert.Zero(t, p.Stats().HeldBytes, "a failed import holds nothing")
+
+	tn := chunk.NewTenant()
+	c1, err := p.Import(tn, tok(1))
+	require.NoError(t, err)
+	c1b, err := p.Import(tn, tok(1))
+	require.NoError(t, err)
+	assert.Equal(t, c1, c1b, "the same memory")
+	c2, err := p.Import(tn, tok(2))
+	require.NoError(t, err)
+	st := p.Stats()
+	assert.Equal(t, int64(2*g), st.HeldBytes, "counted once")
+	assert.Equal(t, 2, st.InUse)
+	assert.Equal(t, int64(3), st.Imported)
+	calls := fd.Calls(faultdriver.MemImportFromShareableHandle)
+	_, err = p.Import(tn, tok(3))
+	require.ErrorIs(t, err, chunk.ErrBudget)
+	assert.Equal(t, calls, fd.Calls(faultdriver.MemImportFromShareableHandle), "refused before the driver")
+
+	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.ReleaseMemAddress(base)) }()
+	require.NoError(t, p.MapImported(base, []chunk.Chunk{c1, c2}, false))
+	assert.Zero(t, fd.Calls(faultdriver.Memset)+fd.Calls(faultdriver.MemsetAsync), "imported memory is never scrubbed")
+	_, err = p.Export(c1, 1)
+	require.ErrorIs(t, err, acl.ErrInvalidParam, "an import cannot be exported again")
+	for i, c := range []chunk.Chunk{c1, c2} {
+		require.NoError(t, p.Release(base.Add(uintptr(i)*g), c))
+	}
+	require.NoError(t, p.Put(c1))
+	assert.Equal(t, 2, p.Stats().InUse, "the second import of c1 still holds it")
+	require.NoError(t, p.Put(c1b))
+	require.NoError(t, p.Put(c2))
+	st = p.Stats()
+	assert.Zero(t, st.InUse)
+	assert.Zero(t, st.Cached, "imports are freed, not cached")
+	assert.Zero(t, st.HeldBytes)
+	assert.Empty(t, td.refs, "every reference freed")
+}
+
+// A shared chunk whose free fails is kept aside, never cached, and freed by
+// Trim.
+func TestSharedFreeFails(t *testing.T) {
+	d := newDriver(t, 64<<20)
+	fd := faultdriver.New(d)
+	p, err := chunk.New(fd, chunk.Config{Shareable: true})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	c, err := p.Get()
+	require.NoError(t, err)
+	_, err = p.Export(c, 0)
+	require.NoError(t, err)
+	fd.FailNth(faultdriver.FreePhysical, 1, 0)
+	require.NoError(t, p.Put(c))
+	st := p.Stats()
+	assert.Zero(t, st.Cached, "not cached")
+	assert.Equal(t, int64(g), st.HeldBytes, "still held")
+	c2, err := p.Get()
+	require.NoError(t, err)
+	assert.NotEqual(t, c, c2, "the shared chunk is handed to nobody")
+	require.NoError(t, p.Put(c2))
+	require.NoError(t, p.Trim())
+	assert.Zero(t, p.Stats().HeldBytes)
+}

@@ -1,4 +1,30 @@
 package arena
 
+import (
+	"errors"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/chunk"
+)
+
 // SetStepHook sets the hook Share and Import call at each of their steps.
 func SetStepHook(fn func(step string)) { stepHook = fn }
+
+// ViewOf imports the shareable handles hs (descriptors the caller keeps),
+// chunks of cs bytes, as Import does once it has received them: the
+// consumer's side of a hand-over without the socket, for the benchmarks.
+func ViewOf(drv acl.Driver, cs uint64, hs []acl.ShareableHandle) (*View, error) {
+	pool, own, err := importPool(drv, ImportConfig{}, cs)
+	if err != nil {
+		return nil, err
+	}
+	t := chunk.NewTenant()
+	chunks, err := importAll(pool, t, hs, nil)
+	if err != nil {
+		for _, c := range chunks {
+			err = errors.Join(err, pool.Put(c))
+		}
+		return nil, errors.Join(err, pool.Close())
+	}
+	return newView(drv, pool, own, t, nil, cs, chunks, &imported{}, 0, cs*uint64(len(hs)))
+}

@@ -372,14 +372,10 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*View, error) {
 		drainHandles(conn, o)
 		return fail(fmt.Errorf("%w: %w: the producer shares %d bytes, the budget is %d", chunk.ErrBudget, ErrOutOfMemory, o.chunks*cs, cfg.Budget))
 	}
-	pool, own := cfg.Pool, false
-	if pool == nil {
-		p, err := chunk.New(drv, chunk.Config{Size: int(cs), MaxCached: -1, Budget: cfg.Budget, Scrub: chunk.ScrubNever})
-		if err != nil {
-			drainHandles(conn, o)
-			return fail(err)
-		}
-		pool, own = p, true
+	pool, own, err := importPool(drv, cfg, cs)
+	if err != nil {
+		drainHandles(conn, o)
+		return fail(err)
 	}
 	tenant := cfg.Tenant
 	if tenant == 0 {
@@ -395,11 +391,10 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*View, error) {
 	step("import:imported")
 	imp := &imported{readOnly: cfg.ReadOnly || o.flags&flagReadOnly != 0}
 	imp.device = imp.readOnly && drv.Caps().ReadOnly
-	a, err := newView(drv, pool, own, tenant, cfg.Streams, cs, chunks, imp)
+	v, err := newView(drv, pool, own, tenant, cfg.Streams, cs, chunks, imp, o.off, o.n)
 	if err != nil {
 		return fail(err)
 	}
-	v := &View{a: a, buf: Buffer{a: a, off: uintptr(o.off), n: uintptr(o.n)}}
 	step("import:mapped")
 	if err := ipc.Send(conn, ack{status: statusOK}.encode(), nil, false); err != nil {
 		// The producer cannot know the memory is mapped: give it back, so
@@ -427,30 +422,42 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (
 		if _, _, err := ipc.Recv(c, b, 0); err != nil {
 			return nil, err
 		}
-		for i := range n {
-			ch, err := pool.Import(t, acl.ShareableHandle{Type: acl.MemHandleTypeNone, Value: le.Uint64(b[8*i:])})
-			if err != nil {
-				return cs, err
-			}
-			cs = append(cs, ch)
+		hs := make([]acl.ShareableHandle, n)
+		for i := range hs {
+			hs[i] = acl.ShareableHandle{Type: acl.MemHandleTypeNone, Value: le.Uint64(b[8*i:])}
 		}
-		return cs, nil
+		return importAll(pool, t, hs, cs)
 	}
 	for len(cs) < n {
 		fds, err := recvBatch(c, n-len(cs))
 		if err != nil {
 			return cs, err
 		}
+		hs := make([]acl.ShareableHandle, len(fds))
 		for i, fd := range fds {
-			ch, err := pool.Import(t, acl.ShareableHandle{Type: acl.MemHandleTypePOSIX, Value: uint64(fd)})
-			if err != nil {
-				err = errors.Join(err, ipc.CloseAll(fds[i:]))
-				drainFDs(c, n-len(cs)-len(fds))
-				return cs, err
-			}
-			cs = append(cs, ch)
-			_ = ipc.Close(fd) // the driver keeps what it needs
+			hs[i] = acl.ShareableHandle{Type: acl.MemHandleTypePOSIX, Value: uint64(fd)}
 		}
+		k := len(cs)
+		cs, err = importAll(pool, t, hs, cs)
+		// The driver keeps what it needs of each descriptor.
+		err = errors.Join(err, ipc.CloseAll(fds))
+		if err != nil {
+			drainFDs(c, n-k-len(fds))
+			return cs, err
+		}
+	}
+	return cs, nil
+}
+
+// importAll imports hs into pool for t, appending the chunks to cs. It stops
+// at the first failure.
+func importAll(pool *chunk.Pool, t chunk.Tenant, hs []acl.ShareableHandle, cs []chunk.Chunk) ([]chunk.Chunk, error) {
+	for _, s := range hs {
+		ch, err := pool.Import(t, s)
+		if err != nil {
+			return cs, err
+		}
+		cs = append(cs, ch)
 	}
 	return cs, nil
 }
@@ -491,10 +498,34 @@ func drainFDs(c *net.UnixConn, left int) {
 	}
 }
 
-// newView makes the arena of a View: a reservation of exactly the imported
-// chunks, mapped in order, with Len = Cap fixed. On failure it gives back the
-// chunks and everything else it made.
+// importPool returns the pool a View's chunks come into: cfg.Pool, or a
+// private one (own) for chunks of cs bytes.
+func importPool(drv acl.Driver, cfg ImportConfig, cs uint64) (pool *chunk.Pool, own bool, err error) {
+	if cfg.Pool != nil {
+		return cfg.Pool, false, nil
+	}
+	p, err := chunk.New(drv, chunk.Config{Size: int(cs), MaxCached: -1, Budget: cfg.Budget, Scrub: chunk.ScrubNever})
+	if err != nil {
+		return nil, false, err
+	}
+	return p, true, nil
+}
+
+// newView makes a View of the imported chunks, whose buffer is [off, off+n)
+// of them: an arena with a reservation of exactly the chunks, mapped in
+// order, with Len = Cap fixed. On failure it gives back the chunks and
+// everything else it made.
 func newView(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream, cs uint64,
+	chunks []chunk.Chunk, imp *imported, off, n uint64) (*View, error) {
+	a, err := newViewArena(drv, pool, own, t, streams, cs, chunks, imp)
+	if err != nil {
+		return nil, err
+	}
+	return &View{a: a, buf: Buffer{a: a, off: uintptr(off), n: uintptr(n)}}, nil
+}
+
+// newViewArena makes the arena of a View.
+func newViewArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream, cs uint64,
 	chunks []chunk.Chunk, imp *imported) (*Arena, error) {
 	a := &Arena{drv: drv, pool: pool, ownPool: own, chunkSize: cs, tenant: t, streams: slices.Clone(streams), imp: imp}
 	size := cs * uint64(len(chunks))

@@ -63,6 +63,7 @@ type peerSpec struct {
 	Streams   bool   // consumer: import with a stream
 	Ahead     int    // producer: bytes allocated before the shared buffer
 	SharedLen int    // producer: the shared buffer's length (0: Chunks whole chunks less 2 KiB)
+	ChunkSize int    // bench roles: the chunk size
 }
 
 // peerReply is what the other process says.
@@ -89,13 +90,13 @@ func sharedBytes(n int) []byte {
 // The parent's end.
 
 type peerProc struct {
-	t    *testing.T
+	t    testing.TB
 	cmd  *exec.Cmd
 	conn *net.UnixConn
 	done bool
 }
 
-func spawn(t *testing.T, spec peerSpec) *peerProc {
+func spawn(t testing.TB, spec peerSpec) *peerProc {
 	t.Helper()
 	js, err := json.Marshal(spec)
 	require.NoError(t, err)
@@ -203,13 +204,18 @@ func runPeer(js string) error {
 			}
 		})
 	}
-	d, err := host.New(host.Config{Capacity: 256 << 20})
+	d, err := host.New(host.Config{Capacity: uintptr(spec.Chunks*spec.ChunkSize) + 256<<20})
 	if err != nil {
 		return err
 	}
 	fd := faultdriver.New(d) // to count the copies
-	if spec.Role == "producer" {
+	switch spec.Role {
+	case "producer":
 		return producer(spec, conn, d, fd)
+	case "bench-producer":
+		return benchProducer(spec, conn, d)
+	case "bench-fds":
+		return benchFDs(spec, conn, d)
 	}
 	return consumer(spec, conn, d, fd)
 }

@@ -50,6 +50,7 @@ type Driver struct {
 	gran    uintptr // CU_MEM_ALLOC_GRANULARITY_MINIMUM
 	granRec uintptr // CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
 	gran1G  uintptr // the granularity of the ACL HUGE1G attributes
+	posixFD bool    // the device exports POSIX descriptors (share.go)
 
 	// life is read-held by every call for its whole duration and
 	// write-held by Close, so Close waits for calls in flight and no call
@@ -87,6 +88,7 @@ type handle struct {
 	page  uintptr // granularity its mappings must be aligned to
 	refs  int     // the owner's reference plus one per mapping
 	freed bool    // FreePhysical dropped the owner's reference (cuMemRelease done)
+	share         // exportable, exported and imported allocations (share.go)
 }
 
 // A reservation is one cuMemAddressReserve; a mapping is one cuMemMap of a
@@ -173,6 +175,7 @@ func (d *Driver) open() error {
 		return fmt.Errorf("device %d lacks virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0): %w",
 			d.cfg.Device, acl.ErrNotSupported)
 	}
+	d.posixFD = d.queryPosixFD()
 	if r := l.cuDevicePrimaryCtxRetain(&d.ctx, d.dev); r != ResultSuccess {
 		return l.newError("cuDevicePrimaryCtxRetain", r)
 	}
@@ -340,10 +343,12 @@ func (d *Driver) liveLocked() acl.LiveCounts {
 // MemSetAccess may cover a run of adjacent mappings (cuMemSetAccess takes any
 // fully mapped range), and fresh memory holds no other process's bytes,
 // because the NVIDIA kernel driver clears device memory when a process frees
-// it (acl.FreshProcess; acl.FreshUnknown with Config.NoScrubOnFree). See
-// docs/cuda.md for the evidence and its limits. It makes no driver call.
+// it (acl.FreshProcess; acl.FreshUnknown with Config.NoScrubOnFree). It
+// shares memory as POSIX descriptors where the device says it can (asked at
+// Open), and maps read-only (CU_MEM_ACCESS_FLAGS_PROT_READ). See docs/cuda.md
+// for the evidence and its limits. It makes no driver call.
 func (d *Driver) Caps() acl.Caps {
-	c := acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess}
+	c := acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess, Sharing: d.sharing(), ReadOnly: true}
 	if d.cfg.NoScrubOnFree {
 		c.Fresh = acl.FreshUnknown
 	}
@@ -364,7 +369,7 @@ func (d *Driver) pageOf(attr acl.MemAttr) uintptr {
 // for the HUGE1G attributes.
 func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option acl.MemGranularityOptions) (uintptr, error) {
 	const op = "aclrtMemGetAllocationGranularity"
-	if err := rules.Prop(op, prop, d.Device(), "CUDA"); err != nil {
+	if _, err := d.exportableProp(op, prop); err != nil {
 		return 0, err
 	}
 	if err := rules.GranularityOption(op, option); err != nil {
@@ -387,7 +392,16 @@ func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option a
 // multiples of the granularity (HUGE1G sizes are rounded up to 1 GiB).
 func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
 	const op = "aclrtMallocPhysical"
-	size, err := rules.Malloc(op, size, prop, flags, d.Device(), "CUDA", d.pageOf)
+	posix, err := d.exportableProp(op, prop)
+	if err != nil {
+		return 0, err
+	}
+	if posix {
+		p := *prop
+		p.HandleType = acl.MemHandleTypeNone
+		prop = &p
+	}
+	size, err = rules.Malloc(op, size, prop, flags, d.Device(), "CUDA", d.pageOf)
 	if err != nil {
 		return 0, err
 	}
@@ -403,6 +417,9 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 		return 0, err
 	}
 	cuprop := d.cuProp()
+	if posix {
+		cuprop.RequestedHandleTypes = cuMemHandleTypePosixFD
+	}
 	var cu uint64
 	r := d.lib.cuMemCreate(&cu, size, &cuprop, 0)
 	d.unbind(b)
@@ -413,7 +430,7 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.nextID++
-	h := &handle{id: d.nextID, cu: cu, size: size, page: page, refs: 1}
+	h := &handle{id: d.nextID, cu: cu, size: size, page: page, refs: 1, share: share{exportable: posix, fd: -1}}
 	d.handles[h.id] = h
 	d.live.Handles++
 	d.live.PhysicalBytes += size
@@ -452,6 +469,9 @@ func (d *Driver) FreePhysical(id acl.PhysicalHandle) error {
 	}
 	h.freed = true
 	d.live.Handles--
+	if h.imported {
+		d.live.Imported--
+	}
 	d.unrefLocked(h)
 	return nil
 }
@@ -465,6 +485,10 @@ func (d *Driver) unrefLocked(h *handle) {
 	}
 	delete(d.handles, h.id)
 	d.live.PhysicalBytes -= h.size
+	if h.imported {
+		d.live.ImportedBytes -= h.size
+	}
+	d.closeExport(h)
 }
 
 // ReserveMemAddress is cuMemAddressReserve of size bytes rounded up to the
@@ -553,7 +577,11 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	if !ok || h.freed {
 		return fail(op, acl.ErrCodeRTInvalidHandle, "handle %#x is not a live physical allocation", uintptr(id))
 	}
-	if err := rules.MapFits(op, ptr, size, h.size, h.page); err != nil {
+	hsize := h.size
+	if hsize == 0 { // imported: CUDA does not say its size; the first map does
+		hsize = size
+	}
+	if err := rules.MapFits(op, ptr, size, hsize, h.page); err != nil {
 		return err
 	}
 	r, i, err := d.book.Place(op, ptr, size)
@@ -570,6 +598,9 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 		return d.lib.newError("cuMemMap", res)
 	}
 	r.Insert(i, &mapping{Addr: uintptr(ptr), Size: size, H: h})
+	if h.size == 0 {
+		d.learnSize(h, size)
+	}
 	h.refs++
 	d.live.Mappings++
 	d.live.MappedBytes += size
@@ -622,9 +653,10 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 // no-op.
 func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
 	const op = "aclrtMemSetAccess"
-	if err := rules.Access(op, ptr, size, desc, d.Device(), false); err != nil {
+	if err := rules.AccessFlags(op, ptr, size, desc, d.Device(), false, true); err != nil {
 		return err
 	}
+	ro := rules.ReadOnly(desc)
 	if err := d.begin(op); err != nil {
 		return err
 	}
@@ -642,7 +674,7 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 		if j == len(r.Maps) || r.Maps[j].Addr != end {
 			return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) is not a run of adjacent mappings: nothing is mapped at %#x", ptr, size, end)
 		}
-		granted = granted && r.Maps[j].Access
+		granted = granted && r.Maps[j].Access && r.Maps[j].ReadOnly == ro
 		end += r.Maps[j].Size
 		j++
 	}
@@ -656,6 +688,9 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 		Location: memLocation{Type: cuMemLocationTypeDevice, ID: int32(d.cfg.Device)},
 		Flags:    cuMemAccessProtReadWrite,
 	}
+	if ro {
+		cudesc.Flags = cuMemAccessProtRead
+	}
 	b, err := d.bind()
 	if err != nil {
 		return err
@@ -666,7 +701,7 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 		return d.lib.newError("cuMemSetAccess", res)
 	}
 	for _, m := range r.Maps[i:j] {
-		m.Access = true
+		m.Access, m.ReadOnly = true, ro
 	}
 	return nil
 }
@@ -676,16 +711,22 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 // With onStream set, call queues the work on the driver's own stream and
 // copyCall waits for that stream (cuStreamSynchronize), since the ACL calls
 // they stand for are synchronous; nothing else on the device is waited for.
-func (d *Driver) copyCall(op, fn string, n uintptr, onStream bool, call func() Result, ranges ...acl.DevicePtr) error {
+func (d *Driver) copyCall(op, fn string, n uintptr, onStream bool, call func() Result, dst acl.DevicePtr, src ...acl.DevicePtr) error {
 	if err := d.begin(op); err != nil {
 		return err
 	}
 	defer d.end()
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	for _, p := range ranges {
-		// Checking here keeps a bad copy from reaching the GPU, where it
-		// would fault and poison the context.
+	// Checking here keeps a bad copy from reaching the GPU, where it would
+	// fault and poison the context. dst (0 for none) is written: a read-only
+	// mapping refuses it.
+	if dst != 0 {
+		if _, err := d.book.Writable(op, dst, n); err != nil {
+			return err
+		}
+	}
+	for _, p := range src {
 		if _, err := d.book.Accessible(op, p, n); err != nil {
 			return err
 		}
@@ -725,7 +766,7 @@ func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	n := uintptr(len(dst))
 	return d.copyCall("aclrtMemcpy", "cuMemcpyDtoH_v2", n, false, func() Result {
 		return d.lib.cuMemcpyDtoH(dst, uint64(src), n)
-	}, src)
+	}, 0, src)
 }
 
 // MemcpyDtoD is cuMemcpyDtoDAsync_v2 on the driver's own stream, then
@@ -736,7 +777,7 @@ func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
 	}
 	return d.copyCall("aclrtMemcpy", "cuMemcpyDtoDAsync_v2", n, true, func() Result {
 		return d.lib.cuMemcpyDtoDAsync(uint64(dst), uint64(src), n, d.copyStream)
-	}, src, dst)
+	}, dst, src)
 }
 
 // Memset is cuMemsetD8Async on the driver's own stream, then
@@ -852,6 +893,7 @@ func (d *Driver) releaseAllLocked(live acl.LiveCounts) []error {
 		if !h.freed {
 			check("cuMemRelease", d.lib.cuMemRelease(h.cu))
 		}
+		d.closeExport(h)
 	}
 	for _, r := range d.book.All() {
 		check("cuMemAddressFree", d.lib.cuMemAddressFree(uint64(r.Base), r.Size))

@@ -78,6 +78,7 @@ func TestHardware(t *testing.T) {
 	})
 	t.Run("ForeignStream", testForeignStream)
 	t.Run("ChunkCosts", func(t *testing.T) { testChunkCosts(t, fresh) })
+	t.Run("ShareAcrossProcesses", testShareAcrossProcesses)
 }
 
 // testForeignStream passes the driver a CUstream it did not create, made

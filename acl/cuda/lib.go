@@ -29,6 +29,9 @@ const (
 	cuGranularityMinimum       = 0   // CU_MEM_ALLOC_GRANULARITY_MINIMUM
 	cuGranularityRecommended   = 1   // CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
 	cuDevAttrVirtualMemorySupp = 102 // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+	cuDevAttrPosixFDSupported  = 103 // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+	cuMemHandleTypePosixFD     = 1   // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+	cuMemAccessProtRead        = 1   // CU_MEM_ACCESS_FLAGS_PROT_READ
 	cuStreamNonBlocking        = 1   // CU_STREAM_NON_BLOCKING: not ordered with the legacy default stream
 	cuEventDisableTiming       = 2   // CU_EVENT_DISABLE_TIMING: no timestamp, the cheapest event
 )
@@ -103,6 +106,12 @@ type library struct {
 	cuEventDestroy                func(e uintptr) Result // cuEventDestroy_v2
 	cuGetErrorName                func(r Result, s **byte) Result
 	cuGetErrorString              func(r Result, s **byte) Result
+
+	// cuMemExportToShareableHandle writes, for a POSIX descriptor, an int
+	// through its void* shareableHandle; cuMemImportFromShareableHandle
+	// takes the descriptor itself as its void* osHandle.
+	cuMemExportToShareableHandle   func(shareable *int32, h uint64, handleType int32, flags uint64) Result
+	cuMemImportFromShareableHandle func(h *uint64, osHandle uintptr, handleType int32) Result
 }
 
 // symbols lists every symbol the binding resolves, with the field it fills.
@@ -127,6 +136,8 @@ func (l *library) symbols() []symbol {
 		{"cuMemMap", &l.cuMemMap},
 		{"cuMemUnmap", &l.cuMemUnmap},
 		{"cuMemSetAccess", &l.cuMemSetAccess},
+		{"cuMemExportToShareableHandle", &l.cuMemExportToShareableHandle},
+		{"cuMemImportFromShareableHandle", &l.cuMemImportFromShareableHandle},
 		{"cuMemcpyHtoD_v2", &l.cuMemcpyHtoD},
 		{"cuMemcpyDtoH_v2", &l.cuMemcpyDtoH},
 		{"cuMemcpyDtoDAsync_v2", &l.cuMemcpyDtoDAsync},

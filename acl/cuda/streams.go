@@ -372,7 +372,7 @@ func (d *Driver) MemsetAsync(ptr acl.DevicePtr, value byte, n uintptr, s acl.Str
 	defer d.end()
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	if _, err := d.book.Accessible(op, ptr, n); err != nil {
+	if _, err := d.book.Writable(op, ptr, n); err != nil {
 		return err
 	}
 	st, err := d.holdStream(op, s)

@@ -16,7 +16,18 @@
 //     when the last mapping does;
 //   - cuMemCreate fails with CUDA_ERROR_OUT_OF_MEMORY past a capacity;
 //   - structs are checked field by field at their cuda.h offsets, so a binding
-//     that lays one out wrongly gets CUDA_ERROR_INVALID_VALUE.
+//     that lays one out wrongly gets CUDA_ERROR_INVALID_VALUE;
+//   - sharing: an allocation made with requestedHandleTypes =
+//     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR lives in a memory file of its
+//     own (memfd); cuMemExportToShareableHandle writes a new descriptor of
+//     it, which the caller owns; cuMemImportFromShareableHandle maps the file
+//     a descriptor names (any process's: the memory is really shared) as a
+//     new allocation, keeping a duplicate of the descriptor. An export of an
+//     allocation made without the handle type fails with
+//     CUDA_ERROR_INVALID_VALUE; an import of a descriptor that is not an open
+//     memory file with CUDA_ERROR_INVALID_HANDLE. Imported memory does not
+//     count against the capacity: the exporter's process counted it. The
+//     codes are the double's choice where cuda.h does not say.
 //
 // Device work in flight. Each stream is a FIFO of work items: memsets
 // (cuMemsetD8Async), copies (cuMemcpyDtoDAsync_v2) and stand-in kernels queued
@@ -83,6 +94,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int memfd_create(const char *name, unsigned int flags); // <sys/mman.h> with _GNU_SOURCE
+#define FAKE_MFD_CLOEXEC 0x0001U
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -151,6 +167,8 @@ _Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc");
 #define MAX_DEVICES 8
 #define ATTR_UNIFIED_ADDRESSING 41
 #define ATTR_VMM_SUPPORTED 102
+#define ATTR_POSIX_FD_SUPPORTED 103
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
 
 // ---- global state, guarded by mu ----
 
@@ -171,6 +189,8 @@ struct alloc {
 	void *mem;
 	int released; // cuMemRelease called
 	int maps;     // live mappings
+	int fd;       // its memory file when exportable or imported, else -1
+	int imported; // made by cuMemImportFromShareableHandle
 	struct alloc *next;
 };
 
@@ -234,6 +254,7 @@ static int initialized;
 static int stub;
 static int ndevices = 1;
 static int vmm_supported = 1;
+static int posix_fd_supported = 1;
 static int driver_version = 12060;
 static size_t granularity = 2u << 20;
 static size_t capacity = (size_t)1 << 30;
@@ -273,6 +294,7 @@ static struct fn_stat stats[] = {
 	{"cuMemGetAllocationGranularity", 0, 0, 0}, {"cuMemCreate", 0, 0, 0}, {"cuMemRelease", 0, 0, 0},
 	{"cuMemAddressReserve", 0, 0, 0}, {"cuMemAddressFree", 0, 0, 0}, {"cuMemMap", 0, 0, 0}, {"cuMemUnmap", 0, 0, 0},
 	{"cuMemSetAccess", 0, 0, 0}, {"cuMemcpyHtoD_v2", 0, 0, 0}, {"cuMemcpyDtoH_v2", 0, 0, 0},
+	{"cuMemExportToShareableHandle", 0, 0, 0}, {"cuMemImportFromShareableHandle", 0, 0, 0},
 	{"cuMemcpyDtoDAsync_v2", 0, 0, 0}, {"cuMemsetD8Async", 0, 0, 0}, {"cuMemGetInfo_v2", 0, 0, 0},
 	{"cuStreamCreate", 0, 0, 0}, {"cuStreamDestroy_v2", 0, 0, 0}, {"cuStreamQuery", 0, 0, 0},
 	{"cuStreamSynchronize", 0, 0, 0}, {"cuEventCreate", 0, 0, 0}, {"cuEventRecord", 0, 0, 0},
@@ -677,6 +699,9 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice dev) {
 	case ATTR_VMM_SUPPORTED:
 		*v = vmm_supported;
 		break;
+	case ATTR_POSIX_FD_SUPPORTED:
+		*v = posix_fd_supported;
+		break;
 	case ATTR_UNIFIED_ADDRESSING:
 		*v = 1;
 		break;
@@ -950,13 +975,19 @@ static CUmemGenericAllocationHandle new_handle(void) {
 			return h;
 }
 
+// fcntl_dup returns a close-on-exec duplicate of fd, or -1.
+static int fcntl_dup(int fd);
+
 static void free_alloc(struct alloc *a) {
 	struct alloc **pp = &allocs;
 	while (*pp != a)
 		pp = &(*pp)->next;
 	*pp = a->next;
 	munmap(a->mem, a->size);
-	used -= a->size;
+	if (a->fd >= 0)
+		close(a->fd);
+	if (!a->imported)
+		used -= a->size;
 	live_allocs--;
 	free(a);
 }
@@ -971,16 +1002,84 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
 		END(rc);
 	if (size > capacity || used > capacity - size)
 		END(CUDA_ERROR_OUT_OF_MEMORY);
-	void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (mem == MAP_FAILED)
+	int fd = -1;
+	void *mem;
+	if (prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+		fd = memfd_create("fakecuda", FAKE_MFD_CLOEXEC);
+		if (fd < 0)
+			END(CUDA_ERROR_OUT_OF_MEMORY);
+		if (ftruncate(fd, (off_t)size) != 0) {
+			close(fd);
+			END(CUDA_ERROR_OUT_OF_MEMORY);
+		}
+		mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	} else {
+		mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	}
+	if (mem == MAP_FAILED) {
+		if (fd >= 0)
+			close(fd);
 		END(CUDA_ERROR_OUT_OF_MEMORY);
+	}
 	struct alloc *a = calloc(1, sizeof *a);
+	a->fd = fd;
 	a->handle = new_handle();
 	a->size = size;
 	a->mem = mem;
 	a->next = allocs;
 	allocs = a;
 	used += size;
+	live_allocs++;
+	*h = a->handle;
+	END(CUDA_SUCCESS);
+}
+
+// cuMemExportToShareableHandle writes a new descriptor of the allocation's
+// memory file into the int shareableHandle points to.
+EXPORT CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle h, int handleType,
+                                             unsigned long long flags) {
+	BEGIN("cuMemExportToShareableHandle", need_ctx());
+	if (shareableHandle == NULL || flags != 0 || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		END(CUDA_ERROR_INVALID_VALUE);
+	struct alloc *a = find_alloc(h);
+	if (a == NULL || a->released)
+		END(CUDA_ERROR_INVALID_HANDLE);
+	if (a->fd < 0)
+		END(CUDA_ERROR_INVALID_VALUE); // not made with the handle type
+	int fd = fcntl_dup(a->fd);
+	if (fd < 0)
+		END(CUDA_ERROR_OUT_OF_MEMORY);
+	*(int *)shareableHandle = fd;
+	END(CUDA_SUCCESS);
+}
+
+// cuMemImportFromShareableHandle maps the memory file osHandle names (the
+// descriptor itself, cast to a pointer) as a new allocation.
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *osHandle, int handleType) {
+	BEGIN("cuMemImportFromShareableHandle", need_ctx());
+	if (h == NULL || handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+		END(CUDA_ERROR_INVALID_VALUE);
+	int fd = (int)(intptr_t)osHandle;
+	struct stat st;
+	if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+	    (size_t)st.st_size % granularity != 0)
+		END(CUDA_ERROR_INVALID_HANDLE);
+	int own = fcntl_dup(fd);
+	if (own < 0)
+		END(CUDA_ERROR_OUT_OF_MEMORY);
+	void *mem = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, own, 0);
+	if (mem == MAP_FAILED) {
+		close(own);
+		END(CUDA_ERROR_INVALID_HANDLE);
+	}
+	struct alloc *a = calloc(1, sizeof *a);
+	a->handle = new_handle();
+	a->size = (size_t)st.st_size;
+	a->mem = mem;
+	a->fd = own;
+	a->imported = 1;
+	a->next = allocs;
+	allocs = a;
 	live_allocs++;
 	*h = a->handle;
 	END(CUDA_SUCCESS);
@@ -1325,7 +1424,7 @@ EXPORT void fakecuda_live(long *allocations, long *maps, long *resv, size_t *byt
 	pthread_mutex_unlock(&mu);
 }
 
-// fakecuda_set sets a knob: "capacity", "devices", "granularity", "vmm",
+// fakecuda_set sets a knob: "capacity", "devices", "granularity", "vmm", "posix_fd",
 // "version", "stub", "va_limit", "reuse_streams". It returns -1 for an
 // unknown knob.
 EXPORT int fakecuda_set(const char *knob, size_t value) {
@@ -1339,6 +1438,8 @@ EXPORT int fakecuda_set(const char *knob, size_t value) {
 		granularity = value;
 	else if (strcmp(knob, "vmm") == 0)
 		vmm_supported = (int)value;
+	else if (strcmp(knob, "posix_fd") == 0)
+		posix_fd_supported = (int)value;
 	else if (strcmp(knob, "version") == 0)
 		driver_version = (int)value;
 	else if (strcmp(knob, "stub") == 0)
@@ -1471,3 +1572,7 @@ EXPORT long fakecuda_faults(void) {
 	pthread_mutex_unlock(&mu);
 	return n;
 }
+
+#include <fcntl.h>
+
+static int fcntl_dup(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 0); }

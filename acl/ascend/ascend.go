@@ -114,11 +114,13 @@ func (d *Driver) SocName() string {
 }
 
 // Caps reports what the NPU allows beyond the rules every driver enforces:
-// nothing, until an NPU shows otherwise. ACL documents one aclrtMemSetAccess
-// per mapping, and no ACL document or driver path read so far promises what
-// fresh physical memory holds (docs/ascend.md gives the evidence).
+// little, until an NPU shows otherwise. ACL documents one aclrtMemSetAccess
+// per mapping and READWRITE access only, and no ACL document or driver path
+// read so far promises what fresh physical memory holds (docs/ascend.md
+// gives the evidence). Memory is shared as ACL tokens where the runtime has
+// the sharing calls (looked up, not called).
 func (d *Driver) Caps() acl.Caps {
-	return acl.Caps{AccessSpan: false, Fresh: acl.FreshUnknown}
+	return acl.Caps{AccessSpan: false, Fresh: acl.FreshUnknown, Sharing: d.sharing()}
 }
 
 // Live reports what the driver holds for its callers: the streams and events

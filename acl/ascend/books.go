@@ -48,9 +48,11 @@ type mapping struct {
 // handle is a physical allocation. Its memory is held until it is freed and
 // its last mapping is gone (the runtime counts references the same way).
 type handle struct {
-	size  uintptr
-	maps  int
-	freed bool
+	size     uintptr
+	maps     int
+	freed    bool
+	owners   int  // references to free: one, plus one per further import of the same memory
+	imported bool // its size is learned from its first map (share.go)
 }
 
 func (b *books) init() {
@@ -94,7 +96,7 @@ func (b *books) allocated(h acl.PhysicalHandle, size uintptr, attr acl.MemAttr) 
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.handles[h] = &handle{size: size}
+	b.handles[h] = &handle{size: size, owners: 1}
 	b.live.Handles++
 	b.live.PhysicalBytes += size
 }
@@ -106,8 +108,14 @@ func (b *books) freed(h acl.PhysicalHandle) {
 	if !ok || r.freed {
 		return // not allocated through this driver
 	}
+	if r.owners--; r.owners > 0 {
+		return // another import of the same memory still holds it
+	}
 	r.freed = true
 	b.live.Handles--
+	if r.imported {
+		b.live.Imported--
+	}
 	b.dropLocked(h, r)
 }
 
@@ -119,6 +127,11 @@ func (b *books) mapped(ptr acl.DevicePtr, size uintptr, h acl.PhysicalHandle) {
 	b.live.MappedBytes += size
 	if r, ok := b.handles[h]; ok {
 		r.maps++
+		if r.size == 0 { // imported: ACL does not say its size; the first map does
+			r.size = size
+			b.live.PhysicalBytes += size
+			b.live.ImportedBytes += size
+		}
 	}
 }
 
@@ -143,6 +156,9 @@ func (b *books) dropLocked(h acl.PhysicalHandle, r *handle) {
 	if r.freed && r.maps == 0 {
 		delete(b.handles, h)
 		b.live.PhysicalBytes -= r.size
+		if r.imported {
+			b.live.ImportedBytes -= r.size
+		}
 	}
 }
 

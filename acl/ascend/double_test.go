@@ -34,6 +34,8 @@ var variants = map[string]struct {
 	"nostreamquery": {[]string{"-DFAKEACL_NO_STREAMQUERY"}, "libascendcl.so"},
 	// An old runtime: no event calls and no aclrtStreamQuery.
 	"noevents": {[]string{"-DFAKEACL_NO_EVENTS", "-DFAKEACL_NO_STREAMQUERY"}, "libascendcl.so"},
+	// A runtime without the calls that share memory between processes.
+	"noshare": {[]string{"-DFAKEACL_NO_SHARE"}, "libascendcl.so"},
 }
 
 var built struct {
@@ -146,6 +148,7 @@ type double struct {
 	lastDesc       func(i uintptr, out *[5]uint64) uintptr
 	clearContext   func()
 	drain          func()
+	setPid         func(pid int32)
 
 	foreignStream        func(dev int32, s *acl.Stream) int32
 	destroyForeignStream func(s acl.Stream) int32
@@ -188,6 +191,7 @@ func control(t testing.TB, path string) *double {
 		"fakeacl_last_desc":        &d.lastDesc,
 		"fakeacl_clear_context":    &d.clearContext,
 		"fakeacl_drain":            &d.drain,
+		"fakeacl_set_pid":          &d.setPid,
 
 		"fakeacl_foreign_stream":         &d.foreignStream,
 		"fakeacl_destroy_foreign_stream": &d.destroyForeignStream,

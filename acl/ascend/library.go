@@ -97,6 +97,8 @@ type library struct {
 	memsetAsync lazy[memsetAsyncFunc]
 	streamQuery lazy[streamQueryFunc]
 	events      lazySet[eventFuncs, *eventFuncs]
+	share       lazySet[shareFuncs, *shareFuncs]
+	bareTgid    lazy[bareTgidFunc]
 
 	mu      sync.Mutex // guards init and devices
 	init    initState

@@ -133,3 +133,22 @@ func cString(s string) *byte {
 	copy(b, s)
 	return &b[0]
 }
+
+// shareFuncs are the calls that share physical memory between processes,
+// resolved together on first use, all or none.
+type shareFuncs struct {
+	export func(handle acl.PhysicalHandle, handleType acl.MemHandleType, flags uint64, shareable *uint64) int32
+	setPid func(shareable uint64, pid *int32, pidNum uintptr) int32
+	imp    func(shareable uint64, deviceID int32, handle *acl.PhysicalHandle) int32
+}
+
+func (f *shareFuncs) table() []symbol {
+	return []symbol{
+		{"aclrtMemExportToShareableHandle", &f.export, true},
+		{"aclrtMemSetPidToShareableHandle", &f.setPid, true},
+		{"aclrtMemImportFromShareableHandle", &f.imp, true},
+	}
+}
+
+// bareTgidFunc is aclrtDeviceGetBareTgid.
+type bareTgidFunc = func(pid *int32) int32

@@ -31,7 +31,19 @@
 //     memset of a range that queued work touches is a race;
 //   - aclrtMemcpy / aclrtMemcpyAsync / aclrtMemset through the mappings, with
 //     the VMM rule that device-to-device copies of reserved memory go through
-//     aclrtMemcpyAsync only, 64-byte aligned.
+//     aclrtMemcpyAsync only, 64-byte aligned;
+//   - sharing between processes, as the runtime's books keep it: one loaded
+//     double is one device, and fakeacl_set_pid says which process the calls
+//     that follow come from (getpid() until then). aclrtMemExportToShareableHandle
+//     gives a token; aclrtMemSetPidToShareableHandle (the exporter only) sets
+//     its allow-list; aclrtMemImportFromShareableHandle, from another process
+//     on the list (or any, with DISABLE_PID_VALIDATION), gives a handle to the
+//     same memory, and the same handle with one more reference when that
+//     process imports the token again. The memory lives until every handle to
+//     it is freed and unmapped. Codes: export twice, export of an import,
+//     import by the exporter, import by a process not on the list, set-pid by
+//     another process 507899; an unknown or freed token 107017; set-pid on an
+//     export without validation 207006; export flags above 1 107000.
 //
 // Test-only functions (fakeacl_*) configure it, inject faults, queue and
 // finish stand-in kernels, report live objects and expose the C struct
@@ -49,6 +61,7 @@
 //   -DFAKEACL_NO_MAPMEM      no aclrtMapMem symbol (a broken install)
 //   -DFAKEACL_NO_EVENTS      none of the event calls (an old runtime)
 //   -DFAKEACL_NO_STREAMQUERY no aclrtStreamQuery
+//   -DFAKEACL_NO_SHARE       none of the sharing calls (an old runtime)
 //   -DFAKEACL_COMPAT_ONLY    no ACL symbol at all: the libascendcl.so of a
 //                            split install whose aclrt* live in libacl_rt.so
 #define _GNU_SOURCE
@@ -60,6 +73,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #define API __attribute__((visibility("default")))
 
@@ -145,6 +159,7 @@ enum {
     ACL_ERROR_RT_INVALID_HANDLE = 107017,
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT = 207000,
     ACL_ERROR_RT_MEMORY_ALLOCATION = 207001,
+    ACL_ERROR_RT_NO_PERMISSION = 207006,
     ACL_ERROR_RT_DRV_INTERNAL_ERROR = 507899,
 };
 
@@ -217,9 +232,17 @@ struct handle {
     size_t size;
     size_t page;
     int dev;
-    int refs;  // the owner's reference plus one per mapping
-    int freed; // aclrtFreePhysical dropped the owner's reference
+    int refs;   // the owners' references, plus one per mapping and per import of it
+    int owners; // references aclrtFreePhysical drops: one, plus one per further import
+    int freed;  // aclrtFreePhysical dropped the last owner's reference
     unsigned char *mem;
+    int pid;                // the process that holds it (fakeacl_set_pid)
+    struct handle *origin;  // an import: the exported handle whose memory it is
+    int exported;           // aclrtMemExportToShareableHandle gave token
+    uint64_t token;
+    uint64_t export_flags;
+    int32_t allowed[16];    // the allow-list
+    size_t nallowed;
 };
 
 struct mapping {
@@ -286,6 +309,7 @@ static int nresv, capresv;
 static struct handle **handles;
 static int nhandles, caphandles;
 static uintptr_t next_handle = 0x7e0000000000ULL;
+static int cur_pid; // the process the calls come from
 static fakeacl_live_t live;
 
 static aclrtPhysicalMemProp last_prop;
@@ -868,8 +892,15 @@ static void unref(struct handle *h) {
             break;
         }
     }
-    phys[h->dev] -= h->size;
     live.physical_bytes -= h->size;
+    if (h->origin != NULL) { // an import: the memory is its origin's
+        live.imported_bytes -= h->size;
+        struct handle *o = h->origin;
+        free(h);
+        unref(o);
+        return;
+    }
+    phys[h->dev] -= h->size;
     munmap(h->mem, h->size);
     free(h);
 }
@@ -962,6 +993,8 @@ API aclError aclrtMallocPhysical(aclrtDrvMemHandle *handle, size_t size, const a
     h->page = page;
     h->dev = dev;
     h->refs = 1;
+    h->owners = 1;
+    h->pid = cur_pid;
     h->mem = mem;
     GROW(handles, nhandles, caphandles);
     handles[nhandles++] = h;
@@ -978,8 +1011,11 @@ API aclError aclrtFreePhysical(aclrtDrvMemHandle handle) {
     struct handle *h = find_handle(handle);
     if (h == NULL) FAIL(ACL_ERROR_RT_INVALID_HANDLE, "handle %p is not a live physical allocation", handle);
     if (h->freed) FAIL(ACL_ERROR_RT_PARAM_INVALID, "Call halMemRelease too many times (handle %p is still mapped)", handle);
-    h->freed = 1;
-    live.handles--;
+    if (--h->owners == 0) {
+        h->freed = 1;
+        live.handles--;
+        if (h->origin != NULL) live.imported--;
+    }
     unref(h);
     RET(ACL_SUCCESS);
 }
@@ -1306,10 +1342,116 @@ API aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t *free_, size_t *total) {
 
 API const char *aclrtGetSocName(void) { return "FakeAscend910B"; }
 
+// ---- sharing between processes ----
+
+#ifndef FAKEACL_NO_SHARE
+static uint64_t next_token = 0x5a5a000000000000ULL;
+
+// find_token returns the live exported handle whose token is t, or NULL.
+static struct handle *find_token(uint64_t t) {
+    for (int i = 0; i < nhandles; i++) {
+        struct handle *h = handles[i];
+        if (h->exported && h->token == t && !h->freed) return h;
+    }
+    return NULL;
+}
+
+API aclError aclrtMemExportToShareableHandle(aclrtDrvMemHandle handle, aclrtMemHandleType handleType, uint64_t flags,
+                                             uint64_t *shareableHandle) {
+    ENTER();
+    if (handle == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "handle is NULL");
+    if (shareableHandle == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "shareableHandle is NULL");
+    if (handleType != ACL_MEM_HANDLE_TYPE_NONE) FAIL(ACL_ERROR_INVALID_PARAM, "handleType %d: only NONE", handleType);
+    if (flags > 1) FAIL(ACL_ERROR_RT_PARAM_INVALID, "flags %#llx", (unsigned long long)flags);
+    struct handle *h = find_handle(handle);
+    if (h == NULL || h->freed) FAIL(ACL_ERROR_RT_INVALID_HANDLE, "handle %p is not a live physical allocation", handle);
+    if (h->origin != NULL) FAIL(ACL_ERROR_RT_DRV_INTERNAL_ERROR, "handle %p was imported: it cannot be exported", handle);
+    if (h->exported) FAIL(ACL_ERROR_RT_DRV_INTERNAL_ERROR, "handle %p is exported already", handle);
+    h->exported = 1;
+    h->token = ++next_token;
+    h->export_flags = flags;
+    *shareableHandle = h->token;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtMemSetPidToShareableHandle(uint64_t shareableHandle, int32_t *pid, size_t pidNum) {
+    ENTER();
+    if (pid == NULL || pidNum == 0) FAIL(ACL_ERROR_INVALID_PARAM, "no pid");
+    struct handle *h = find_token(shareableHandle);
+    if (h == NULL) FAIL(ACL_ERROR_RT_INVALID_HANDLE, "shareable handle %#llx is unknown or freed", (unsigned long long)shareableHandle);
+    if (h->pid != cur_pid) FAIL(ACL_ERROR_RT_DRV_INTERNAL_ERROR, "process %d is not the exporter (%d)", cur_pid, h->pid);
+    if (h->export_flags & 1) FAIL(ACL_ERROR_RT_NO_PERMISSION, "exported with DISABLE_PID_VALIDATION: no allow-list");
+    if (pidNum > sizeof h->allowed / sizeof h->allowed[0]) FAIL(ACL_ERROR_RT_PARAM_INVALID, "%zu pids", pidNum);
+    memcpy(h->allowed, pid, pidNum * sizeof *pid);
+    h->nallowed = pidNum;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtMemImportFromShareableHandle(uint64_t shareableHandle, int32_t deviceId, aclrtDrvMemHandle *handle) {
+    ENTER();
+    if (handle == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "handle is NULL");
+    if (deviceId < 0 || (uint32_t)deviceId >= device_count) FAIL(ACL_ERROR_RT_INVALID_DEVICEID, "device %d", deviceId);
+    struct handle *x = find_token(shareableHandle);
+    if (x == NULL) FAIL(ACL_ERROR_RT_INVALID_HANDLE, "shareable handle %#llx is unknown or freed", (unsigned long long)shareableHandle);
+    if (x->pid == cur_pid) FAIL(ACL_ERROR_RT_DRV_INTERNAL_ERROR, "process %d exported it: import in the exporting process", cur_pid);
+    if (!(x->export_flags & 1)) {
+        int ok = 0;
+        for (size_t i = 0; i < x->nallowed; i++) ok |= x->allowed[i] == cur_pid;
+        if (!ok) FAIL(ACL_ERROR_RT_DRV_INTERNAL_ERROR, "process %d is not on the allow-list", cur_pid);
+    }
+    for (int i = 0; i < nhandles; i++) {
+        struct handle *h = handles[i];
+        if (h->origin == x && h->pid == cur_pid && !h->freed) { // imported again: one more reference
+            h->owners++;
+            h->refs++;
+            *handle = (aclrtDrvMemHandle)h->id;
+            RET(ACL_SUCCESS);
+        }
+    }
+    struct handle *h = calloc(1, sizeof *h);
+    if (h == NULL) abort();
+    next_handle += 0x40;
+    h->id = next_handle;
+    h->size = x->size;
+    h->page = x->page;
+    h->dev = x->dev;
+    h->refs = 1;
+    h->owners = 1;
+    h->pid = cur_pid;
+    h->mem = x->mem;
+    h->origin = x;
+    x->refs++;
+    GROW(handles, nhandles, caphandles);
+    handles[nhandles++] = h;
+    live.handles++;
+    live.imported++;
+    live.physical_bytes += h->size;
+    live.imported_bytes += h->size;
+    *handle = (aclrtDrvMemHandle)h->id;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtDeviceGetBareTgid(int32_t *pid) {
+    ENTER();
+    if (pid == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "pid is NULL");
+    *pid = cur_pid;
+    RET(ACL_SUCCESS);
+}
+#endif
+
 // ---- test-only functions ----
 
 __attribute__((constructor)) static void setup(void) {
     for (int i = 0; i < MAXDEV; i++) capacity[i] = (size_t)1 << 30;
+    cur_pid = (int)getpid();
+}
+
+// fakeacl_set_pid makes the calls that follow come from process pid, as
+// the sharing calls see it (aclrtDeviceGetBareTgid gives it).
+API void fakeacl_set_pid(int pid) {
+    pthread_mutex_lock(&mu);
+    cur_pid = pid;
+    pthread_mutex_unlock(&mu);
 }
 
 // fakeacl_set_device_count sets how many devices there are (at most 8).

@@ -65,6 +65,11 @@ type ImportConfig struct {
 // does: if it frees, shrinks, closes or dies, the device keeps the memory for
 // the View. Closing the View, or this process's death, frees only this
 // process's reference.
+//
+// Import returns a View rather than an Arena because what the consumer holds
+// is a buffer, not an allocator: the arena behind it exists so that the
+// Buffer works like any other, and refuses everything that would change its
+// size.
 type View struct {
 	a   *Arena
 	buf Buffer

@@ -58,6 +58,24 @@
 // and Close try again; nothing is lost from the driver's or the budget's
 // books.
 //
+// # Sharing with other processes
+//
+// A pool made with Config.Shareable allocates chunks another process can
+// map. Export gives a chunk's shareable form (exporting it once, and adding
+// the consumer to an ACL allow-list); Import lends another process's chunk
+// like one of the pool's own, and MapImported maps it (read-only where the
+// device can). A shared chunk, exported or imported, is never cached, never
+// handed to another tenant and never scrubbed: when it is put back the pool
+// frees it, dropping only this process's reference, and the device keeps the
+// memory for the other process:
+//
+//	out ──Export──▶ out, shared ──Put──▶ FreePhysical (never cached)
+//	none ──Import──▶ out, imported ──MapImported──▶ mapped ──Release, Put──▶ FreePhysical
+//
+// An exported chunk counts against the budget of the pool that made it until
+// it is put back; an imported one against the budget of the pool that
+// imported it, once however many times the same memory is imported.
+//
 // # Budget
 //
 // Config.Budget caps the physical bytes the pool holds, in use and cached

@@ -37,7 +37,13 @@
 //   - aclrtMemsetAsync;
 //   - aclrtStreamQuery, which DestroyStream uses to refuse a busy stream
 //     (without it, it records an event on the stream and queries that);
-//   - aclFinalize and aclrtGetSocName.
+//   - aclFinalize and aclrtGetSocName;
+//   - the sharing calls aclrtMemExportToShareableHandle,
+//     aclrtMemSetPidToShareableHandle and aclrtMemImportFromShareableHandle,
+//     resolved together (Caps().Sharing is SharingToken when they are there,
+//     SharingNone otherwise), and aclrtDeviceGetBareTgid (os.Getpid()
+//     without it). The runtime enforces ACL's sharing rules itself; the
+//     books count imports, and learn an import's size from its first map.
 //
 // The stream calls (aclrtCreateStream, aclrtDestroyStream,
 // aclrtSynchronizeStream, aclrtSynchronizeDevice) are resolved at load with

@@ -45,13 +45,17 @@
 //
 //	ACL (acl.Driver)                   CUDA driver API
 //	MemGetAllocationGranularity        cuMemGetAllocationGranularity (queried per device at Open)
-//	MallocPhysical                     cuMemCreate (PINNED, location DEVICE, id = the ordinal)
+//	MallocPhysical                     cuMemCreate (PINNED, location DEVICE, id = the ordinal; POSIX descriptor when asked)
 //	FreePhysical                       cuMemRelease
 //	ReserveMemAddress                  cuMemAddressReserve (size remembered)
 //	ReleaseMemAddress(base)            cuMemAddressFree(base, remembered size)
 //	MapMem                             cuMemMap (offset 0)
 //	UnmapMem(ptr)                      cuMemUnmap(ptr, remembered size): no wait
-//	MemSetAccess                       cuMemSetAccess (DEVICE, PROT_READWRITE), one call per run of mappings
+//	MemSetAccess                       cuMemSetAccess (DEVICE, PROT_READWRITE or PROT_READ), one call per run of mappings
+//	MemExportToShareableHandle         cuMemExportToShareableHandle (POSIX descriptor, kept by the driver)
+//	MemImportFromShareableHandle       cuMemImportFromShareableHandle ((void*)fd); size learned at the first MapMem
+//	MemSetPidToShareableHandle         207000: a descriptor has no allow-list
+//	DeviceGetBareTgid                  getpid()
 //	MemcpyHtoD, MemcpyDtoH             cuMemcpyHtoD_v2, cuMemcpyDtoH_v2 (synchronous, legacy default stream)
 //	MemcpyDtoD                         cuMemcpyDtoDAsync_v2 on the driver's own stream + cuStreamSynchronize of it
 //	Memset                             cuMemsetD8Async on the driver's own stream + cuStreamSynchronize of it
@@ -64,7 +68,7 @@
 //	QueryEvent                         cuEventQuery: CUDA_SUCCESS complete, CUDA_ERROR_NOT_READY not yet
 //	SynchronizeEvent                   cuEventSynchronize
 //	MemsetAsync                        cuMemsetD8Async on the caller's stream (its own, or the driver's)
-//	Caps                               {AccessSpan: true, Fresh: FreshProcess} (no call)
+//	Caps                               {AccessSpan: true, Fresh: FreshProcess, Sharing: SharingFD, ReadOnly: true} (no call)
 //	Close                              (release what is left), cuStreamDestroy_v2, cuDevicePrimaryCtxRelease_v2
 //
 // The contract is the strictest of ACL and CUDA. Where CUDA is laxer, the

@@ -12,9 +12,27 @@
 //	UnmapMem                  mmap PROT_NONE anonymous MAP_FIXED over it: still reserved, inaccessible
 //	FreePhysical              drop the owner's reference; punch the hole when no mapping is left
 //	ReleaseMemAddress         munmap the whole reservation
+//	MallocPhysical (POSIX)    its own memory file (memfd + fallocate), so that it can be exported
+//	MemExportTo…Handle        that file's descriptor (the driver's, until the allocation is freed)
+//	MemImportFrom…Handle      a duplicate of another process's descriptor, mapped by MapMem
 //
 // A device pointer is a host address, so [Driver.Bytes] exposes mapped device
 // memory to Go code, and touching a range after UnmapMem faults.
+//
+// # Sharing between processes
+//
+// Exportable allocations (PhysicalMemProp.HandleType = MemHandleTypePOSIX)
+// each get a memory file of their own, whose descriptor is the shareable
+// handle; it travels over a Unix socket and another process's driver maps
+// the same memory. The kernel's reference counting keeps the memory while
+// any process holds a descriptor or a mapping of it, as a device does. ACL's
+// rules hold: one export per allocation, no export of an import, no import
+// by the exporting process (507899), and a second import of the same memory
+// is the same handle with one more reference. Imported memory counts against
+// Capacity (LiveCounts.Imported and ImportedBytes say how much): each
+// process simulates its own device, and cannot see when the other lets go.
+// MemSetAccess with MemAccessRead maps read-only (mprotect PROT_READ), and a
+// copy into such a mapping is refused. See docs/sharing.md.
 //
 // # Strictness
 //

@@ -109,7 +109,7 @@ type Arena struct {
 	member    *chunk.Member
 	trap      bool // Config.TrapStale
 	fence     fence
-	imp       *imported // set for a View's arena: another process's memory, of a fixed size (share.go)
+	imp       *importMode // set for an Imported's arena: another process's memory, of a fixed size (share.go)
 
 	mu        sync.Mutex    // serialises the slow path and everything that calls the driver
 	closed    atomic.Bool   // set under mu; read without it by Buffer checks

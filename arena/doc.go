@@ -69,19 +69,19 @@
 //
 // Share lends the whole chunks that hold a buffer to one other process, over
 // a Unix socket, with no copy; Import, on the other end, maps them into a
-// reservation of exactly their size and returns a View, whose Buffer is a
+// reservation of exactly their size and returns an Imported, whose Buffer is a
 // Buffer like any other, at an address that never changes, in an arena of
 // fixed size (Alloc, Grow, Truncate, Reset and Shrink fail with
-// ErrImported; a read-only View's writes with ErrReadOnly). Only the process
+// ErrImported; a read-only import's writes with ErrReadOnly). Only the process
 // ShareOptions names, as the kernel vouches for it, may import (ErrRefused
 // otherwise); on ACL the device enforces it too, with an allow-list.
 //
 // The memory lives while either process holds it: a producer that shrinks,
-// closes or dies pulls nothing from under the View (its pool frees shared
-// chunks instead of caching them), and a consumer that closes its View or
+// closes or dies pulls nothing from under the import (its pool frees shared
+// chunks instead of caching them), and a consumer that closes its import or
 // dies frees nothing of the producer's. The producer's pool counts a shared
 // chunk until the arena gives it back; the consumer's import counts against
-// ImportConfig.Budget or the pool it names. A View's Close orders its
+// ImportConfig.Budget or the pool it names. Imported.Close orders its
 // unmaps like any arena's. See docs/sharing.md.
 //
 // # Devices

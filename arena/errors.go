@@ -16,12 +16,12 @@ var (
 	ErrExhausted = errors.New("arena: reservation exhausted")
 	// ErrRange: an offset or length lies outside the bytes in use.
 	ErrRange = errors.New("arena: out of range")
-	// ErrImported: the arena is a View of memory another process shared
-	// (Import): its size is the producer's, so it cannot grow, shrink or
-	// allocate, and it cannot be shared again.
+	// ErrImported: the arena is that of an Imported, memory another process
+	// shared (Import): its size is the producer's, so it cannot grow, shrink
+	// or allocate, and it cannot be shared again.
 	ErrImported = errors.New("arena: imported memory has a fixed size")
-	// ErrReadOnly: a write into a read-only View.
-	ErrReadOnly = errors.New("arena: read-only view")
+	// ErrReadOnly: a write into a read-only import.
+	ErrReadOnly = errors.New("arena: read-only import")
 	// ErrRefused: Share or Import found the wrong process on the other end
 	// of the connection (its PID or UID is not the one named), or the
 	// other end refused this one.

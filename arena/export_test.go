@@ -10,10 +10,10 @@ import (
 // SetStepHook sets the hook Share and Import call at each of their steps.
 func SetStepHook(fn func(step string)) { stepHook = fn }
 
-// ViewOf imports the shareable handles hs (descriptors the caller keeps),
+// ImportedOf imports the shareable handles hs (descriptors the caller keeps),
 // chunks of cs bytes, as Import does once it has received them: the
 // consumer's side of a hand-over without the socket, for the benchmarks.
-func ViewOf(drv acl.Driver, cs uint64, hs []acl.ShareableHandle) (*View, error) {
+func ImportedOf(drv acl.Driver, cs uint64, hs []acl.ShareableHandle) (*Imported, error) {
 	pool, own, err := importPool(drv, ImportConfig{}, cs)
 	if err != nil {
 		return nil, err
@@ -26,5 +26,5 @@ func ViewOf(drv acl.Driver, cs uint64, hs []acl.ShareableHandle) (*View, error) 
 		}
 		return nil, errors.Join(err, pool.Close())
 	}
-	return newView(drv, pool, own, t, nil, cs, chunks, &imported{}, 0, cs*uint64(len(hs)))
+	return newImported(drv, pool, own, t, nil, cs, chunks, &importMode{}, 0, cs*uint64(len(hs)))
 }

@@ -33,57 +33,57 @@ type ImportConfig struct {
 	// driver, or the process-wide host driver when Pool is nil too.
 	Driver acl.Driver
 	// Pool is the pool whose budget the imported chunks count against,
-	// from Import until the View is closed. Its chunk size must be the
-	// producer's. nil means a private pool, closed with the View.
+	// from Import until the import is closed. Its chunk size must be the
+	// producer's. nil means a private pool, closed with the import.
 	Pool *chunk.Pool
 	// Budget caps, in bytes, what a private pool accepts: the most memory
 	// this process takes from the producer. 0 means no cap. It must be 0
 	// with Pool.
 	Budget int64
-	// Streams are the device streams whose work may read the View, as in
+	// Streams are the device streams whose work may read the import, as in
 	// Config.Streams: Close unmaps once the work queued on them has run, or,
 	// without streams, once the device is idle.
 	Streams []acl.Stream
 	// ReadOnly asks for a read-only view, whatever the producer allows.
 	ReadOnly bool
-	// Tenant is who may read the View's bytes (see Config.Tenant).
+	// Tenant is who may read the import's bytes (see Config.Tenant).
 	Tenant chunk.Tenant
 }
 
-// A View is memory another process shared with this one: the whole chunks of
-// the producer's arena that hold the buffer it shared, mapped in a
-// reservation of this process sized to them, at an address that never
+// An Imported is memory another process shared with this one (Import): the
+// whole chunks of the producer's arena that hold the buffer it shared, mapped
+// in a reservation of this process sized to them, at an address that never
 // changes. No byte was copied: both processes map the same physical memory,
-// and a write by either is seen by the other (unless the View is read-only).
+// and a write by either is seen by the other (unless the import is read-only).
 //
-// The View's Buffer is a Buffer like any other (CopyOut, Slice, Copy into
-// this process's arenas), of an arena whose size is fixed: Alloc, Grow,
-// Truncate, Reset and Shrink fail with ErrImported, and a read-only View's
-// writes (CopyIn, Copy and Fill into it) with ErrReadOnly. Close releases it.
+// Its Buffer is a Buffer like any other (CopyOut, Slice, Copy into this
+// process's arenas), of an arena whose size is fixed: Alloc, Grow, Truncate,
+// Reset and Shrink fail with ErrImported, and a read-only import's writes
+// (CopyIn, Copy and Fill into it) with ErrReadOnly. Close releases it.
 //
-// The memory stays valid until the View is closed, whatever the producer
+// The memory stays valid until the import is closed, whatever the producer
 // does: if it frees, shrinks, closes or dies, the device keeps the memory for
-// the View. Closing the View, or this process's death, frees only this
+// this process. Closing it, or this process's death, frees only this
 // process's reference.
 //
-// Import returns a View rather than an Arena because what the consumer holds
-// is a buffer, not an allocator: the arena behind it exists so that the
-// Buffer works like any other, and refuses everything that would change its
-// size.
-type View struct {
+// Import returns an Imported rather than an Arena because what the consumer
+// holds is a buffer, not an allocator: the arena behind it exists so that
+// the Buffer works like any other, and refuses everything that would change
+// its size.
+type Imported struct {
 	a   *Arena
 	buf Buffer
 }
 
-// imported is what an arena of a View knows about its memory.
-type imported struct {
+// importMode is what the arena of an Imported knows about its memory.
+type importMode struct {
 	readOnly bool // writes through the API are refused
 	device   bool // and the device maps it read-only too
 }
 
 // pin returns the frozen bit for an imported arena, which stays frozen so
 // that no Alloc takes the lock-free path.
-func (i *imported) pin() uint64 {
+func (i *importMode) pin() uint64 {
 	if i == nil {
 		return 0
 	}
@@ -100,9 +100,9 @@ func step(name string) {
 	}
 }
 
-var errFixed = fmt.Errorf("arena: %w: a View cannot allocate, grow or shrink", ErrImported)
+var errFixed = fmt.Errorf("arena: %w: an Imported cannot allocate, grow or shrink", ErrImported)
 
-// checkWrite is check for a write: a read-only View refuses it.
+// checkWrite is check for a write: a read-only import refuses it.
 func (b Buffer) checkWrite(op string) error {
 	if err := b.check(op); err != nil {
 		return err
@@ -114,24 +114,24 @@ func (b Buffer) checkWrite(op string) error {
 }
 
 // Buffer returns the buffer the producer shared.
-func (v *View) Buffer() Buffer { return v.buf }
+func (v *Imported) Buffer() Buffer { return v.buf }
 
-// ReadOnly reports whether writes through the View are refused.
-func (v *View) ReadOnly() bool { return v.a.imp.readOnly }
+// ReadOnly reports whether writes through the import are refused.
+func (v *Imported) ReadOnly() bool { return v.a.imp.readOnly }
 
-// DeviceReadOnly reports whether the device maps the View read-only too
+// DeviceReadOnly reports whether the device maps the import read-only too
 // (acl.Caps.ReadOnly), so that device work writing into it faults.
-func (v *View) DeviceReadOnly() bool { return v.a.imp.device }
+func (v *Imported) DeviceReadOnly() bool { return v.a.imp.device }
 
-// Close releases the View: CloseContext with a context that is never done.
-func (v *View) Close() error { return v.CloseContext(context.Background()) }
+// Close releases the import: CloseContext with a context that is never done.
+func (v *Imported) Close() error { return v.CloseContext(context.Background()) }
 
-// CloseContext unmaps the View once the work queued on ImportConfig.Streams
+// CloseContext unmaps the import once the work queued on ImportConfig.Streams
 // (or, without streams, on the device) has run, releases its reservation and
 // frees this process's reference to the memory (and closes the private
 // pool), as Arena.CloseContext does. The producer's memory is not touched.
-// It is safe to call more than once, and on a nil *View.
-func (v *View) CloseContext(ctx context.Context) error {
+// It is safe to call more than once, and on a nil *Imported.
+func (v *Imported) CloseContext(ctx context.Context) error {
 	if v == nil {
 		return nil
 	}
@@ -180,7 +180,7 @@ func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 	case b.n == 0:
 		return fmt.Errorf("%s: %w: empty buffer", op, ErrInvalid)
 	case a.imp != nil:
-		return fmt.Errorf("%s: %w: a View cannot be shared again", op, ErrImported)
+		return fmt.Errorf("%s: %w: an Imported cannot be shared again", op, ErrImported)
 	}
 	if err := b.check("share"); err != nil {
 		return err
@@ -301,7 +301,7 @@ func sendHandles(c *net.UnixConn, o offer, hs []acl.ShareableHandle) error {
 }
 
 // Import maps the memory the producer on the other end of conn shares with
-// Arena.Share, and returns it as a View. It tells the producer who it is
+// Arena.Share, and returns it as an Imported. It tells the producer who it is
 // (its credentials, checked by the kernel, and for an ACL allow-list the id
 // DeviceGetBareTgid gives), reserves address space for exactly the shared
 // chunks, imports and maps them, and tells the producer it is done.
@@ -312,7 +312,7 @@ func sendHandles(c *net.UnixConn, o offer, hs []acl.ShareableHandle) error {
 // ErrOutOfMemory (chunk.ErrBudget) past the budget, and the driver's errors.
 // A failed Import holds nothing; the connection is then of no further use.
 // Import honours conn's deadlines.
-func Import(conn *net.UnixConn, cfg ImportConfig) (*View, error) {
+func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 	const op = "arena: import"
 	if conn == nil {
 		return nil, fmt.Errorf("%s: %w: no connection", op, ErrInvalid)
@@ -357,7 +357,7 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*View, error) {
 		return nil, fmt.Errorf("%s: %w", op, remote("producer", o.status, o.code, o.text))
 	}
 	step("import:offer")
-	fail := func(err error) (*View, error) {
+	fail := func(err error) (*Imported, error) {
 		status, code, text := failure(err)
 		_ = ipc.Send(conn, ack{status: status, code: code, text: text}.encode(), nil, false)
 		return nil, fmt.Errorf("%s: %w", op, err)
@@ -394,9 +394,9 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*View, error) {
 		return fail(err)
 	}
 	step("import:imported")
-	imp := &imported{readOnly: cfg.ReadOnly || o.flags&flagReadOnly != 0}
+	imp := &importMode{readOnly: cfg.ReadOnly || o.flags&flagReadOnly != 0}
 	imp.device = imp.readOnly && drv.Caps().ReadOnly
-	v, err := newView(drv, pool, own, tenant, cfg.Streams, cs, chunks, imp, o.off, o.n)
+	v, err := newImported(drv, pool, own, tenant, cfg.Streams, cs, chunks, imp, o.off, o.n)
 	if err != nil {
 		return fail(err)
 	}
@@ -503,7 +503,7 @@ func drainFDs(c *net.UnixConn, left int) {
 	}
 }
 
-// importPool returns the pool a View's chunks come into: cfg.Pool, or a
+// importPool returns the pool an Imported's chunks come into: cfg.Pool, or a
 // private one (own) for chunks of cs bytes.
 func importPool(drv acl.Driver, cfg ImportConfig, cs uint64) (pool *chunk.Pool, own bool, err error) {
 	if cfg.Pool != nil {
@@ -516,22 +516,22 @@ func importPool(drv acl.Driver, cfg ImportConfig, cs uint64) (pool *chunk.Pool, 
 	return p, true, nil
 }
 
-// newView makes a View of the imported chunks, whose buffer is [off, off+n)
+// newImported makes an Imported of the imported chunks, whose buffer is [off, off+n)
 // of them: an arena with a reservation of exactly the chunks, mapped in
 // order, with Len = Cap fixed. On failure it gives back the chunks and
 // everything else it made.
-func newView(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream, cs uint64,
-	chunks []chunk.Chunk, imp *imported, off, n uint64) (*View, error) {
-	a, err := newViewArena(drv, pool, own, t, streams, cs, chunks, imp)
+func newImported(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream, cs uint64,
+	chunks []chunk.Chunk, imp *importMode, off, n uint64) (*Imported, error) {
+	a, err := newImportedArena(drv, pool, own, t, streams, cs, chunks, imp)
 	if err != nil {
 		return nil, err
 	}
-	return &View{a: a, buf: Buffer{a: a, off: uintptr(off), n: uintptr(n)}}, nil
+	return &Imported{a: a, buf: Buffer{a: a, off: uintptr(off), n: uintptr(n)}}, nil
 }
 
-// newViewArena makes the arena of a View.
-func newViewArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream, cs uint64,
-	chunks []chunk.Chunk, imp *imported) (*Arena, error) {
+// newImportedArena makes the arena of an Imported.
+func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream, cs uint64,
+	chunks []chunk.Chunk, imp *importMode) (*Arena, error) {
 	a := &Arena{drv: drv, pool: pool, ownPool: own, chunkSize: cs, tenant: t, streams: slices.Clone(streams), imp: imp}
 	size := cs * uint64(len(chunks))
 	giveBack := func(err error) (*Arena, error) {

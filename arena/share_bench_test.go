@@ -146,12 +146,12 @@ func benchProducer(spec peerSpec, conn *net.UnixConn, d *host.Driver) error {
 }
 
 // The consumer's side of importing a chunk, mapping it and touching it
-// (reading its first 4 KiB), through a View, against the bare driver calls
+// (reading its first 4 KiB), through an Imported, against the bare driver calls
 // that do the same (import, map, grant access, copy, unmap, free), in
-// alternation in one run. A View imports chunks 32 at a time into one
-// reservation, so the per-View costs (its pool, reservation and close) are
+// alternation in one run. An Imported imports chunks 32 at a time into one
+// reservation, so the per-Imported costs (its pool, reservation and close) are
 // shared by 32 chunks; the bare calls share one reservation the same way.
-// touch=0 leaves the memory untouched, which shows the View's own costs
+// touch=0 leaves the memory untouched, which shows the Imported's own costs
 // best; touch=4KiB adds the first read of each chunk, which the kernel's
 // page faults dominate.
 func BenchmarkImportChunk(b *testing.B) {
@@ -200,7 +200,7 @@ func benchImportChunk(b *testing.B, touch int) {
 		require.NoError(b, d.ReleaseMemAddress(base))
 	}
 	view := func() {
-		v, err := arena.ViewOf(d, cs, hs)
+		v, err := arena.ImportedOf(d, cs, hs)
 		require.NoError(b, err)
 		for i := range k {
 			s, err := v.Buffer().Slice(i*cs, i*cs+len(page))

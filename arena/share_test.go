@@ -311,7 +311,7 @@ func btoi(b bool) int {
 
 func consumer(spec peerSpec, conn *net.UnixConn, d *host.Driver, fd *faultdriver.Driver) error {
 	cfg := arena.ImportConfig{Driver: fd, ReadOnly: spec.ReadOnly, Budget: spec.Budget}
-	var views []*arena.View
+	var views []*arena.Imported
 	for range 1 + btoi(spec.Twice) {
 		before := copies(fd)
 		v, err := arena.Import(conn, cfg)
@@ -412,7 +412,7 @@ func TestShareHandoff(t *testing.T) {
 	p.send('r')
 	assert.Equal(t, "the consumer wrote this", string(p.reply().Data[:23]))
 
-	// A View has a fixed size.
+	// An Imported has a fixed size.
 	va := b.Arena()
 	_, err = va.Alloc(1, 1)
 	require.ErrorIs(t, err, arena.ErrImported)
@@ -715,7 +715,7 @@ func TestShareKilledAtEachStep(t *testing.T) {
 }
 
 // A consumer whose driver fails at each call of the import, and of the
-// View's close: Import fails cleanly (and the producer hears of it), or the
+// Imported's close: Import fails cleanly (and the producer hears of it), or the
 // close fails and succeeds when tried again; nothing leaks.
 func TestImportFaults(t *testing.T) {
 	for pos := 1; ; pos++ {

@@ -196,7 +196,7 @@ func decodeMain() (err error) {
 	}
 	defer func() { err = errors.Join(err, drv.Close()) }()
 
-	views := make([]*arena.View, 0, 2**layers)
+	views := make([]*arena.Imported, 0, 2**layers)
 	defer func() {
 		for _, v := range views {
 			err = errors.Join(err, v.Close())

@@ -62,6 +62,7 @@ type options struct {
 	scrub     string
 	headroom  int  // arena: chunks of headroom per region
 	ahead     int  // arena: fresh chunks the pool keeps ahead
+	warm      int  // arena: fresh chunks allocated at start (-1: the budget)
 	stream    bool // arena: order unmaps and scrubs on the workload's stream
 
 	kv      workload.KV
@@ -85,6 +86,7 @@ var quickValues = map[string]string{
 	"kv-requests":        "8",
 	"kv-prompt":          "32:512",
 	"kv-gen":             "32:512",
+	"kv-compute":         "200us",
 	"scratch-steps":      "40",
 	"scratch-bufs":       "2:8",
 	"scratch-size":       "64KiB:2MiB",
@@ -102,7 +104,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		workloads:  append([]string(nil), workloadNames...),
 		strategies: append([]string(nil), strategy.Default...),
 		kv: workload.KV{Layers: 32, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 16,
-			Slots: 16, Requests: 24, PromptMin: 64, PromptMax: 1536, GenMin: 64, GenMax: 1536, BudgetFactor: 1.5},
+			Slots: 16, Requests: 24, PromptMin: 64, PromptMax: 1536, GenMin: 64, GenMax: 1536, BudgetFactor: 1.5,
+			StepCompute: time.Millisecond},
 		scratch: workload.Scratch{Steps: 200, MinBufs: 4, MaxBufs: 16, MinSize: 128 << 10, MaxSize: 4 << 20,
 			SpikeProb: 0.03, SpikeMin: 16 << 20, SpikeMax: 64 << 20, Window: 8},
 		churn: workload.Churn{Tenants: 4, Steps: 160, Period: 40, Lo: 64 << 20, Hi: 512 << 20,
@@ -137,6 +140,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.scrub, "scrub", "reuse", "arena pool scrub policy: reuse (the default), release, never")
 	fs.IntVar(&o.headroom, "headroom", 2, "arena: chunks of mapped headroom the pool's worker keeps above each region's Len (0: none)")
 	fs.IntVar(&o.ahead, "ahead", 4, "arena: fresh chunks the pool's worker keeps allocated ahead, within the budget (0: none)")
+	fs.IntVar(&o.warm, "warm", -1, "arena: fresh chunks the pool allocates at start, timed as setup (-1: as many as a budgeted workload's budget allows; 0: none)")
 	fs.BoolVar(&o.stream, "stream", true, "arena: give the arenas the workload's stream, so unmaps wait for it alone (false: a device-wide wait before each unmap)")
 
 	fs.IntVar(&o.kv.Layers, "kv-layers", o.kv.Layers, "kv: layers")
@@ -376,7 +380,11 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	budget := w.Budget(chunkSize)
 	cd := counting.New(s.drv, budget)
 	cfg := strategy.Config{Driver: cd, Chunk: o.chunk, MaxCached: o.maxCached,
-		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize, Ahead: o.ahead}
+		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize, Ahead: o.ahead,
+		Warm: o.warm}
+	if budget == 0 && cfg.Warm < 0 {
+		cfg.Warm = 0 // no budget to warm to
+	}
 	// The workload's device work runs on one stream, which the arena is told
 	// about; the other strategies wait for the whole device before they
 	// unmap, as engines without stream ordering do.
@@ -398,7 +406,10 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	runtime.GC()
 	cpu0 := cpuTime()
 	start := time.Now()
-	err = w.Run(env)
+	err = env.Prepare()
+	if err == nil {
+		err = w.Run(env)
+	}
 	if p := strategy.Pool(st); p != nil {
 		ps := p.Stats()
 		env.Res.Pool = &ps

@@ -391,3 +391,34 @@ func TestAcquireArguments(t *testing.T) {
 	_, err = p.Join(nil, false)
 	require.ErrorIs(t, err, chunk.ErrClosed)
 }
+
+// Warm fills the cache with fresh chunks, within the budget and the cache's
+// bound, and any tenant takes them without a MallocPhysical.
+func TestWarm(t *testing.T) {
+	d := newDriver(t, 64<<20)
+	fd := faultdriver.New(d)
+	p, err := chunk.New(fd, chunk.Config{Budget: 6 * g, MaxCached: 4})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Warm(-1)
+	require.ErrorIs(t, err, acl.ErrInvalidParam)
+	n, err := p.Warm(10)
+	require.NoError(t, err)
+	assert.Equal(t, 4, n, "the cache holds 4")
+	assert.Equal(t, 4, p.Stats().Cached)
+	mallocs := fd.Calls(faultdriver.MallocPhysical)
+	cs, err := p.Acquire(chunk.NewTenant(), 4)
+	require.NoError(t, err)
+	assert.Equal(t, mallocs, fd.Calls(faultdriver.MallocPhysical), "served from the warm cache")
+	n, err = p.Warm(10)
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "the budget (6 chunks) stops it")
+	for _, c := range cs {
+		require.NoError(t, p.Put(c))
+	}
+	fd.FailNth(faultdriver.MallocPhysical, 1, acl.ErrCodeRTDrvInternal)
+	require.NoError(t, p.Trim())
+	n, err = p.Warm(1)
+	require.Error(t, err, "a driver failure other than out of memory is reported")
+	assert.Zero(t, n)
+}

@@ -123,7 +123,7 @@ type Stats struct {
 	Hits      int64 // chunks handed out from the cache
 	Misses    int64 // chunks that called MallocPhysical
 	Allocs    int64 // successful MallocPhysical calls
-	Ahead     int64 // of Allocs, those the worker made ahead of need (Config.Ahead)
+	Ahead     int64 // of Allocs, those made ahead of need (Config.Ahead, Warm)
 	Frees     int64 // FreePhysical calls
 	Evictions int64 // Puts that freed a chunk because the cache was full
 	Failures  int64 // Gets that failed (budget or driver)

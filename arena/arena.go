@@ -10,17 +10,22 @@ import (
 	"sync/atomic"
 
 	"github.com/vmarena/vmarena/acl"
-	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/chunk"
 )
 
-// Config configures an Arena. The zero value works: an arena on the process's
-// default host driver, reserving as much address space as the device has
-// memory, with a private pool of 2 MiB chunks, as its own tenant, with no
-// headroom and no streams.
+// Config configures an Arena. The zero value works: an arena on the
+// process's default driver (DefaultDriver: the device $VMARENA_DEVICE names,
+// the host driver when it is unset and no device answers), reserving as much
+// address space as the device has memory, with a private pool of 2 MiB
+// chunks, as its own tenant, with no headroom and no streams.
 type Config struct {
-	// Driver is the device to allocate on. nil means the pool's driver, or
-	// the process-wide host driver (host.Default) when Pool is nil too.
+	// Driver is the device to allocate on. nil means the pool's driver, or,
+	// when Pool is nil too, DefaultDriver: the device $VMARENA_DEVICE names
+	// (host, ascend[:N], cuda[:N], model:NAME; unset or auto: a device that
+	// answers, else the host driver). A value other than host or auto needs
+	// the device selector linked in, import _
+	// "github.com/vmarena/vmarena/acl/device"; without it, or when the named
+	// device cannot be opened, New fails rather than fall back to the host.
 	Driver acl.Driver
 	// Pool supplies the physical chunks and may be shared by many arenas
 	// (and so is their budget). nil means a private pool built from Chunk,
@@ -148,9 +153,9 @@ func New(cfg Config) (*Arena, error) {
 	case pool != nil:
 		drv = pool.Driver()
 	case drv == nil:
-		d, err := host.Default()
+		d, err := DefaultDriver()
 		if err != nil {
-			return nil, fmt.Errorf("arena: default host driver: %w", err)
+			return nil, err
 		}
 		drv = d
 	}

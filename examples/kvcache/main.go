@@ -12,7 +12,7 @@
 // chunks move between them without being cleared.
 //
 // It runs on the driver VMARENA_DEVICE names (the host driver when no device
-// answers).
+// answers); -v says why auto passed over each device it tried.
 package main
 
 import (
@@ -31,6 +31,7 @@ var (
 	layers = flag.Int("layers", 4, "transformer layers (one K and one V arena each)")
 	dim    = flag.Int("dim", 1024, "float32s per key and per value row (KV heads × head dimension)")
 	every  = flag.Int("every", 256, "compute attention every this many tokens")
+	detail = flag.Bool("v", false, "say why auto passed over each device it tried")
 )
 
 func main() {
@@ -57,6 +58,9 @@ func run(seqLens []int) error {
 	drv := choice.Driver
 	defer drv.Close()
 	fmt.Printf("driver %s — %s\n", drv.Name(), choice.Reason)
+	if *detail && choice.Detail != nil {
+		fmt.Printf("passed over:\n%v\n", choice.Detail)
+	}
 
 	pool, err := chunk.New(drv, chunk.Config{})
 	if err != nil {

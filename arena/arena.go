@@ -11,6 +11,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/units"
 )
 
 // Config configures an Arena. The zero value works: an arena on the
@@ -82,6 +83,12 @@ const PoisonByte = 0xA5
 // MaxReserve is the largest reservation an arena supports (1 TiB).
 const MaxReserve = 1 << 40
 
+// MaxAlign is the largest alignment any arena accepts (1 GiB). An arena's
+// own limit, Arena.MaxAlign, is the alignment of its base up to this.
+const MaxAlign = 1 << maxAlignShift
+
+const maxAlignShift = 30
+
 // The allocator's state word: the bytes in use (Len) in the low 41 bits (room
 // for MaxReserve itself), an epoch above them that every Truncate, Shrink and
 // Reset advances, and a frozen bit that stops lock-free Allocs while one of
@@ -139,7 +146,7 @@ type stray struct {
 // Grow or Alloc does, or, with Config.Headroom, the pool's worker.
 func New(cfg Config) (*Arena, error) {
 	if cfg.Reserve < 0 || cfg.Reserve > MaxReserve {
-		return nil, fmt.Errorf("arena: %w: reserve %d bytes (want 0 to %d)", ErrInvalid, cfg.Reserve, int64(MaxReserve))
+		return nil, fmt.Errorf("arena: %w: reserve %s: want 0 to %s", ErrInvalid, units.Bytes(cfg.Reserve), units.Bytes(MaxReserve))
 	}
 	if cfg.Headroom < 0 || cfg.LowWater < 0 || cfg.LowWater > cfg.Headroom {
 		return nil, fmt.Errorf("arena: %w: headroom %d, low water %d (want 0 ≤ low water ≤ headroom)", ErrInvalid,
@@ -193,7 +200,7 @@ func New(cfg Config) (*Arena, error) {
 		return fail(errors.Join(fmt.Errorf("arena: %w", err), a.releaseReservation()))
 	}
 	a.member = m
-	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), 30)
+	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), maxAlignShift)
 	if a.headroom > 0 {
 		m.WantRefill() // the worker maps the first headroom
 	}
@@ -239,11 +246,11 @@ func (a *Arena) reserve(size uint64) error {
 	if size != 0 {
 		size = a.roundUp(size)
 		if size > MaxReserve {
-			return fmt.Errorf("%s %d bytes: %w: more than %d", op, size, ErrInvalid, int64(MaxReserve))
+			return fmt.Errorf("%s %s: %w: more than %s", op, units.Ubytes(size), ErrInvalid, units.Bytes(MaxReserve))
 		}
 		p, err := a.drv.ReserveMemAddress(uintptr(size), 0, 0, 0)
 		if err != nil {
-			return fmt.Errorf("%s %d bytes: %w", op, size, err)
+			return fmt.Errorf("%s %s: %w", op, units.Ubytes(size), err)
 		}
 		a.base, a.reserved = p, size
 		return nil
@@ -254,8 +261,8 @@ func (a *Arena) reserve(size uint64) error {
 	}
 	size = min(a.roundUp(uint64(total)), acl.MaxReserve/a.chunkSize*a.chunkSize)
 	if size < a.chunkSize {
-		return fmt.Errorf("%s: %w: chunk size %d exceeds the largest reservation %d", op, ErrInvalid, a.chunkSize,
-			min(a.roundUp(uint64(total)), acl.MaxReserve))
+		return fmt.Errorf("%s: %w: chunk size %s exceeds the largest reservation, %s", op, ErrInvalid,
+			units.Ubytes(a.chunkSize), units.Ubytes(min(a.roundUp(uint64(total)), acl.MaxReserve)))
 	}
 	var errs []error
 	for size >= a.chunkSize {
@@ -264,38 +271,87 @@ func (a *Arena) reserve(size uint64) error {
 			a.base, a.reserved = p, size
 			return nil
 		}
-		errs = append(errs, fmt.Errorf("%d bytes: %w", size, err))
+		errs = append(errs, fmt.Errorf("%s: %w", units.Ubytes(size), err))
 		size = size / 2 / a.chunkSize * a.chunkSize
 	}
 	return fmt.Errorf("%s: %w", op, errors.Join(errs...))
 }
 
+// The accessors below are safe on a nil *Arena, which has no memory: they
+// return zero (nil for Driver and Pool).
+
 // Base returns the device address of the first byte of the arena. It never
 // changes.
-func (a *Arena) Base() acl.DevicePtr { return a.base }
+func (a *Arena) Base() acl.DevicePtr {
+	if a == nil {
+		return 0
+	}
+	return a.base
+}
 
 // Len returns the bytes in use: the end of the last allocation.
-func (a *Arena) Len() int { return int(a.state.Load() & lenMask) }
+func (a *Arena) Len() int {
+	if a == nil {
+		return 0
+	}
+	return int(a.state.Load() & lenMask)
+}
 
 // Cap returns the bytes mapped, a multiple of the chunk size.
-func (a *Arena) Cap() int { return int(a.cap.Load()) }
+func (a *Arena) Cap() int {
+	if a == nil {
+		return 0
+	}
+	return int(a.cap.Load())
+}
 
 // Reserved returns the bytes of address space the arena reserved: the most
 // Cap can reach.
-func (a *Arena) Reserved() int { return int(a.reserved) }
+func (a *Arena) Reserved() int {
+	if a == nil {
+		return 0
+	}
+	return int(a.reserved)
+}
 
 // ChunkSize returns the bytes mapped at a time.
-func (a *Arena) ChunkSize() int { return int(a.chunkSize) }
+func (a *Arena) ChunkSize() int {
+	if a == nil {
+		return 0
+	}
+	return int(a.chunkSize)
+}
+
+// MaxAlign returns the largest alignment Alloc accepts: the alignment of
+// Base, at most MaxAlign (1 GiB). It is at least the driver's granularity
+// (2 MiB on ACL, CUDA and the host driver), since reservations are aligned
+// to it, and it never changes.
+func (a *Arena) MaxAlign() int {
+	if a == nil {
+		return 0
+	}
+	return int(a.maxAlign)
+}
 
 // Driver returns the device driver the arena allocates on.
-func (a *Arena) Driver() acl.Driver { return a.drv }
+func (a *Arena) Driver() acl.Driver {
+	if a == nil {
+		return nil
+	}
+	return a.drv
+}
 
 // Pool returns the chunk pool the arena draws from.
-func (a *Arena) Pool() *chunk.Pool { return a.pool }
+func (a *Arena) Pool() *chunk.Pool {
+	if a == nil {
+		return nil
+	}
+	return a.pool
+}
 
 // Alloc returns a buffer of size bytes whose offset is a multiple of align (a
-// power of two, at most the alignment of Base, which is at least the chunk
-// granularity). It maps more memory when the mapped space is used up, so it
+// power of two, at most Arena.MaxAlign: the alignment of Base up to 1 GiB, so
+// that the buffer's device address is aligned too). It maps more memory when the mapped space is used up, so it
 // can fail with ErrOutOfMemory or ErrExhausted; within Cap it makes no driver
 // call, takes no lock and allocates nothing on the Go heap. With
 // Config.Headroom, an Alloc that leaves less than the low-water mark mapped
@@ -331,7 +387,8 @@ func (a *Arena) badAlloc(size, align int) error {
 	case align <= 0 || align&(align-1) != 0:
 		return fmt.Errorf("arena: alloc: %w: alignment %d is not a power of two", ErrInvalid, align)
 	}
-	return fmt.Errorf("arena: alloc: %w: alignment %d exceeds the base's %d", ErrInvalid, align, a.maxAlign)
+	return fmt.Errorf("arena: alloc: %w: alignment %s exceeds the arena's MaxAlign, %s", ErrInvalid,
+		units.Bytes(int64(align)), units.Ubytes(a.maxAlign))
 }
 
 func (a *Arena) allocSlow(size, align uint64) (Buffer, error) {
@@ -344,12 +401,13 @@ func (a *Arena) allocSlow(size, align uint64) (Buffer, error) {
 		s := a.state.Load() // never frozen: freezing happens under mu
 		start := (s&lenMask + align - 1) &^ (align - 1)
 		if size > a.reserved || start > a.reserved-size {
-			return Buffer{}, fmt.Errorf("arena: alloc %d bytes at %d: %w: %d bytes reserved", size, start, ErrExhausted, a.reserved)
+			return Buffer{}, fmt.Errorf("arena: alloc %s at %d: %w: %s reserved", units.Ubytes(size), start, ErrExhausted,
+				units.Ubytes(a.reserved))
 		}
 		end := start + size
 		if end > a.cap.Load() {
 			if err := a.growLocked(end, false); err != nil {
-				return Buffer{}, fmt.Errorf("arena: alloc %d bytes: %w", size, err)
+				return Buffer{}, fmt.Errorf("arena: alloc %s: %w", units.Ubytes(size), err)
 			}
 		}
 		// Lock-free Allocs may have moved Len meanwhile; if so, go round.
@@ -392,10 +450,11 @@ func (a *Arena) Grow(n int) error {
 	a.member.Touch()
 	l := a.state.Load() & lenMask
 	if uint64(n) > a.reserved-l {
-		return fmt.Errorf("arena: grow by %d bytes at %d: %w: %d bytes reserved", n, l, ErrExhausted, a.reserved)
+		return fmt.Errorf("arena: grow by %s at %d: %w: %s reserved", units.Bytes(int64(n)), l, ErrExhausted,
+			units.Ubytes(a.reserved))
 	}
 	if err := a.growLocked(l+uint64(n), false); err != nil {
-		return fmt.Errorf("arena: grow by %d bytes: %w", n, err)
+		return fmt.Errorf("arena: grow by %s: %w", units.Bytes(int64(n)), err)
 	}
 	a.floor.Store(max(a.floor.Load(), l+uint64(n)))
 	a.wantHeadroom(l + uint64(n))
@@ -445,6 +504,13 @@ func (a *Arena) growLocked(target uint64, speculative bool) error {
 	}
 	n0 := len(a.chunks)
 	need := int((a.roundUp(target) - c) / a.chunkSize)
+	// More than the budget can ever hold fails here, before any driver call
+	// (the arena's own chunks count in the budget, and the pool cannot take
+	// them from an arena that is growing).
+	if b := uint64(a.pool.Budget()); b != 0 && uint64(n0+need)*a.chunkSize > b {
+		return fmt.Errorf("%w: %w: %s mapped and %s more would exceed the pool's budget, %s", chunk.ErrBudget,
+			ErrOutOfMemory, units.Ubytes(uint64(n0)*a.chunkSize), units.Ubytes(uint64(need)*a.chunkSize), units.Ubytes(b))
+	}
 	slots := make([]chunk.Chunk, need) // the chunks to place at n0, n0+1, …
 	back := make([]bool, need)         // slots[i] was taken back in place: already mapped
 	nback := 0
@@ -463,6 +529,9 @@ func (a *Arena) growLocked(target uint64, speculative bool) error {
 	}
 	fresh, err := acquire(a.tenant, need-nback)
 	if err != nil {
+		if errors.Is(err, chunk.ErrClosed) {
+			err = poolClosed{err}
+		}
 		return errors.Join(err, a.giveBack(n0, slots, back))
 	}
 	k := 0
@@ -911,8 +980,11 @@ type Stats struct {
 	Closed      bool
 }
 
-// Stats returns the arena's counters.
+// Stats returns the arena's counters. A nil *Arena has none, and is closed.
 func (a *Arena) Stats() Stats {
+	if a == nil {
+		return Stats{Closed: true}
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	used := a.state.Load() & lenMask

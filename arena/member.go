@@ -109,7 +109,7 @@ func (f *fence) record(drv acl.Driver, s acl.Stream) error {
 // waitStream is record's fallback: wait for the stream's work now.
 func (f *fence) waitStream(drv acl.Driver, s acl.Stream, cause error) error {
 	if err := drv.SynchronizeStream(s); err != nil {
-		return fmt.Errorf("arena: order the scrubs before copies: %w (and waiting for the stream: %w)", cause, err)
+		return fmt.Errorf("order the scrubs before copies: %w (and waiting for the stream: %w)", cause, err)
 	}
 	return nil
 }
@@ -127,7 +127,7 @@ func (f *fence) wait(drv acl.Driver) error {
 		return nil // destroyed by a Close that had waited for the scrubs
 	}
 	if err := drv.SynchronizeEvent(ev); err != nil {
-		return fmt.Errorf("arena: wait for scrubs queued on the stream: %w", err)
+		return fmt.Errorf("wait for scrubs queued on the stream: %w", err)
 	}
 	for {
 		w := f.waited.Load()
@@ -146,7 +146,7 @@ func (f *fence) destroy(drv acl.Driver) error {
 		return nil
 	}
 	if err := drv.DestroyEvent(f.ev); err != nil {
-		return fmt.Errorf("arena: destroy fence event: %w", err) // kept, to try again
+		return fmt.Errorf("destroy fence event: %w", err) // kept, to try again
 	}
 	f.ev = 0
 	f.waited.Store(f.gen.Load())

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/units"
 )
 
 // ErrBudget is returned (wrapped, together with acl.ErrOutOfMemory) when a
@@ -201,7 +202,8 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		size = g
 	}
 	if size%g != 0 {
-		return nil, fmt.Errorf("chunk: %w: size %d is not a multiple of the granularity %d", acl.ErrInvalidParam, size, g)
+		return nil, fmt.Errorf("chunk: %w: size %s is not a multiple of the driver's granularity, %s", acl.ErrInvalidParam,
+			units.Bytes(int64(size)), units.Bytes(int64(g)))
 	}
 	maxCached := cfg.MaxCached
 	switch {
@@ -250,6 +252,10 @@ func (p *Pool) Driver() acl.Driver { return p.drv }
 // ChunkSize returns the size of every chunk, in bytes.
 func (p *Pool) ChunkSize() int { return int(p.size) }
 
+// Budget returns Config.Budget: the most physical bytes the pool holds; 0
+// when there is no cap.
+func (p *Pool) Budget() int64 { return int64(p.budget) }
+
 // Get returns a chunk for an anonymous tenant: GetFor(0).
 func (p *Pool) Get() (Chunk, error) { return p.GetFor(0) }
 
@@ -271,6 +277,8 @@ func (p *Pool) GetFor(t Tenant) (Chunk, error) {
 // is out of memory, asks the other pools on the device to free their caches.
 // It fails with an error matching acl.ErrOutOfMemory (and ErrBudget, when the
 // budget refused) when that is not enough, and with ErrClosed after Close.
+// n chunks that exceed the budget by themselves fail at once, before any
+// driver call.
 func (p *Pool) Acquire(t Tenant, n int) ([]Chunk, error) { return p.acquire(t, n, true) }
 
 // TryAcquire is Acquire without relieving pressure: it takes only memory
@@ -284,6 +292,13 @@ const reliefRounds = 3
 func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("chunk: acquire %d chunks: %w", n, acl.ErrInvalidParam)
+	}
+	if p.budget != 0 && uint64(n) > uint64(p.budget/p.size) {
+		p.mu.Lock()
+		p.stats.Failures++
+		p.mu.Unlock()
+		return nil, fmt.Errorf("%w: %w: %d chunks of %s asked, more than the whole budget, %s", ErrBudget,
+			acl.ErrOutOfMemory, n, units.IEC(int64(p.size)), units.Bytes(int64(p.budget)))
 	}
 	if t == 0 {
 		t = NewTenant()
@@ -375,12 +390,13 @@ func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 	}
 	switch {
 	case err != nil && !errors.Is(err, acl.ErrOutOfMemory):
-		return nil, fmt.Errorf("chunk: allocate %d bytes: %w", p.size, err)
+		return nil, fmt.Errorf("chunk: allocate %s: %w", units.Bytes(int64(p.size)), err)
 	case err != nil:
-		return fmt.Errorf("chunk: allocate %d bytes: %w", p.size, err), nil
+		return fmt.Errorf("chunk: allocate %s: %w", units.Bytes(int64(p.size)), err), nil
 	case room < want:
-		return fmt.Errorf("%w: %w: %d of %d bytes held (%d cached), %d more chunks of %d bytes asked", ErrBudget,
-			acl.ErrOutOfMemory, held, p.budget, cached, want, p.size), nil
+		return fmt.Errorf("%w: %w: %s of %s held (%d chunks cached), %d more chunks of %s asked", ErrBudget,
+			acl.ErrOutOfMemory, units.IEC(int64(held)), units.Bytes(int64(p.budget)), cached, want,
+			units.IEC(int64(p.size))), nil
 	}
 	return nil, nil
 }

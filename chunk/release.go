@@ -149,7 +149,7 @@ func (p *Pool) fallback(evs []acl.Event, err error) error {
 	p.stats.SyncFallbacks++
 	p.mu.Unlock()
 	p.recycle(evs)
-	return fmt.Errorf("chunk: %w: %w", errFallback, err)
+	return fmt.Errorf("%w: %w", errFallback, err)
 }
 
 // event returns an event to record: a recycled one, or a new one.

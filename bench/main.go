@@ -112,12 +112,17 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			Tensor: 4 << 20, Jitter: 0.05},
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
+	// The flag package prints its error and the whole usage on a bad flag;
+	// parseFlags reports the error itself, with the one flag's help, and
+	// prints the usage only for -h.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	usage := func() {
+		fs.SetOutput(stderr)
 		fmt.Fprintf(stderr, "usage: go run ./bench [flags]\n\n"+
 			"Runs the workloads on every strategy and prints a table; writes results.json,\n"+
 			"bench.txt (benchstat) and PNG plots to -out. The driver comes from $%s\n"+
-			"(host, ascend[:N], cuda[:N]; default auto) or -device.\n\nflags:\n", device.EnvVar)
+			"(host, ascend[:N], cuda[:N], model:NAME; default auto) or -device.\n\nflags:\n", device.EnvVar)
 		fs.PrintDefaults()
 	}
 	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole suite in seconds")
@@ -134,7 +139,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.spec, "device", "", "driver spec, overriding $"+device.EnvVar+" (host, ascend[:N], cuda[:N], auto)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the workloads' random choices")
 	fs.StringVar(&o.progress, "progress", "auto", "progress bar: auto (when stdout is a terminal), on, off")
-	fs.Var(sizeFlag{&o.chunk}, "chunk", "arena chunk size (0: the driver's granularity)")
+	fs.Var(sizeFlag{&o.chunk}, "chunk", "arena chunk `size`: a multiple of the driver's granularity (2MiB on ACL, CUDA and the host driver), e.g. 4MiB or 64MiB; 0: the granularity")
 	fs.IntVar(&o.maxCached, "cache", 0, "arena pool reuse cache, in chunks (0: the pool's default; -1: none)")
 	fs.Float64Var(&o.growth, "growth", 2, "realloc growth factor")
 	fs.StringVar(&o.scrub, "scrub", "reuse", "arena pool scrub policy: reuse (the default), release, never")
@@ -176,7 +181,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.profileBase, "profile-base", "h200", "with -calibrate: the profile (name or path) whose estimates fill in what cannot be measured")
 
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		if errors.Is(err, flag.ErrHelp) {
+			usage()
+			return nil, err
+		}
+		return nil, &flagError{err: err, help: flagHelp(fs, err)}
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -228,6 +237,7 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
+		fmt.Fprintln(os.Stderr, "run 'go run ./bench -h' for all flags")
 		os.Exit(2)
 	}
 	run := run
@@ -270,6 +280,9 @@ func run(o *options, stdout io.Writer) error {
 		return fmt.Errorf("granularity: %w", err)
 	}
 	s.gran = int64(g)
+	if err := checkChunk(o.chunk, s.gran); err != nil {
+		return err
+	}
 
 	reason := s.reason
 	if len(reason) > 100 {

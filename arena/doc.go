@@ -2,6 +2,9 @@
 // reservation of device virtual address space, backed lazily by physical
 // chunks, from which tensor buffers are cut with a bump allocator.
 //
+// The zero Config runs on DefaultDriver: the device $VMARENA_DEVICE names
+// (with the selector of package acl/device linked in), else the host driver.
+//
 // # Address space
 //
 // New reserves Config.Reserve bytes of device virtual address space once. The
@@ -58,6 +61,10 @@
 // memory is mapped already, takes no lock either.
 //
 // # Failure
+//
+// A request that cannot fit fails before any driver call: past the
+// reservation with ErrExhausted, past the pool's whole budget (counting what
+// the arena holds) with ErrOutOfMemory and chunk.ErrBudget.
 //
 // Every operation either succeeds or leaves the arena as it was: a Grow that
 // runs out of device memory in the middle of a multi-chunk growth unmaps what

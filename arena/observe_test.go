@@ -209,3 +209,62 @@ func TestEventGrowFault(t *testing.T) {
 	assert.Empty(t, log.find(arena.EventOOM))
 	assert.Zero(t, a.Activity().OOMs)
 }
+
+// observedArena is BenchmarkAlloc's arena with a logger set.
+func observedArena(b *testing.B) *arena.Arena {
+	a := benchArena(b, arena.Config{Driver: benchDriver(b), Reserve: 64 << 20, Logger: slog.New(&recorder{})})
+	if err := a.Grow(64 << 20); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	return a
+}
+
+// BenchmarkAllocLogged is BenchmarkAlloc with a logger set: Alloc within
+// Cap never reaches it. Compare the two in one run.
+func BenchmarkAllocLogged(b *testing.B) {
+	a := observedArena(b)
+	i := 0
+	for b.Loop() {
+		if _, err := a.Alloc(256, 64); err != nil {
+			b.Fatal(err)
+		}
+		if i++; i == (64<<20)/256 {
+			i = 0
+			a.Reset()
+		}
+	}
+}
+
+// BenchmarkAllocContext is AllocContext within Cap: a check, then Alloc's
+// fast path.
+func BenchmarkAllocContext(b *testing.B) {
+	a := observedArena(b)
+	ctx := context.Background()
+	i := 0
+	for b.Loop() {
+		if _, err := a.AllocContext(ctx, 256, 64); err != nil {
+			b.Fatal(err)
+		}
+		if i++; i == (64<<20)/256 {
+			i = 0
+			a.Reset()
+		}
+	}
+}
+
+// BenchmarkAllocTensor allocates a 2×64 bfloat16 tensor (256 bytes) within
+// Cap.
+func BenchmarkAllocTensor(b *testing.B) {
+	a := observedArena(b)
+	i := 0
+	for b.Loop() {
+		if _, err := arena.AllocTensor[arena.BFloat16](a, 2, 64); err != nil {
+			b.Fatal(err)
+		}
+		if i++; i == (64<<20)/256 {
+			i = 0
+			a.Reset()
+		}
+	}
+}

@@ -141,7 +141,7 @@ func TestGrowContextExpires(t *testing.T) {
 	act := w.Activity()
 	assert.Equal(t, int64(1), act.OOMs, "counted once")
 	assert.Equal(t, int64(1), act.Waits)
-	assert.GreaterOrEqual(t, act.WaitTime, 20*time.Millisecond)
+	assert.Positive(t, act.WaitTime)
 	require.Len(t, log.find(arena.EventOOM), 1)
 	ev := log.find(arena.EventWait)
 	require.Len(t, ev, 1)

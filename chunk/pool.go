@@ -309,8 +309,9 @@ func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
 			p.mu.Lock()
 			p.stats.Failures++
 			p.mu.Unlock()
-			p.logOOM(n, short)
-			return nil, errors.Join(short, p.putAll(got))
+			err := errors.Join(short, p.putAll(got))
+			p.logOOM(n, err)
+			return nil, err
 		}
 	}
 }

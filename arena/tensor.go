@@ -39,13 +39,12 @@ type Tensor[T Element] struct {
 // AllocTensor allocates a tensor of shape (no dimensions: a scalar) in a,
 // aligned to TensorAlign, as Alloc does. A negative dimension, more than
 // MaxRank of them, or a size that overflows fails with ErrInvalid.
-func AllocTensor[T Element](a *Arena, shape ...int) (Tensor[T], error) {
-	t, n, err := newTensor[T](shape)
+func AllocTensor[T Element](a *Arena, shape ...int) (t Tensor[T], err error) {
+	n, err := t.setShape(shape)
 	if err != nil {
 		return Tensor[T]{}, err
 	}
-	t.buf, err = a.Alloc(n, TensorAlign)
-	if err != nil {
+	if t.buf, err = a.Alloc(n, TensorAlign); err != nil {
 		return Tensor[T]{}, err
 	}
 	return t, nil
@@ -53,13 +52,12 @@ func AllocTensor[T Element](a *Arena, shape ...int) (Tensor[T], error) {
 
 // AllocTensorContext is AllocTensor that waits for memory under ctx, as
 // AllocContext does.
-func AllocTensorContext[T Element](ctx context.Context, a *Arena, shape ...int) (Tensor[T], error) {
-	t, n, err := newTensor[T](shape)
+func AllocTensorContext[T Element](ctx context.Context, a *Arena, shape ...int) (t Tensor[T], err error) {
+	n, err := t.setShape(shape)
 	if err != nil {
 		return Tensor[T]{}, err
 	}
-	t.buf, err = a.AllocContext(ctx, n, TensorAlign)
-	if err != nil {
+	if t.buf, err = a.AllocContext(ctx, n, TensorAlign); err != nil {
 		return Tensor[T]{}, err
 	}
 	return t, nil
@@ -68,8 +66,8 @@ func AllocTensorContext[T Element](ctx context.Context, a *Arena, shape ...int) 
 // View returns the tensor of shape at the start of b. b's offset must be a
 // multiple of the element's size, and b must hold the tensor's bytes
 // (ErrInvalid, ErrRange).
-func View[T Element](b Buffer, shape ...int) (Tensor[T], error) {
-	t, n, err := newTensor[T](shape)
+func View[T Element](b Buffer, shape ...int) (t Tensor[T], err error) {
+	n, err := t.setShape(shape)
 	if err != nil {
 		return Tensor[T]{}, err
 	}
@@ -84,27 +82,26 @@ func View[T Element](b Buffer, shape ...int) (Tensor[T], error) {
 	return t, nil
 }
 
-// newTensor checks shape and returns a tensor without memory, and its size
-// in bytes.
-func newTensor[T Element](shape []int) (Tensor[T], int, error) {
-	var t Tensor[T]
+// setShape checks shape, sets it, and returns the tensor's size in bytes.
+func (t *Tensor[T]) setShape(shape []int) (int, error) {
 	if len(shape) > MaxRank {
-		return t, 0, fmt.Errorf("arena: tensor: %w: %d dimensions, at most %d", ErrInvalid, len(shape), MaxRank)
+		return 0, fmt.Errorf("arena: tensor: %w: %d dimensions, at most %d", ErrInvalid, len(shape), MaxRank)
 	}
 	n := uint64(elemSize[T]())
 	for i, d := range shape {
 		if d < 0 {
-			return t, 0, fmt.Errorf("arena: tensor: %w: dimension %d is %d", ErrInvalid, i, d)
+			return 0, fmt.Errorf("arena: tensor: %w: dimension %d is %d", ErrInvalid, i, d)
 		}
 		hi, lo := bits.Mul64(n, uint64(d))
 		if hi != 0 || lo > MaxReserve {
-			return t, 0, fmt.Errorf("arena: tensor %v: %w: more than %d bytes", slices.Clone(shape), ErrInvalid, int64(MaxReserve))
+			return 0, fmt.Errorf("arena: tensor %v: %w: more than %d bytes", slices.Clone(shape), ErrInvalid,
+				int64(MaxReserve))
 		}
 		n = lo
 		t.shape[i] = d
 	}
 	t.rank = len(shape)
-	return t, int(n), nil
+	return int(n), nil
 }
 
 func elemSize[T Element]() int {

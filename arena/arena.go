@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"slices"
 	"sync"
@@ -75,6 +76,11 @@ type Config struct {
 	// map per chunk when the arena grows again, and a memset, and it waits
 	// for the device before unmapping, streams or not.
 	TrapStale bool
+	// Logger receives the arena's events (EventGrow and the others in
+	// observe.go) as structured records, and is the private pool's logger
+	// too unless Chunk.Logger is set. nil, the default, logs nothing and
+	// costs nothing.
+	Logger *slog.Logger
 }
 
 // PoisonByte fills the bytes Truncate and Reset drop in TrapStale mode.
@@ -121,6 +127,7 @@ type Arena struct {
 	member    *chunk.Member
 	trap      bool // Config.TrapStale
 	fence     fence
+	obs       observer // events, trace regions, counters (observe.go)
 
 	mu        sync.Mutex    // serialises the slow path and everything that calls the driver
 	closed    atomic.Bool   // set under mu; read without it by Buffer checks
@@ -167,6 +174,9 @@ func New(cfg Config) (*Arena, error) {
 		drv = d
 	}
 	if pool == nil {
+		if cfg.Chunk.Logger == nil {
+			cfg.Chunk.Logger = cfg.Logger
+		}
 		p, err := chunk.New(drv, cfg.Chunk)
 		if err != nil {
 			return nil, fmt.Errorf("arena: %w", err)
@@ -179,6 +189,7 @@ func New(cfg Config) (*Arena, error) {
 	}
 	a := &Arena{drv: drv, pool: pool, ownPool: own, chunkSize: uint64(pool.ChunkSize()),
 		tenant: tenant, streams: slices.Clone(cfg.Streams), trap: cfg.TrapStale}
+	a.obs.log = cfg.Logger
 	if cfg.Headroom > 0 {
 		a.headroom = a.roundUp(uint64(cfg.Headroom))
 		a.lowWater = uint64(cfg.LowWater)
@@ -493,11 +504,13 @@ func (a *Arena) mapped(n uint64) bool {
 // speculative: a refill takes only free memory) and are mapped in runs. On
 // failure it unmaps what it mapped and gives back what it took, leaving Cap
 // as it was; a chunk it cannot unmap is left a stray. Call with mu held.
-func (a *Arena) growLocked(target uint64, speculative bool) error {
+func (a *Arena) growLocked(target uint64, speculative bool) (err error) {
 	c := a.cap.Load()
 	if target <= c {
 		return nil
 	}
+	g := a.obs.begin(speculative)
+	defer func() { a.obs.end(a, g, c, target, speculative, err) }()
 	// Strays lie where growth maps: they must go first.
 	if err := a.unstray(false); err != nil {
 		return err
@@ -827,6 +840,7 @@ func (a *Arena) Truncate(n int) error {
 	}
 	a.floor.Store(uint64(n)) // what Grow promised is dropped with the bytes
 	a.thaw(s, uint64(n))
+	a.member.Dropped() // a growth waiting for memory may now reclaim it
 	return nil
 }
 
@@ -873,8 +887,10 @@ func (a *Arena) Shrink() error {
 	}
 	defer a.mu.Unlock()
 	a.member.Touch()
+	defer region(RegionShrink).End()
 	s := a.freeze()
 	defer a.thaw(s, s&lenMask)
+	c := a.cap.Load()
 	if err := a.unstray(false); err != nil {
 		return fmt.Errorf("arena: shrink: %w", err)
 	}
@@ -882,6 +898,7 @@ func (a *Arena) Shrink() error {
 		return fmt.Errorf("arena: shrink: %w", err)
 	}
 	a.floor.Store(s & lenMask)
+	a.obs.gaveBack(a, EventShrink, c)
 	return nil
 }
 
@@ -907,6 +924,7 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	if a.drv == nil {
 		return errNotMade
 	}
+	defer region(RegionClose).End()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed.Load() {

@@ -101,6 +101,19 @@
 // chunk kept in part are filled with PoisonByte, so a stale pointer faults or
 // reads poison.
 //
+// # Watching and waiting
+//
+// Config.Logger receives the arena's events (growths, shrinks, reclaims,
+// waits, failures with what was asked and held) through log/slog; the slow
+// paths and driver calls run in runtime/trace regions; Activity counts
+// failures, waits and the latency of growths, and package metrics exports
+// them with Stats through expvar and Prometheus. GrowContext and
+// AllocContext wait, under a context, for other tenants of the pool to give
+// memory back instead of failing, first come first served. AllocTensor
+// allocates by element type and shape, with Float16 and BFloat16 among the
+// types. None of it costs Alloc anything within Cap. docs/observability.md
+// has the details.
+//
 // # Concurrency
 //
 // An Arena is safe for concurrent use. Alloc runs lock-free; Grow, Shrink,

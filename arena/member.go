@@ -40,6 +40,8 @@ func (c client) Reclaim(n int) (int, bool) {
 	if a.closed.Load() {
 		return 0, false
 	}
+	defer region(RegionReclaim).End()
+	c0 := a.cap.Load()
 	s := a.freeze()
 	defer a.thaw(s, s&lenMask)
 	keep := max(int(a.keepBytes(s&lenMask)/a.chunkSize), len(a.chunks)-n)
@@ -51,6 +53,7 @@ func (c client) Reclaim(n int) (int, bool) {
 		return 0, false
 	}
 	a.reclaimed += uint64(k)
+	a.obs.gaveBack(a, EventReclaim, c0)
 	return k, false
 }
 

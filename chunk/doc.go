@@ -109,6 +109,15 @@
 // [ErrBudget] and acl.ErrOutOfMemory, and leaves every other member's bytes in
 // use untouched.
 //
+// # Waiting, events and tracing
+//
+// A growth that would rather wait than fail queues in the pool (Mark,
+// Enqueue, Waiter): first come first served, woken without polling when
+// memory may have come back (wait.go). Config.Logger receives the pool's
+// events (scrubs, reliefs, device waits, releases, failures) through
+// log/slog (observe.go); every driver call and slow path runs in a
+// runtime/trace region (trace.go).
+//
 // A Pool is safe for concurrent use; no lock is held across a driver call,
 // and a pool's lock is always taken after an arena's, never before.
 package chunk

@@ -3,6 +3,7 @@ package chunk
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -106,6 +107,9 @@ type Config struct {
 	// pool's background worker, within the budget, so that a growth that
 	// finds the cache empty does not wait for MallocPhysical. 0 means none.
 	Ahead int
+	// Logger receives the pool's events (see EventScrub and the others) as
+	// structured records. nil, the default, logs nothing and costs nothing.
+	Logger *slog.Logger
 }
 
 // Chunk is one physical allocation of the pool's chunk size.
@@ -158,6 +162,7 @@ type Pool struct {
 	fresh     acl.Freshness // what a fresh chunk may hold
 	ahead     int
 	dev       *device
+	log       *slog.Logger // Config.Logger (observe.go)
 
 	mu      sync.Mutex
 	closed  bool
@@ -167,6 +172,7 @@ type Pool struct {
 	stats   Stats
 	members []*Member // in the order they joined
 	pending pending   // chunks waiting for the device before they are unmapped (release.go)
+	wq      waitq     // growths waiting for memory (wait.go)
 	tick    atomic.Uint64
 	w       *worker // started on first need (worker.go)
 }
@@ -214,7 +220,8 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	}
 	caps := drv.Caps()
 	p := &Pool{
-		drv:       drv,
+		drv:       traced{drv}, // trace.go
+		log:       cfg.Logger,
 		size:      size,
 		prop:      prop,
 		access:    acl.ReadWrite(drv.Device()),
@@ -247,7 +254,7 @@ func isNilPointer(d acl.Driver) bool {
 }
 
 // Driver returns the pool's driver.
-func (p *Pool) Driver() acl.Driver { return p.drv }
+func (p *Pool) Driver() acl.Driver { return p.drv.(traced).Driver }
 
 // ChunkSize returns the size of every chunk, in bytes.
 func (p *Pool) ChunkSize() int { return int(p.size) }
@@ -317,7 +324,9 @@ func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
 			p.mu.Lock()
 			p.stats.Failures++
 			p.mu.Unlock()
-			return nil, errors.Join(short, p.putAll(got))
+			err := errors.Join(short, p.putAll(got))
+			p.logOOM(n, err)
+			return nil, err
 		}
 	}
 }
@@ -437,6 +446,7 @@ func (p *Pool) Put(c Chunk) error {
 	if !p.closed && len(p.cache) < p.maxCached {
 		p.cache = append(p.cache, e)
 		p.stats.Cached++
+		p.releasedLocked() // wait.go
 		p.mu.Unlock()
 		return nil
 	}
@@ -453,15 +463,17 @@ func (p *Pool) Put(c Chunk) error {
 func (p *Pool) free(e entry) error {
 	err := p.drv.FreePhysical(e.h)
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.stats.Frees++
 	if err != nil {
 		// The driver kept the memory; so do we, and the budget stays true.
 		p.cache = append(p.cache, e)
 		p.stats.Cached++
+		p.mu.Unlock()
 		return fmt.Errorf("chunk: free: %w", err)
 	}
 	p.held -= p.size
+	p.mu.Unlock()
+	p.freed() // wait.go
 	return nil
 }
 
@@ -514,6 +526,7 @@ func (p *Pool) Close() error {
 	first := !p.closed
 	p.closed = true
 	w := p.w
+	p.wakeAllLocked() // wait.go: their retries fail
 	p.mu.Unlock()
 	if first {
 		w.stop()

@@ -133,6 +133,7 @@ func (p *Pool) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
 	}
 	p.pending.queue = append(p.pending.queue, b)
 	p.pending.chunks += len(ms)
+	p.releasedLocked() // wait.go: a waiter's retry waits for them
 	if p.scrub == ScrubOnRelease {
 		p.stats.Scrubs += int64(len(ms))
 		p.stats.ScrubsAsync += int64(len(ms))
@@ -395,7 +396,9 @@ func (p *Pool) complete(b *batch, wait bool) bool {
 // that still wait. It returns how many it settled, or minus how many it
 // failed to unmap.
 func (p *Pool) unmapBatch(b *batch) int {
+	defer region(RegionRelease).End()
 	n, failed := 0, 0
+	defer func() { p.logRelease(n, failed) }()
 	for _, it := range b.items {
 		p.mu.Lock()
 		if it.state != waiting {

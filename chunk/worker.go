@@ -99,9 +99,11 @@ func (p *Pool) run(w *worker) {
 		}
 		timer.Stop()
 		start := time.Now()
+		r := region(RegionWorker)
 		progressed, waiting := p.settleReady()
 		p.refill()
 		p.fillAhead()
+		r.End()
 		p.mu.Lock()
 		p.stats.WorkerNS += int64(time.Since(start))
 		p.stats.WorkerSpins++

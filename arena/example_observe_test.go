@@ -46,16 +46,14 @@ func ExampleConfig_logger() {
 	if _, err := a.Alloc(4<<20, 1); err != nil { // within Cap: no event
 		log.Fatal(err)
 	}
-	err = a.Grow(8 << 20) // past the budget
+	err = a.Grow(8 << 20) // past the budget: fails before any driver call
 	fmt.Println(errors.Is(err, arena.ErrOutOfMemory), a.Activity().OOMs)
 	if err := a.Close(); err != nil { // waits for the device, then unmaps
 		log.Fatal(err)
 	}
 	// Output:
 	// level=DEBUG msg=arena.grow arena=kv from=0 to=4194304 chunks=2
-	// level=DEBUG msg=pool.relieve arena=kv need=2 freed=0 reclaimed=0 peer_trimmed=0 cause=budget
-	// level=DEBUG msg=pool.oom arena=kv asked=4 asked_bytes=8388608 held=8388608 budget=8388608 in_use=2 cached=2 pending=0
-	// level=WARN msg=arena.oom arena=kv asked=8388608 len=4194304 cap=4194304 reserved=33554432 held=8388608 budget=8388608 in_use=2 cached=2
+	// level=WARN msg=arena.oom arena=kv asked=8388608 len=4194304 cap=4194304 reserved=33554432 held=4194304 budget=8388608 in_use=2 cached=0
 	// true 1
 	// level=DEBUG msg=pool.device_sync arena=kv
 }

@@ -94,18 +94,18 @@ func TestEvents(t *testing.T) {
 
 	// The budget is spent: the pool relieves (nobody to reclaim from) and
 	// reports the failure with what was asked and held.
-	_, err = p.Acquire(a, 3)
+	_, err = p.Acquire(a, 1)
 	require.ErrorIs(t, err, chunk.ErrBudget)
 	relief := log.find(chunk.EventRelieve)
 	require.Len(t, relief, 1)
 	assert.Equal(t, "budget", relief[0].attrs["cause"].String())
-	assert.Equal(t, int64(3), relief[0].attrs["need"].Int64())
+	assert.Equal(t, int64(1), relief[0].attrs["need"].Int64())
 	assert.Equal(t, int64(0), relief[0].attrs["freed"].Int64())
 	ooms := log.find(chunk.EventOOM)
 	require.Len(t, ooms, 1)
 	o := ooms[0].attrs
-	assert.Equal(t, int64(3), o["asked"].Int64())
-	assert.Equal(t, int64(3*g), o["asked_bytes"].Int64())
+	assert.Equal(t, int64(1), o["asked"].Int64())
+	assert.Equal(t, int64(g), o["asked_bytes"].Int64())
 	assert.Equal(t, int64(2*g), o["held"].Int64())
 	assert.Equal(t, int64(2*g), o["budget"].Int64())
 	assert.Equal(t, int64(2), o["in_use"].Int64())

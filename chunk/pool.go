@@ -304,8 +304,10 @@ func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
 		p.mu.Lock()
 		p.stats.Failures++
 		p.mu.Unlock()
-		return nil, fmt.Errorf("%w: %w: %d chunks of %s asked, more than the whole budget, %s", ErrBudget,
+		err := fmt.Errorf("%w: %w: %d chunks of %s asked, more than the whole budget, %s", ErrBudget,
 			acl.ErrOutOfMemory, n, units.IEC(int64(p.size)), units.Bytes(int64(p.budget)))
+		p.logOOM(n, err)
+		return nil, err
 	}
 	if t == 0 {
 		t = NewTenant()

@@ -63,7 +63,9 @@
 // # Drivers
 //
 // The host driver (package acl/host) implements the contract on Linux virtual
-// memory and is the default everywhere. Bindings to real runtimes live in
+// memory and is the default: arena.DefaultDriver uses it unless
+// $VMARENA_DEVICE ([DeviceEnv]) names a device, which needs the selector of
+// package acl/device ([RegisterSelector]). Bindings to real runtimes live in
 // their own packages so that host-only programs do not link a dynamic loader.
 // Package acl/acltest holds the conformance suite every driver passes.
 package acl

@@ -32,7 +32,7 @@ func TestSentinels(t *testing.T) {
 	assert.Equal(t, int32(107000), code)
 }
 
-// The Go structs have the layouts of acl-api.md §3.
+// The Go structs have the C layouts (docs/acl.md, "Structure layouts").
 func TestLayouts(t *testing.T) {
 	var p PhysicalMemProp
 	assert.Equal(t, uintptr(32), unsafe.Sizeof(p))

@@ -87,7 +87,7 @@ func (a MemAttr) Huge1G() bool {
 }
 
 // PhysicalSupported reports whether MallocPhysical accepts a, per the ACL
-// layer's memAttr table (acl-api.md §6.2). ACL_DDR_MEM, ACL_HBM_MEM and the
+// layer's memAttr table (docs/acl.md, "Enum values"). ACL_DDR_MEM, ACL_HBM_MEM and the
 // HBM P2P attributes are rejected with ACL_ERROR_INVALID_PARAM.
 func (a MemAttr) PhysicalSupported() bool {
 	switch a {

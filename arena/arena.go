@@ -4,23 +4,30 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/bits"
 	"slices"
 	"sync"
 	"sync/atomic"
 
 	"github.com/vmarena/vmarena/acl"
-	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/units"
 )
 
-// Config configures an Arena. The zero value works: an arena on the process's
-// default host driver, reserving as much address space as the device has
-// memory, with a private pool of 2 MiB chunks, as its own tenant, with no
-// headroom and no streams.
+// Config configures an Arena. The zero value works: an arena on the
+// process's default driver (DefaultDriver: the device $VMARENA_DEVICE names,
+// the host driver when it is unset and no device answers), reserving as much
+// address space as the device has memory, with a private pool of 2 MiB
+// chunks, as its own tenant, with no headroom and no streams.
 type Config struct {
-	// Driver is the device to allocate on. nil means the pool's driver, or
-	// the process-wide host driver (host.Default) when Pool is nil too.
+	// Driver is the device to allocate on. nil means the pool's driver, or,
+	// when Pool is nil too, DefaultDriver: the device $VMARENA_DEVICE names
+	// (host, ascend[:N], cuda[:N], model:NAME; unset or auto: a device that
+	// answers, else the host driver). A value other than host or auto needs
+	// the device selector linked in, import _
+	// "github.com/vmarena/vmarena/acl/device"; without it, or when the named
+	// device cannot be opened, New fails rather than fall back to the host.
 	Driver acl.Driver
 	// Pool supplies the physical chunks and may be shared by many arenas
 	// (and so is their budget). nil means a private pool built from Chunk,
@@ -69,6 +76,11 @@ type Config struct {
 	// map per chunk when the arena grows again, and a memset, and it waits
 	// for the device before unmapping, streams or not.
 	TrapStale bool
+	// Logger receives the arena's events (EventGrow and the others in
+	// observe.go) as structured records, and is the private pool's logger
+	// too unless Chunk.Logger is set. nil, the default, logs nothing and
+	// costs nothing.
+	Logger *slog.Logger
 }
 
 // PoisonByte fills the bytes Truncate and Reset drop in TrapStale mode.
@@ -76,6 +88,12 @@ const PoisonByte = 0xA5
 
 // MaxReserve is the largest reservation an arena supports (1 TiB).
 const MaxReserve = 1 << 40
+
+// MaxAlign is the largest alignment any arena accepts (1 GiB). An arena's
+// own limit, Arena.MaxAlign, is the alignment of its base up to this.
+const MaxAlign = 1 << maxAlignShift
+
+const maxAlignShift = 30
 
 // The allocator's state word: the bytes in use (Len) in the low 41 bits (room
 // for MaxReserve itself), an epoch above them that every Truncate, Shrink and
@@ -110,6 +128,7 @@ type Arena struct {
 	trap      bool // Config.TrapStale
 	fence     fence
 	imp       *importMode // set for an Imported's arena: another process's memory, of a fixed size (share.go)
+	obs       observer    // events, trace regions, counters (observe.go)
 
 	mu        sync.Mutex    // serialises the slow path and everything that calls the driver
 	closed    atomic.Bool   // set under mu; read without it by Buffer checks
@@ -135,7 +154,7 @@ type stray struct {
 // Grow or Alloc does, or, with Config.Headroom, the pool's worker.
 func New(cfg Config) (*Arena, error) {
 	if cfg.Reserve < 0 || cfg.Reserve > MaxReserve {
-		return nil, fmt.Errorf("arena: %w: reserve %d bytes (want 0 to %d)", ErrInvalid, cfg.Reserve, int64(MaxReserve))
+		return nil, fmt.Errorf("arena: %w: reserve %s: want 0 to %s", ErrInvalid, units.Bytes(cfg.Reserve), units.Bytes(MaxReserve))
 	}
 	if cfg.Headroom < 0 || cfg.LowWater < 0 || cfg.LowWater > cfg.Headroom {
 		return nil, fmt.Errorf("arena: %w: headroom %d, low water %d (want 0 ≤ low water ≤ headroom)", ErrInvalid,
@@ -149,13 +168,16 @@ func New(cfg Config) (*Arena, error) {
 	case pool != nil:
 		drv = pool.Driver()
 	case drv == nil:
-		d, err := host.Default()
+		d, err := DefaultDriver()
 		if err != nil {
-			return nil, fmt.Errorf("arena: default host driver: %w", err)
+			return nil, err
 		}
 		drv = d
 	}
 	if pool == nil {
+		if cfg.Chunk.Logger == nil {
+			cfg.Chunk.Logger = cfg.Logger
+		}
 		p, err := chunk.New(drv, cfg.Chunk)
 		if err != nil {
 			return nil, fmt.Errorf("arena: %w", err)
@@ -168,6 +190,7 @@ func New(cfg Config) (*Arena, error) {
 	}
 	a := &Arena{drv: drv, pool: pool, ownPool: own, chunkSize: uint64(pool.ChunkSize()),
 		tenant: tenant, streams: slices.Clone(cfg.Streams), trap: cfg.TrapStale}
+	a.obs.log = cfg.Logger
 	if cfg.Headroom > 0 {
 		a.headroom = a.roundUp(uint64(cfg.Headroom))
 		a.lowWater = uint64(cfg.LowWater)
@@ -189,7 +212,7 @@ func New(cfg Config) (*Arena, error) {
 		return fail(errors.Join(fmt.Errorf("arena: %w", err), a.releaseReservation()))
 	}
 	a.member = m
-	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), 30)
+	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), maxAlignShift)
 	if a.headroom > 0 {
 		m.WantRefill() // the worker maps the first headroom
 	}
@@ -240,11 +263,11 @@ func (a *Arena) reserve(size uint64) error {
 	if size != 0 {
 		size = a.roundUp(size)
 		if size > MaxReserve {
-			return fmt.Errorf("%s %d bytes: %w: more than %d", op, size, ErrInvalid, int64(MaxReserve))
+			return fmt.Errorf("%s %s: %w: more than %s", op, units.Ubytes(size), ErrInvalid, units.Bytes(MaxReserve))
 		}
 		p, err := a.drv.ReserveMemAddress(uintptr(size), 0, 0, 0)
 		if err != nil {
-			return fmt.Errorf("%s %d bytes: %w", op, size, err)
+			return fmt.Errorf("%s %s: %w", op, units.Ubytes(size), err)
 		}
 		a.base, a.reserved = p, size
 		return nil
@@ -255,8 +278,8 @@ func (a *Arena) reserve(size uint64) error {
 	}
 	size = min(a.roundUp(uint64(total)), acl.MaxReserve/a.chunkSize*a.chunkSize)
 	if size < a.chunkSize {
-		return fmt.Errorf("%s: %w: chunk size %d exceeds the largest reservation %d", op, ErrInvalid, a.chunkSize,
-			min(a.roundUp(uint64(total)), acl.MaxReserve))
+		return fmt.Errorf("%s: %w: chunk size %s exceeds the largest reservation, %s", op, ErrInvalid,
+			units.Ubytes(a.chunkSize), units.Ubytes(min(a.roundUp(uint64(total)), acl.MaxReserve)))
 	}
 	var errs []error
 	for size >= a.chunkSize {
@@ -265,38 +288,87 @@ func (a *Arena) reserve(size uint64) error {
 			a.base, a.reserved = p, size
 			return nil
 		}
-		errs = append(errs, fmt.Errorf("%d bytes: %w", size, err))
+		errs = append(errs, fmt.Errorf("%s: %w", units.Ubytes(size), err))
 		size = size / 2 / a.chunkSize * a.chunkSize
 	}
 	return fmt.Errorf("%s: %w", op, errors.Join(errs...))
 }
 
+// The accessors below are safe on a nil *Arena, which has no memory: they
+// return zero (nil for Driver and Pool).
+
 // Base returns the device address of the first byte of the arena. It never
 // changes.
-func (a *Arena) Base() acl.DevicePtr { return a.base }
+func (a *Arena) Base() acl.DevicePtr {
+	if a == nil {
+		return 0
+	}
+	return a.base
+}
 
 // Len returns the bytes in use: the end of the last allocation.
-func (a *Arena) Len() int { return int(a.state.Load() & lenMask) }
+func (a *Arena) Len() int {
+	if a == nil {
+		return 0
+	}
+	return int(a.state.Load() & lenMask)
+}
 
 // Cap returns the bytes mapped, a multiple of the chunk size.
-func (a *Arena) Cap() int { return int(a.cap.Load()) }
+func (a *Arena) Cap() int {
+	if a == nil {
+		return 0
+	}
+	return int(a.cap.Load())
+}
 
 // Reserved returns the bytes of address space the arena reserved: the most
 // Cap can reach.
-func (a *Arena) Reserved() int { return int(a.reserved) }
+func (a *Arena) Reserved() int {
+	if a == nil {
+		return 0
+	}
+	return int(a.reserved)
+}
 
 // ChunkSize returns the bytes mapped at a time.
-func (a *Arena) ChunkSize() int { return int(a.chunkSize) }
+func (a *Arena) ChunkSize() int {
+	if a == nil {
+		return 0
+	}
+	return int(a.chunkSize)
+}
+
+// MaxAlign returns the largest alignment Alloc accepts: the alignment of
+// Base, at most MaxAlign (1 GiB). It is at least the driver's granularity
+// (2 MiB on ACL, CUDA and the host driver), since reservations are aligned
+// to it, and it never changes.
+func (a *Arena) MaxAlign() int {
+	if a == nil {
+		return 0
+	}
+	return int(a.maxAlign)
+}
 
 // Driver returns the device driver the arena allocates on.
-func (a *Arena) Driver() acl.Driver { return a.drv }
+func (a *Arena) Driver() acl.Driver {
+	if a == nil {
+		return nil
+	}
+	return a.drv
+}
 
 // Pool returns the chunk pool the arena draws from.
-func (a *Arena) Pool() *chunk.Pool { return a.pool }
+func (a *Arena) Pool() *chunk.Pool {
+	if a == nil {
+		return nil
+	}
+	return a.pool
+}
 
 // Alloc returns a buffer of size bytes whose offset is a multiple of align (a
-// power of two, at most the alignment of Base, which is at least the chunk
-// granularity). It maps more memory when the mapped space is used up, so it
+// power of two, at most Arena.MaxAlign: the alignment of Base up to 1 GiB, so
+// that the buffer's device address is aligned too). It maps more memory when the mapped space is used up, so it
 // can fail with ErrOutOfMemory or ErrExhausted; within Cap it makes no driver
 // call, takes no lock and allocates nothing on the Go heap. With
 // Config.Headroom, an Alloc that leaves less than the low-water mark mapped
@@ -332,7 +404,8 @@ func (a *Arena) badAlloc(size, align int) error {
 	case align <= 0 || align&(align-1) != 0:
 		return fmt.Errorf("arena: alloc: %w: alignment %d is not a power of two", ErrInvalid, align)
 	}
-	return fmt.Errorf("arena: alloc: %w: alignment %d exceeds the base's %d", ErrInvalid, align, a.maxAlign)
+	return fmt.Errorf("arena: alloc: %w: alignment %s exceeds the arena's MaxAlign, %s", ErrInvalid,
+		units.Bytes(int64(align)), units.Ubytes(a.maxAlign))
 }
 
 func (a *Arena) allocSlow(size, align uint64) (Buffer, error) {
@@ -345,12 +418,13 @@ func (a *Arena) allocSlow(size, align uint64) (Buffer, error) {
 		s := a.state.Load() // never frozen: freezing happens under mu
 		start := (s&lenMask + align - 1) &^ (align - 1)
 		if size > a.reserved || start > a.reserved-size {
-			return Buffer{}, fmt.Errorf("arena: alloc %d bytes at %d: %w: %d bytes reserved", size, start, ErrExhausted, a.reserved)
+			return Buffer{}, fmt.Errorf("arena: alloc %s at %d: %w: %s reserved", units.Ubytes(size), start, ErrExhausted,
+				units.Ubytes(a.reserved))
 		}
 		end := start + size
 		if end > a.cap.Load() {
 			if err := a.growLocked(end, false); err != nil {
-				return Buffer{}, fmt.Errorf("arena: alloc %d bytes: %w", size, err)
+				return Buffer{}, fmt.Errorf("arena: alloc %s: %w", units.Ubytes(size), err)
 			}
 		}
 		// Lock-free Allocs may have moved Len meanwhile; if so, go round.
@@ -393,10 +467,11 @@ func (a *Arena) Grow(n int) error {
 	a.member.Touch()
 	l := a.state.Load() & lenMask
 	if uint64(n) > a.reserved-l {
-		return fmt.Errorf("arena: grow by %d bytes at %d: %w: %d bytes reserved", n, l, ErrExhausted, a.reserved)
+		return fmt.Errorf("arena: grow by %s at %d: %w: %s reserved", units.Bytes(int64(n)), l, ErrExhausted,
+			units.Ubytes(a.reserved))
 	}
 	if err := a.growLocked(l+uint64(n), false); err != nil {
-		return fmt.Errorf("arena: grow by %d bytes: %w", n, err)
+		return fmt.Errorf("arena: grow by %s: %w", units.Bytes(int64(n)), err)
 	}
 	a.floor.Store(max(a.floor.Load(), l+uint64(n)))
 	a.wantHeadroom(l + uint64(n))
@@ -435,17 +510,26 @@ func (a *Arena) mapped(n uint64) bool {
 // speculative: a refill takes only free memory) and are mapped in runs. On
 // failure it unmaps what it mapped and gives back what it took, leaving Cap
 // as it was; a chunk it cannot unmap is left a stray. Call with mu held.
-func (a *Arena) growLocked(target uint64, speculative bool) error {
+func (a *Arena) growLocked(target uint64, speculative bool) (err error) {
 	c := a.cap.Load()
 	if target <= c {
 		return nil
 	}
+	g := a.obs.begin(speculative)
+	defer func() { a.obs.end(a, g, c, target, speculative, err) }()
 	// Strays lie where growth maps: they must go first.
 	if err := a.unstray(false); err != nil {
 		return err
 	}
 	n0 := len(a.chunks)
 	need := int((a.roundUp(target) - c) / a.chunkSize)
+	// More than the budget can ever hold fails here, before any driver call
+	// (the arena's own chunks count in the budget, and the pool cannot take
+	// them from an arena that is growing).
+	if b := uint64(a.pool.Budget()); b != 0 && uint64(n0+need)*a.chunkSize > b {
+		return fmt.Errorf("%w: %w: %s mapped and %s more would exceed the pool's budget, %s", chunk.ErrBudget,
+			ErrOutOfMemory, units.Ubytes(uint64(n0)*a.chunkSize), units.Ubytes(uint64(need)*a.chunkSize), units.Ubytes(b))
+	}
 	slots := make([]chunk.Chunk, need) // the chunks to place at n0, n0+1, …
 	back := make([]bool, need)         // slots[i] was taken back in place: already mapped
 	nback := 0
@@ -464,6 +548,9 @@ func (a *Arena) growLocked(target uint64, speculative bool) error {
 	}
 	fresh, err := acquire(a.tenant, need-nback)
 	if err != nil {
+		if errors.Is(err, chunk.ErrClosed) {
+			err = poolClosed{err}
+		}
 		return errors.Join(err, a.giveBack(n0, slots, back))
 	}
 	k := 0
@@ -759,6 +846,7 @@ func (a *Arena) Truncate(n int) error {
 	}
 	a.floor.Store(uint64(n)) // what Grow promised is dropped with the bytes
 	a.thaw(s, uint64(n))
+	a.member.Dropped() // a growth waiting for memory may now reclaim it
 	return nil
 }
 
@@ -805,8 +893,10 @@ func (a *Arena) Shrink() error {
 	}
 	defer a.mu.Unlock()
 	a.member.Touch()
+	defer region(RegionShrink).End()
 	s := a.freeze()
 	defer a.thaw(s, s&lenMask)
+	c := a.cap.Load()
 	if err := a.unstray(false); err != nil {
 		return fmt.Errorf("arena: shrink: %w", err)
 	}
@@ -814,6 +904,7 @@ func (a *Arena) Shrink() error {
 		return fmt.Errorf("arena: shrink: %w", err)
 	}
 	a.floor.Store(s & lenMask)
+	a.obs.gaveBack(a, EventShrink, c)
 	return nil
 }
 
@@ -839,6 +930,7 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	if a.drv == nil {
 		return errNotMade
 	}
+	defer region(RegionClose).End()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed.Load() {
@@ -912,8 +1004,11 @@ type Stats struct {
 	Closed      bool
 }
 
-// Stats returns the arena's counters.
+// Stats returns the arena's counters. A nil *Arena has none, and is closed.
 func (a *Arena) Stats() Stats {
+	if a == nil {
+		return Stats{Closed: true}
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	used := a.state.Load() & lenMask

@@ -90,6 +90,7 @@ type Element interface {
 // CopyIn copies src into the start of dst through the driver
 // (aclrtMemcpy HOST_TO_DEVICE). src must fit: len(src)×size ≤ dst.Len().
 func CopyIn[T Element](dst Buffer, src []T) error {
+	defer region(RegionCopy).End()
 	b := asBytes(src)
 	if err := dst.checkWrite("copy in"); err != nil {
 		return err
@@ -109,6 +110,7 @@ func CopyIn[T Element](dst Buffer, src []T) error {
 // CopyOut fills dst from the start of src through the driver
 // (aclrtMemcpy DEVICE_TO_HOST). dst must fit: len(dst)×size ≤ src.Len().
 func CopyOut[T Element](dst []T, src Buffer) error {
+	defer region(RegionCopy).End()
 	b := asBytes(dst)
 	if err := src.check("copy out"); err != nil {
 		return err
@@ -130,6 +132,7 @@ func CopyOut[T Element](dst []T, src Buffer) error {
 // of the same driver; src.Len() ≤ dst.Len(). The bytes copied must not
 // overlap (ErrInvalid): device copies do not promise memmove's semantics.
 func Copy(dst, src Buffer) error {
+	defer region(RegionCopy).End()
 	if err := dst.checkWrite("copy"); err != nil {
 		return err
 	}
@@ -156,6 +159,7 @@ func Copy(dst, src Buffer) error {
 
 // Fill sets every byte of b to v on the device (aclrtMemset).
 func Fill(b Buffer, v byte) error {
+	defer region(RegionCopy).End()
 	if err := b.checkWrite("fill"); err != nil {
 		return err
 	}

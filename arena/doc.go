@@ -2,6 +2,9 @@
 // reservation of device virtual address space, backed lazily by physical
 // chunks, from which tensor buffers are cut with a bump allocator.
 //
+// The zero Config runs on DefaultDriver: the device $VMARENA_DEVICE names
+// (with the selector of package acl/device linked in), else the host driver.
+//
 // # Address space
 //
 // New reserves Config.Reserve bytes of device virtual address space once. The
@@ -9,27 +12,59 @@
 // of these states:
 //
 //	reserved   owned by the arena, backed by nothing; any access faults
-//	mapped     backed by a physical chunk, accessible, not yet allocated
+//	mapped     backed by a physical chunk, accessible, not in use: headroom, or
+//	           memory dropped and kept for reuse
 //	in use     mapped and handed out by Alloc (below Len)
+//	waiting    given back, still mapped, until the device work queued on the
+//	           arena's streams has run (then the pool unmaps it)
 //
-//	reserved ──Grow / Alloc (map chunks)──▶ mapped ──Alloc──▶ in use
-//	reserved ◀──Shrink (unmap chunks)────── mapped ◀──Truncate/Reset── in use
-//	all ──Close──▶ released (chunks back to the pool, range back to the driver)
+//	reserved ──Grow / Alloc / the worker's refill (map chunks)──▶ mapped ──Alloc──▶ in use
+//	in use ──Truncate/Reset──▶ mapped (kept: reusing it costs no driver call)
+//	mapped ──Shrink, or the pool reclaims it under pressure──▶ waiting ──events done──▶ reserved
+//	                                 (no streams: wait for the device, unmap) ──▶ reserved
+//	waiting ──Grow into it again──▶ mapped (taken back where it lies)
+//	all ──Close (waits for the device work)──▶ released
 //
 // Len is the bytes in use, Cap the bytes mapped (a multiple of the chunk
 // size), and Len ≤ Cap ≤ Reserved always holds. Growing maps chunks at Cap and
 // never moves data: a Buffer's device pointer stays valid, and its contents
 // intact, until a Truncate or Reset drops it or Close releases the arena.
-// Shrink unmaps only chunks wholly above Len, and returns them to the pool,
-// whose reuse cache makes the next growth skip the physical allocation.
+//
+// # Deferred reclamation and headroom
+//
+// Memory a Truncate or Reset drops stays mapped, so the next Alloc uses it
+// with no driver call. Shrink gives the chunks above Len back at once; a pool
+// under pressure takes them back when another arena's growth needs them (see
+// package chunk), from idle arenas first, and never below Len or what Grow
+// promised. With Config.Headroom the pool's background worker keeps that much
+// mapped above Len: an Alloc that leaves less than the low-water mark asks for
+// a refill without blocking, and a decode step finds its memory mapped.
+//
+// # Streams
+//
+// On a device, work queued on streams may still read memory the arena drops.
+// With Config.Streams the arena orders every unmap after the work queued on
+// those streams (an event on each; the chunks wait in the pool, and the
+// caller does not), and queues the clears of chunks that change tenant on the
+// first stream, ahead of the caller's next work there; its own host copies
+// (CopyIn, CopyOut, Copy, Fill) wait for those clears. Without streams it
+// waits for the whole device before unmapping (SynchronizeDevice, once per
+// batch) and clears synchronously. Close waits for the streams, under a
+// context with CloseContext.
 //
 // # Hot path
 //
 // Alloc within Cap is a compare-and-swap on one word: no driver call, no lock,
-// no Go heap allocation. Only when it needs memory does it take the slow path,
-// map chunks (from the pool's cache first), and retry.
+// no Go heap allocation, no channel operation that can block. Only when it
+// needs memory does it take the slow path, map chunks (its own kept chunks
+// first, then the pool's cache, then the driver), and retry. Grow, when the
+// memory is mapped already, takes no lock either.
 //
 // # Failure
+//
+// A request that cannot fit fails before any driver call: past the
+// reservation with ErrExhausted, past the pool's whole budget (counting what
+// the arena holds) with ErrOutOfMemory and chunk.ErrBudget.
 //
 // Every operation either succeeds or leaves the arena as it was: a Grow that
 // runs out of device memory in the middle of a multi-chunk growth unmaps what
@@ -53,12 +88,13 @@
 //
 // # Tenants
 //
-// Arenas that share a pool are tenants of it: the pool's budget caps what
-// they hold together (a tenant that hits it gets ErrOutOfMemory, and nobody
-// else is disturbed), and a chunk one arena gives back reaches another only
-// scrubbed (see package chunk). Each arena owns its reservation, so a pointer
-// into another arena's memory, or into a tail Shrink unmapped, faults rather
-// than reading the bytes the chunk holds next.
+// Arenas that share a pool share its budget: a growth that runs into it first
+// reclaims memory other arenas dropped, and fails with ErrOutOfMemory only
+// when nothing can be taken, never touching another arena's bytes in use. A
+// chunk reaches another tenant only cleared (Config.Tenant: every arena is
+// its own tenant unless told otherwise; see package chunk). Each arena owns
+// its reservation, so a pointer into another arena's memory, or into a tail
+// Shrink unmapped, faults rather than reading the bytes the chunk holds next.
 //
 // Config.TrapStale is a debug mode that extends this to Truncate and Reset:
 // the chunks they drop are unmapped at once and the dropped bytes of the
@@ -84,15 +120,24 @@
 // ImportConfig.Budget or the pool it names. Imported.Close orders its
 // unmaps like any arena's. See docs/sharing.md.
 //
-// # Devices
+// # Watching and waiting
 //
-// On real hardware, work queued on the device that may still read a range
-// must finish before the range is unmapped; the device drivers wait for it in
-// UnmapMem. The host driver, the default, has no such work.
+// Config.Logger receives the arena's events (growths, shrinks, reclaims,
+// waits, failures with what was asked and held) through log/slog; the slow
+// paths and driver calls run in runtime/trace regions; Activity counts
+// failures, waits and the latency of growths, and package metrics exports
+// them with Stats through expvar and Prometheus. GrowContext and
+// AllocContext wait, under a context, for other tenants of the pool to give
+// memory back instead of failing, first come first served. AllocTensor
+// allocates by element type and shape, with Float16 and BFloat16 among the
+// types. None of it costs Alloc anything within Cap. docs/observability.md
+// has the details.
 //
 // # Concurrency
 //
 // An Arena is safe for concurrent use. Alloc runs lock-free; Grow, Shrink,
 // Truncate, Reset and Close serialise on a mutex held while they call the
-// driver.
+// driver. The pool reclaims and refills with TryLock on that mutex, so it
+// never waits for an arena; an arena's mutex is always taken before its
+// pool's.
 package arena

@@ -8,24 +8,24 @@ import (
 
 // Sentinels callers branch on with errors.Is.
 var (
-	// ErrClosed: the arena was closed.
+	// ErrClosed: the arena was closed, or the shared pool it draws from was.
 	ErrClosed = errors.New("arena: closed")
 	// ErrExhausted: the request does not fit in the reservation. Growth past
 	// Config.Reserve is impossible by design (the base never moves); create
 	// the arena with a larger reservation.
-	ErrExhausted = errors.New("arena: reservation exhausted")
+	ErrExhausted = errors.New("reservation exhausted")
 	// ErrRange: an offset or length lies outside the bytes in use.
-	ErrRange = errors.New("arena: out of range")
+	ErrRange = errors.New("out of range")
 	// ErrImported: the arena is that of an Imported, memory another process
 	// shared (Import): its size is the producer's, so it cannot grow, shrink
 	// or allocate, and it cannot be shared again.
-	ErrImported = errors.New("arena: imported memory has a fixed size")
+	ErrImported = errors.New("imported memory has a fixed size")
 	// ErrReadOnly: a write into a read-only import.
-	ErrReadOnly = errors.New("arena: read-only import")
+	ErrReadOnly = errors.New("read-only import")
 	// ErrRefused: Share or Import found the wrong process on the other end
 	// of the connection (its PID or UID is not the one named), or the
 	// other end refused this one.
-	ErrRefused = errors.New("arena: share refused")
+	ErrRefused = errors.New("share refused")
 
 	// ErrOutOfMemory is acl.ErrOutOfMemory: the device, or the pool's budget,
 	// has no memory left.
@@ -33,3 +33,11 @@ var (
 	// ErrInvalid is acl.ErrInvalidParam: a bad argument or Config.
 	ErrInvalid = acl.ErrInvalidParam
 )
+
+// poolClosed is the error of a growth whose shared pool was closed under the
+// arena: it reads as the pool's error and matches ErrClosed too.
+type poolClosed struct{ err error }
+
+func (e poolClosed) Error() string        { return e.err.Error() }
+func (e poolClosed) Unwrap() error        { return e.err }
+func (e poolClosed) Is(target error) bool { return target == ErrClosed }

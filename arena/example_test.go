@@ -10,7 +10,8 @@ import (
 	"github.com/vmarena/vmarena/chunk"
 )
 
-// A zero Config works: the arena runs on the process's host driver.
+// A zero Config works: the arena runs on the process's default driver, the
+// host driver unless $VMARENA_DEVICE names a device (see DefaultDriver).
 func Example() {
 	a, err := arena.New(arena.Config{Reserve: 1 << 30})
 	if err != nil {

@@ -28,3 +28,11 @@ func ImportedOf(drv acl.Driver, cs uint64, hs []acl.ShareableHandle) (*Imported,
 	}
 	return newImported(drv, pool, own, t, nil, cs, chunks, &importMode{}, 0, cs*uint64(len(hs)))
 }
+
+// ForgetDefaultDrivers drops the drivers DefaultDriver opened, so that a test
+// that registered a selector of its own leaves none behind.
+func ForgetDefaultDrivers() {
+	defaults.Lock()
+	defaults.m = nil
+	defaults.Unlock()
+}

@@ -40,6 +40,8 @@ func (c client) Reclaim(n int) (int, bool) {
 	if a.closed.Load() {
 		return 0, false
 	}
+	defer region(RegionReclaim).End()
+	c0 := a.cap.Load()
 	s := a.freeze()
 	defer a.thaw(s, s&lenMask)
 	keep := max(int(a.keepBytes(s&lenMask)/a.chunkSize), len(a.chunks)-n)
@@ -51,6 +53,7 @@ func (c client) Reclaim(n int) (int, bool) {
 		return 0, false
 	}
 	a.reclaimed += uint64(k)
+	a.obs.gaveBack(a, EventReclaim, c0)
 	return k, false
 }
 
@@ -109,7 +112,7 @@ func (f *fence) record(drv acl.Driver, s acl.Stream) error {
 // waitStream is record's fallback: wait for the stream's work now.
 func (f *fence) waitStream(drv acl.Driver, s acl.Stream, cause error) error {
 	if err := drv.SynchronizeStream(s); err != nil {
-		return fmt.Errorf("arena: order the scrubs before copies: %w (and waiting for the stream: %w)", cause, err)
+		return fmt.Errorf("order the scrubs before copies: %w (and waiting for the stream: %w)", cause, err)
 	}
 	return nil
 }
@@ -127,7 +130,7 @@ func (f *fence) wait(drv acl.Driver) error {
 		return nil // destroyed by a Close that had waited for the scrubs
 	}
 	if err := drv.SynchronizeEvent(ev); err != nil {
-		return fmt.Errorf("arena: wait for scrubs queued on the stream: %w", err)
+		return fmt.Errorf("wait for scrubs queued on the stream: %w", err)
 	}
 	for {
 		w := f.waited.Load()
@@ -146,7 +149,7 @@ func (f *fence) destroy(drv acl.Driver) error {
 		return nil
 	}
 	if err := drv.DestroyEvent(f.ev); err != nil {
-		return fmt.Errorf("arena: destroy fence event: %w", err) // kept, to try again
+		return fmt.Errorf("destroy fence event: %w", err) // kept, to try again
 	}
 	f.ev = 0
 	f.waited.Store(f.gen.Load())

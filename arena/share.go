@@ -10,7 +10,6 @@ import (
 	"slices"
 
 	"github.com/vmarena/vmarena/acl"
-	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/chunk"
 )
@@ -30,7 +29,7 @@ type ShareOptions struct {
 // ImportConfig configures Import.
 type ImportConfig struct {
 	// Driver is the device to map the memory on. nil means the pool's
-	// driver, or the process-wide host driver when Pool is nil too.
+	// driver, or DefaultDriver (as for Config.Driver) when Pool is nil too.
 	Driver acl.Driver
 	// Pool is the pool whose budget the imported chunks count against,
 	// from Import until the import is closed. Its chunk size must be the
@@ -327,9 +326,9 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 	case cfg.Pool != nil:
 		drv = cfg.Pool.Driver()
 	case drv == nil:
-		d, err := host.Default()
+		d, err := DefaultDriver()
 		if err != nil {
-			return nil, fmt.Errorf("%s: default host driver: %w", op, err)
+			return nil, fmt.Errorf("%s: %w", op, err)
 		}
 		drv = d
 	}

@@ -420,6 +420,12 @@ func TestShareHandoff(t *testing.T) {
 	require.ErrorIs(t, va.Truncate(0), arena.ErrImported)
 	require.ErrorIs(t, va.Reset(), arena.ErrImported)
 	require.ErrorIs(t, va.Shrink(), arena.ErrImported)
+	require.ErrorIs(t, va.GrowContext(context.Background(), shareChunk), arena.ErrImported)
+	_, err = arena.AllocTensor[float32](va, 16)
+	require.ErrorIs(t, err, arena.ErrImported)
+	kv, err := arena.View[uint8](b, b.Len()) // a typed view of the shared bytes
+	require.NoError(t, err)
+	assert.Equal(t, b.Ptr(), kv.Buffer().Ptr())
 	require.ErrorIs(t, va.Share(p.conn, b, arena.ShareOptions{PID: p.pid()}), arena.ErrImported)
 	s, err := b.Slice(10, 20)
 	require.NoError(t, err)

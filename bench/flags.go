@@ -1,10 +1,65 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"strconv"
 	"strings"
 )
+
+// flagError is a flag the flag package could not parse, with the help of
+// that flag alone.
+type flagError struct {
+	err  error
+	help string // "  -count int\n    \trepetitions; …", or "" when the flag is not known
+}
+
+func (e *flagError) Error() string {
+	if e.help == "" {
+		return e.err.Error()
+	}
+	return e.err.Error() + "\n" + e.help
+}
+
+func (e *flagError) Unwrap() error { return e.err }
+
+// flagHelp returns the help of the flag err names, as PrintDefaults writes
+// it, or "" when err names no flag of fs.
+func flagHelp(fs *flag.FlagSet, err error) string {
+	msg := err.Error()
+	i := strings.LastIndex(msg, "-")
+	for i > 0 && msg[i-1] == '-' {
+		i--
+	}
+	if i < 0 {
+		return ""
+	}
+	name := strings.TrimLeft(msg[i:], "-")
+	if j := strings.IndexAny(name, ": ="); j >= 0 {
+		name = name[:j]
+	}
+	f := fs.Lookup(name)
+	if f == nil {
+		return ""
+	}
+	one := flag.NewFlagSet("", flag.ContinueOnError)
+	var b strings.Builder
+	one.SetOutput(&b)
+	one.Var(f.Value, f.Name, f.Usage)
+	one.Lookup(f.Name).DefValue = f.DefValue
+	one.PrintDefaults()
+	return strings.TrimRight(b.String(), "\n")
+}
+
+// checkChunk checks -chunk against the driver's granularity gran, once the
+// driver is open.
+func checkChunk(chunk, gran int64) error {
+	if chunk == 0 || chunk%gran == 0 {
+		return nil
+	}
+	return fmt.Errorf("-chunk %s: want a multiple of the driver's granularity, %s (%s, %s, %s, …), or 0 for the granularity itself",
+		formatSize(chunk), formatSize(gran), formatSize(gran), formatSize(2*gran), formatSize(3*gran))
+}
 
 // sizeFlag is a byte count written as 4096, 256KiB, 8MiB, 1.5GiB.
 type sizeFlag struct{ p *int64 }

@@ -62,6 +62,7 @@ type options struct {
 	scrub     string
 	headroom  int  // arena: chunks of headroom per region
 	ahead     int  // arena: fresh chunks the pool keeps ahead
+	warm      int  // arena: fresh chunks allocated at start (-1: the budget)
 	stream    bool // arena: order unmaps and scrubs on the workload's stream
 
 	kv      workload.KV
@@ -85,6 +86,7 @@ var quickValues = map[string]string{
 	"kv-requests":        "8",
 	"kv-prompt":          "32:512",
 	"kv-gen":             "32:512",
+	"kv-compute":         "200us",
 	"scratch-steps":      "40",
 	"scratch-bufs":       "2:8",
 	"scratch-size":       "64KiB:2MiB",
@@ -102,19 +104,25 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		workloads:  append([]string(nil), workloadNames...),
 		strategies: append([]string(nil), strategy.Default...),
 		kv: workload.KV{Layers: 32, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 16,
-			Slots: 16, Requests: 24, PromptMin: 64, PromptMax: 1536, GenMin: 64, GenMax: 1536, BudgetFactor: 1.5},
+			Slots: 16, Requests: 24, PromptMin: 64, PromptMax: 1536, GenMin: 64, GenMax: 1536, BudgetFactor: 1.5,
+			StepCompute: time.Millisecond},
 		scratch: workload.Scratch{Steps: 200, MinBufs: 4, MaxBufs: 16, MinSize: 128 << 10, MaxSize: 4 << 20,
 			SpikeProb: 0.03, SpikeMin: 16 << 20, SpikeMax: 64 << 20, Window: 8},
 		churn: workload.Churn{Tenants: 4, Steps: 160, Period: 40, Lo: 64 << 20, Hi: 512 << 20,
 			Tensor: 4 << 20, Jitter: 0.05},
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
+	// The flag package prints its error and the whole usage on a bad flag;
+	// parseFlags reports the error itself, with the one flag's help, and
+	// prints the usage only for -h.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	usage := func() {
+		fs.SetOutput(stderr)
 		fmt.Fprintf(stderr, "usage: go run ./bench [flags]\n\n"+
 			"Runs the workloads on every strategy and prints a table; writes results.json,\n"+
 			"bench.txt (benchstat) and PNG plots to -out. The driver comes from $%s\n"+
-			"(host, ascend[:N], cuda[:N]; default auto) or -device.\n\nflags:\n", device.EnvVar)
+			"(host, ascend[:N], cuda[:N], model:NAME; default auto) or -device.\n\nflags:\n", device.EnvVar)
 		fs.PrintDefaults()
 	}
 	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole suite in seconds")
@@ -131,12 +139,13 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.spec, "device", "", "driver spec, overriding $"+device.EnvVar+" (host, ascend[:N], cuda[:N], auto)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the workloads' random choices")
 	fs.StringVar(&o.progress, "progress", "auto", "progress bar: auto (when stdout is a terminal), on, off")
-	fs.Var(sizeFlag{&o.chunk}, "chunk", "arena chunk size (0: the driver's granularity)")
+	fs.Var(sizeFlag{&o.chunk}, "chunk", "arena chunk `size`: a multiple of the driver's granularity (2MiB on ACL, CUDA and the host driver), e.g. 4MiB or 64MiB; 0: the granularity")
 	fs.IntVar(&o.maxCached, "cache", 0, "arena pool reuse cache, in chunks (0: the pool's default; -1: none)")
 	fs.Float64Var(&o.growth, "growth", 2, "realloc growth factor")
 	fs.StringVar(&o.scrub, "scrub", "reuse", "arena pool scrub policy: reuse (the default), release, never")
 	fs.IntVar(&o.headroom, "headroom", 2, "arena: chunks of mapped headroom the pool's worker keeps above each region's Len (0: none)")
 	fs.IntVar(&o.ahead, "ahead", 4, "arena: fresh chunks the pool's worker keeps allocated ahead, within the budget (0: none)")
+	fs.IntVar(&o.warm, "warm", -1, "arena: fresh chunks the pool allocates at start, timed as setup (-1: as many as a budgeted workload's budget allows; 0: none)")
 	fs.BoolVar(&o.stream, "stream", true, "arena: give the arenas the workload's stream, so unmaps wait for it alone (false: a device-wide wait before each unmap)")
 
 	fs.IntVar(&o.kv.Layers, "kv-layers", o.kv.Layers, "kv: layers")
@@ -172,7 +181,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.profileBase, "profile-base", "h200", "with -calibrate: the profile (name or path) whose estimates fill in what cannot be measured")
 
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		if errors.Is(err, flag.ErrHelp) {
+			usage()
+			return nil, err
+		}
+		return nil, &flagError{err: err, help: flagHelp(fs, err)}
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -224,6 +237,7 @@ func main() {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
+		fmt.Fprintln(os.Stderr, "run 'go run ./bench -h' for all flags")
 		os.Exit(2)
 	}
 	run := run
@@ -266,6 +280,9 @@ func run(o *options, stdout io.Writer) error {
 		return fmt.Errorf("granularity: %w", err)
 	}
 	s.gran = int64(g)
+	if err := checkChunk(o.chunk, s.gran); err != nil {
+		return err
+	}
 
 	reason := s.reason
 	if len(reason) > 100 {
@@ -376,7 +393,11 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	budget := w.Budget(chunkSize)
 	cd := counting.New(s.drv, budget)
 	cfg := strategy.Config{Driver: cd, Chunk: o.chunk, MaxCached: o.maxCached,
-		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize, Ahead: o.ahead}
+		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize, Ahead: o.ahead,
+		Warm: o.warm}
+	if budget == 0 && cfg.Warm < 0 {
+		cfg.Warm = 0 // no budget to warm to
+	}
 	// The workload's device work runs on one stream, which the arena is told
 	// about; the other strategies wait for the whole device before they
 	// unmap, as engines without stream ordering do.
@@ -398,7 +419,10 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	runtime.GC()
 	cpu0 := cpuTime()
 	start := time.Now()
-	err = w.Run(env)
+	err = env.Prepare()
+	if err == nil {
+		err = w.Run(env)
+	}
 	if p := strategy.Pool(st); p != nil {
 		ps := p.Stats()
 		env.Res.Pool = &ps

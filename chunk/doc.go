@@ -1,6 +1,7 @@
 // Package chunk hands out physical device memory in fixed-size chunks, keeps
-// released chunks in a bounded reuse cache, and enforces a byte budget shared
-// by everyone using the pool.
+// released chunks in a bounded reuse cache, enforces a byte budget shared by
+// everyone using the pool, and takes memory back from its members when
+// someone needs it.
 //
 // # Chunk states
 //
@@ -8,55 +9,97 @@
 // exactly the pool's chunk size, and is mapped whole or not at all, because
 // ACL maps and unmaps only whole allocations:
 //
-//	none ──Get (miss: MallocPhysical)──▶ out ──Map──▶ mapped
-//	     ◀──Put (cache full: FreePhysical)──  out ◀──Unmap/Release── mapped
-//	cached ──Get (hit)──▶ out;  out ──Put──▶ cached
-//	cached ──Trim/Close (FreePhysical)──▶ none
+//	none ──Acquire (miss: MallocPhysical)──▶ out ──MapRange──▶ mapped
+//	none ──Warm, Config.Ahead (worker)──▶ cached
+//	cached ──Acquire (hit)──▶ out;  out ──Put──▶ cached (cache full: FreePhysical ──▶ none)
+//	mapped ──SyncDevice, Release──▶ out                   (the device-wide fallback)
+//	mapped ──ReleaseAfter──▶ waiting ──events done: unmap (worker)──▶ cached
+//	waiting ──Reclaim (its tenant grows into it again)──▶ mapped
+//	cached ──Trim/Close, or a peer pool's device OOM (FreePhysical)──▶ none
 //
 // Only unmapped chunks go back with Put. A chunk in the cache holds physical
-// memory but no mapping, so the next Get skips the driver's most expensive
-// call. The chunk size trades shrink granularity against driver calls per
-// GiB: 2 MiB (the ACL granularity) unmaps finely; 64 MiB maps a GiB in 16 calls.
+// memory but no mapping, so the next Acquire skips the driver's most
+// expensive call. A chunk waiting for the device is still out: the budget
+// counts it, and nobody else gets it until it is unmapped. The chunk size
+// trades shrink granularity against driver calls per GiB: 2 MiB (the ACL
+// granularity) unmaps finely; 64 MiB maps a GiB in 16 calls.
 //
-// The pool knows which chunks are out: Put, Map and Release refuse, with
+// The pool knows which chunks are out: Put, MapRange and Release refuse, with
 // acl.ErrInvalidParam, a chunk that is not (put back twice, or from another
-// pool), so no two owners can ever hold one chunk.
+// pool), so no two holders can ever have one chunk.
 //
-// # Scrubbing
+// # Tenants and scrubbing
 //
 // A chunk may change hands between arenas, and the bytes one tenant wrote
-// must never reach another. The pool remembers, per chunk, whose bytes it may
-// hold (an [Owner]: each arena is one) and clears the chunk with aclrtMemset
-// when needed, according to Config.Scrub:
+// must never reach another. A [Tenant] is the unit of isolation: all the
+// arenas of one model may be one tenant, and chunks move between them as
+// they are. The pool remembers, per chunk, whose bytes it may hold, and
+// clears it when needed, according to Config.Scrub:
 //
-//   - ScrubOnReuse (the default) clears a chunk when Map maps it for an owner
-//     other than the one whose bytes it holds. An arena that takes its own
-//     chunk back pays nothing; GetFor prefers such chunks.
-//   - ScrubOnRelease clears a chunk when Release unmaps it, before it goes
-//     back; chunks that come back otherwise are cleared on reuse.
+//   - ScrubOnReuse (the default) clears a chunk when MapRange maps it for a
+//     tenant other than the one whose bytes it holds. A tenant that takes its
+//     own chunk back pays nothing; Acquire prefers such chunks.
+//   - ScrubOnRelease clears a chunk when it is released, before the unmap;
+//     chunks that come back otherwise are cleared on reuse.
 //   - ScrubNever never clears, for pools that serve a single tenant.
 //
-// On-reuse is the default because it never clears more: BenchmarkScrub
-// measures 0 clears per chunk when an arena shrinks and regrows, and when
-// released chunks are freed unused, against 1 for on-release; both clear
-// every chunk that alternates between two tenants (docs/reliability.md has
-// the figures).
+// Fresh physical memory may hold what some process freed. What it may hold
+// depends on the device (acl.Caps.Fresh): nothing on the host driver, whose
+// memory is zeroed; only this process's bytes on a device that clears memory
+// between processes (CUDA's kernel driver does), so that a fresh chunk needs
+// clearing only once the device has had more than one tenant in this process;
+// anything where nobody says (ACL today), so it is always cleared.
+// Config.FreshZeroed promises zeroed memory for a driver that does not say so.
 //
-// Fresh physical memory is cleared too, when first mapped: ACL does not
-// promise that aclrtMallocPhysical returns zeroed memory, so on a device a
-// fresh chunk may hold what this or another process freed. Config.FreshZeroed
-// skips that for drivers that do promise it; the host driver's memory is zero
-// (fallocate), and arena.New sets it for the private pools it makes there.
+// A clear is a memset queued on the tenant's stream (the first of the streams
+// MapRange is given): it runs before the tenant's next work there, and nobody
+// waits for it. Without a stream it is a synchronous memset, which waits for
+// the clear alone, never for the whole device. Stats counts the clears, fresh
+// and moved, and those queued.
+//
+// # Pressure
+//
+// Memory a tenant drops (an arena's Truncate or Reset) stays mapped where it
+// is, so that reusing it costs no driver call. The pool takes it back only
+// when someone needs it: when an Acquire finds the budget or the device full,
+// it asks its members ([Member], [Client]: the arenas that joined it) for the
+// chunks they hold mapped beyond what they use and promised, idle members
+// first and least recently used first; waits for the device to finish with
+// them; and, if the device itself is out of memory, asks the other pools on
+// the device to free their caches, then tries again. A member that is busy
+// (its lock is taken, perhaps by the very growth that is asking) is skipped,
+// and asked again briefly, never waited for: two arenas that reclaim from
+// each other cannot deadlock.
+//
+// # Stream-ordered release
+//
+// Unmapping memory that queued device work still reads makes the device
+// fault, so every unmap is ordered after that work. The fallback is SyncDevice
+// (SynchronizeDevice: wait for every stream), once per batch of unmaps. With
+// the streams that may touch the memory, ReleaseAfter records an event on
+// each and returns at once; the chunks wait in the pool, still mapped, until
+// the events complete, and are then unmapped off the caller's path. A failed
+// event call falls back to SyncDevice (Stats.SyncFallbacks); a failed unmap
+// leaves the chunk waiting, to be tried again (Stats.ReleaseErrors).
+//
+// # The worker
+//
+// Each pool has at most one background goroutine, started on first need and
+// stopped by Close (worker.go). It unmaps the chunks whose events completed,
+// refills the headroom of members that asked (Member.WantRefill, which an
+// arena's lock-free Alloc calls without blocking or allocating) with memory
+// that is free now (TryAcquire: it never reclaims and never passes the
+// budget), and keeps Config.Ahead fresh chunks in the cache. Its time is
+// counted in Stats.WorkerNS: work moved off the callers' paths is not free.
 //
 // # Failures
 //
-// A Map that fails leaves the chunk unmapped, unless the step after the map
-// (access, scrub) failed and so did the unmap undoing it: the error then
-// matches [ErrMapped] and the caller must unmap the chunk before Put. A scrub
-// that fails leaves the chunk marked as holding its old owner's bytes. When
-// the driver fails to free a chunk, the pool keeps it in the cache and Trim
-// and Close try again; nothing is lost from the driver's or the budget's
-// books.
+// A MapRange that fails unmaps what it mapped; a chunk whose undo unmap fails
+// too is reported in a *[LeftMappedError] (matching [ErrMapped]) and must be
+// unmapped before it is Put back. A scrub that fails leaves the chunk marked
+// as holding its old tenant's bytes. When the driver fails to free a chunk,
+// the pool keeps it in the cache and Trim and Close try again; nothing is lost
+// from the driver's or the budget's books.
 //
 // # Sharing with other processes
 //
@@ -78,10 +121,21 @@
 //
 // # Budget
 //
-// Config.Budget caps the physical bytes the pool holds, in use and cached
-// together. A Get that would pass it fails with an error matching both
-// [ErrBudget] and acl.ErrOutOfMemory, before any driver call, and disturbs no
-// other user of the pool.
+// Config.Budget caps the physical bytes the pool holds: in use, waiting for
+// the device, cached, and allocated ahead. An Acquire that cannot be served
+// within it, even after reclaiming, fails with an error matching both
+// [ErrBudget] and acl.ErrOutOfMemory, and leaves every other member's bytes in
+// use untouched.
 //
-// A Pool is safe for concurrent use; no lock is held across a driver call.
+// # Waiting, events and tracing
+//
+// A growth that would rather wait than fail queues in the pool (Mark,
+// Enqueue, Waiter): first come first served, woken without polling when
+// memory may have come back (wait.go). Config.Logger receives the pool's
+// events (scrubs, reliefs, device waits, releases, failures) through
+// log/slog (observe.go); every driver call and slow path runs in a
+// runtime/trace region (trace.go).
+//
+// A Pool is safe for concurrent use; no lock is held across a driver call,
+// and a pool's lock is always taken after an arena's, never before.
 package chunk

@@ -3,6 +3,7 @@ package chunk
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vmarena/vmarena/acl"
 )
@@ -84,6 +85,7 @@ func (p *Pool) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (sc
 			continue
 		}
 		at := p.at(ptr, i)
+		r := region(RegionScrub)
 		var err error
 		if async {
 			err = p.drv.MemsetAsync(at, 0, p.size, stream)
@@ -96,6 +98,7 @@ func (p *Pool) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (sc
 		if !async {
 			err = p.drv.Memset(at, 0, p.size)
 		}
+		r.End()
 		if err != nil {
 			err = fmt.Errorf("chunk: scrub at %v: %w", at, err)
 			if queued > 0 {
@@ -122,6 +125,7 @@ func (p *Pool) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (sc
 		p.setLease(c.Handle, l)
 	}
 	p.mu.Unlock()
+	p.logScrub(ptr, fresh, moved, queued)
 	return queued, nil
 }
 
@@ -227,7 +231,10 @@ func (p *Pool) SyncDevice() error {
 	p.mu.Lock()
 	p.stats.DeviceSyncs++
 	p.mu.Unlock()
-	if err := p.drv.SynchronizeDevice(); err != nil {
+	start := time.Now()
+	err := p.drv.SynchronizeDevice()
+	p.logSync(start, err)
+	if err != nil {
 		return fmt.Errorf("chunk: wait for the device before unmapping: %w", err)
 	}
 	return nil
@@ -238,6 +245,7 @@ func (p *Pool) SyncDevice() error {
 // unmap after the device work that touches the chunk (SyncDevice). A failed
 // Release leaves c mapped (and, if the unmap failed, maybe cleared).
 func (p *Pool) Release(ptr acl.DevicePtr, c Chunk) error {
+	defer region(RegionRelease).End()
 	l, err := p.leaseOf("release", ptr, c)
 	if err != nil {
 		return err

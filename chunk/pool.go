@@ -3,11 +3,13 @@ package chunk
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"sync"
 	"sync/atomic"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/units"
 )
 
 // ErrBudget is returned (wrapped, together with acl.ErrOutOfMemory) when a
@@ -105,6 +107,9 @@ type Config struct {
 	// pool's background worker, within the budget, so that a growth that
 	// finds the cache empty does not wait for MallocPhysical. 0 means none.
 	Ahead int
+	// Logger receives the pool's events (see EventScrub and the others) as
+	// structured records. nil, the default, logs nothing and costs nothing.
+	Logger *slog.Logger
 	// Shareable allocates chunks that can be exported to another process
 	// (Export; arena.Share). ACL exports any allocation; a driver that
 	// shares file descriptors (acl.SharingFD) exports only those made with
@@ -130,7 +135,7 @@ type Stats struct {
 	Hits      int64 // chunks handed out from the cache
 	Misses    int64 // chunks that called MallocPhysical
 	Allocs    int64 // successful MallocPhysical calls
-	Ahead     int64 // of Allocs, those the worker made ahead of need (Config.Ahead)
+	Ahead     int64 // of Allocs, those made ahead of need (Config.Ahead, Warm)
 	Frees     int64 // FreePhysical calls
 	Evictions int64 // Puts that freed a chunk because the cache was full
 	Failures  int64 // Gets that failed (budget or driver)
@@ -167,6 +172,7 @@ type Pool struct {
 	fresh     acl.Freshness // what a fresh chunk may hold
 	ahead     int
 	dev       *device
+	log       *slog.Logger // Config.Logger (observe.go)
 
 	mu      sync.Mutex
 	closed  bool
@@ -178,6 +184,7 @@ type Pool struct {
 	stats   Stats
 	members []*Member // in the order they joined
 	pending pending   // chunks waiting for the device before they are unmapped (release.go)
+	wq      waitq     // growths waiting for memory (wait.go)
 	tick    atomic.Uint64
 	w       *worker // started on first need (worker.go)
 }
@@ -221,7 +228,8 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		size = g
 	}
 	if size%g != 0 {
-		return nil, fmt.Errorf("chunk: %w: size %d is not a multiple of the granularity %d", acl.ErrInvalidParam, size, g)
+		return nil, fmt.Errorf("chunk: %w: size %s is not a multiple of the driver's granularity, %s", acl.ErrInvalidParam,
+			units.Bytes(int64(size)), units.Bytes(int64(g)))
 	}
 	maxCached := cfg.MaxCached
 	switch {
@@ -231,7 +239,8 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		maxCached = 0
 	}
 	p := &Pool{
-		drv:       drv,
+		drv:       traced{drv}, // trace.go
+		log:       cfg.Logger,
 		size:      size,
 		prop:      prop,
 		access:    acl.ReadWrite(drv.Device()),
@@ -264,10 +273,14 @@ func isNilPointer(d acl.Driver) bool {
 }
 
 // Driver returns the pool's driver.
-func (p *Pool) Driver() acl.Driver { return p.drv }
+func (p *Pool) Driver() acl.Driver { return p.drv.(traced).Driver }
 
 // ChunkSize returns the size of every chunk, in bytes.
 func (p *Pool) ChunkSize() int { return int(p.size) }
+
+// Budget returns Config.Budget: the most physical bytes the pool holds; 0
+// when there is no cap.
+func (p *Pool) Budget() int64 { return int64(p.budget) }
 
 // Get returns a chunk for an anonymous tenant: GetFor(0).
 func (p *Pool) Get() (Chunk, error) { return p.GetFor(0) }
@@ -290,6 +303,8 @@ func (p *Pool) GetFor(t Tenant) (Chunk, error) {
 // is out of memory, asks the other pools on the device to free their caches.
 // It fails with an error matching acl.ErrOutOfMemory (and ErrBudget, when the
 // budget refused) when that is not enough, and with ErrClosed after Close.
+// n chunks that exceed the budget by themselves fail at once, before any
+// driver call.
 func (p *Pool) Acquire(t Tenant, n int) ([]Chunk, error) { return p.acquire(t, n, true) }
 
 // TryAcquire is Acquire without relieving pressure: it takes only memory
@@ -303,6 +318,15 @@ const reliefRounds = 3
 func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("chunk: acquire %d chunks: %w", n, acl.ErrInvalidParam)
+	}
+	if p.budget != 0 && uint64(n) > uint64(p.budget/p.size) {
+		p.mu.Lock()
+		p.stats.Failures++
+		p.mu.Unlock()
+		err := fmt.Errorf("%w: %w: %d chunks of %s asked, more than the whole budget, %s", ErrBudget,
+			acl.ErrOutOfMemory, n, units.IEC(int64(p.size)), units.Bytes(int64(p.budget)))
+		p.logOOM(n, err)
+		return nil, err
 	}
 	if t == 0 {
 		t = NewTenant()
@@ -321,7 +345,9 @@ func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
 			p.mu.Lock()
 			p.stats.Failures++
 			p.mu.Unlock()
-			return nil, errors.Join(short, p.putAll(got))
+			err := errors.Join(short, p.putAll(got))
+			p.logOOM(n, err)
+			return nil, err
 		}
 	}
 }
@@ -394,12 +420,13 @@ func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 	}
 	switch {
 	case err != nil && !errors.Is(err, acl.ErrOutOfMemory):
-		return nil, fmt.Errorf("chunk: allocate %d bytes: %w", p.size, err)
+		return nil, fmt.Errorf("chunk: allocate %s: %w", units.Bytes(int64(p.size)), err)
 	case err != nil:
-		return fmt.Errorf("chunk: allocate %d bytes: %w", p.size, err), nil
+		return fmt.Errorf("chunk: allocate %s: %w", units.Bytes(int64(p.size)), err), nil
 	case room < want:
-		return fmt.Errorf("%w: %w: %d of %d bytes held (%d cached), %d more chunks of %d bytes asked", ErrBudget,
-			acl.ErrOutOfMemory, held, p.budget, cached, want, p.size), nil
+		return fmt.Errorf("%w: %w: %s of %s held (%d chunks cached), %d more chunks of %s asked", ErrBudget,
+			acl.ErrOutOfMemory, units.IEC(int64(held)), units.Bytes(int64(p.budget)), cached, want,
+			units.IEC(int64(p.size))), nil
 	}
 	return nil, nil
 }
@@ -443,6 +470,7 @@ func (p *Pool) Put(c Chunk) error {
 	if !p.closed && len(p.cache) < p.maxCached {
 		p.cache = append(p.cache, e)
 		p.stats.Cached++
+		p.releasedLocked() // wait.go
 		p.mu.Unlock()
 		return nil
 	}
@@ -459,15 +487,17 @@ func (p *Pool) Put(c Chunk) error {
 func (p *Pool) free(e entry) error {
 	err := p.drv.FreePhysical(e.h)
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	p.stats.Frees++
 	if err != nil {
 		// The driver kept the memory; so do we, and the budget stays true.
 		p.cache = append(p.cache, e)
 		p.stats.Cached++
+		p.mu.Unlock()
 		return fmt.Errorf("chunk: free: %w", err)
 	}
 	p.held -= p.size
+	p.mu.Unlock()
+	p.freed() // wait.go
 	return nil
 }
 
@@ -520,6 +550,7 @@ func (p *Pool) Close() error {
 	first := !p.closed
 	p.closed = true
 	w := p.w
+	p.wakeAllLocked() // wait.go: their retries fail
 	p.mu.Unlock()
 	if first {
 		w.stop()

@@ -100,6 +100,9 @@ func (m *Member) WantRefill() {
 // their own, say): never long enough for two arenas that ask each other to
 // wait on each other for more than that.
 func (p *Pool) relieve(need int, short error) int {
+	defer region(RegionRelieve).End()
+	start, reclaimed, peers := time.Now(), 0, 0
+	defer func() { p.logRelieve(need, reclaimed+peers, reclaimed, peers, short, start) }()
 	freed := 0
 	for try, pause := 0, 20*time.Microsecond; ; try, pause = try+1, 2*pause {
 		n, busy := p.reclaimFromMembers(need - freed)
@@ -114,6 +117,7 @@ func (p *Pool) relieve(need int, short error) int {
 		p.stats.Reclaimed += int64(freed)
 		p.mu.Unlock()
 	}
+	reclaimed = freed
 	// Reclaimed chunks the device may still read wait for their events:
 	// wait for them now, so that the retry finds them in the cache.
 	if err := p.settleAll(); err != nil {
@@ -127,6 +131,7 @@ func (p *Pool) relieve(need int, short error) int {
 		p.stats.PeerTrimmed += int64(n)
 		p.mu.Unlock()
 		freed += n
+		peers = n
 	}
 	return freed
 }
@@ -182,9 +187,11 @@ func (p *Pool) reclaimFromMembers(need int) (freed int, busy bool) {
 // their caches when the device runs out of memory, and the device's tenant
 // history, which decides whether fresh memory needs clearing.
 type device struct {
-	mu    sync.Mutex
-	pools map[*Pool]struct{}
-	hist  *history
+	mu      sync.Mutex
+	pools   map[*Pool]struct{}
+	hist    *history
+	gen     atomic.Uint64 // releases of memory in the device's pools so far (wait.go)
+	waiters atomic.Int32  // growths waiting for memory in the device's pools
 }
 
 // history records the tenants that have held memory of a device in this

@@ -138,6 +138,7 @@ func (p *Pool) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
 	}
 	p.pending.queue = append(p.pending.queue, b)
 	p.pending.chunks += len(ms)
+	p.releasedLocked() // wait.go: a waiter's retry waits for them
 	p.stats.Scrubs += int64(scrubbed)
 	p.stats.ScrubsAsync += int64(scrubbed)
 	p.wakeLocked()
@@ -152,7 +153,7 @@ func (p *Pool) fallback(evs []acl.Event, err error) error {
 	p.stats.SyncFallbacks++
 	p.mu.Unlock()
 	p.recycle(evs)
-	return fmt.Errorf("chunk: %w: %w", errFallback, err)
+	return fmt.Errorf("%w: %w", errFallback, err)
 }
 
 // event returns an event to record: a recycled one, or a new one.
@@ -398,7 +399,9 @@ func (p *Pool) complete(b *batch, wait bool) bool {
 // that still wait. It returns how many it settled, or minus how many it
 // failed to unmap.
 func (p *Pool) unmapBatch(b *batch) int {
+	defer region(RegionRelease).End()
 	n, failed := 0, 0
+	defer func() { p.logRelease(n, failed) }()
 	for _, it := range b.items {
 		p.mu.Lock()
 		if it.state != waiting {

@@ -1,6 +1,12 @@
 package chunk
 
-import "time"
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/vmarena/vmarena/acl"
+)
 
 // The pool's worker: the one background goroutine of vmarena.
 //
@@ -93,9 +99,11 @@ func (p *Pool) run(w *worker) {
 		}
 		timer.Stop()
 		start := time.Now()
+		r := region(RegionWorker)
 		progressed, waiting := p.settleReady()
 		p.refill()
 		p.fillAhead()
+		r.End()
 		p.mu.Lock()
 		p.stats.WorkerNS += int64(time.Since(start))
 		p.stats.WorkerSpins++
@@ -131,13 +139,36 @@ func (p *Pool) refill() {
 }
 
 // fillAhead allocates fresh chunks into the cache until it holds
-// Config.Ahead, within the budget.
-func (p *Pool) fillAhead() {
-	for {
+// Config.Ahead, within the budget. A failure (out of memory, or the driver)
+// waits for the next wake.
+func (p *Pool) fillAhead() { _, _ = p.fill(p.ahead, -1) }
+
+// Warm allocates up to n fresh chunks into the cache now, within the budget
+// and the cache's bound, and returns how many it added: a server that knows
+// its memory budget warms its pool once at start, off any request's path,
+// so that growths find physical memory ready and only map it (as vAttention
+// pre-allocates its page pool). The chunks stay free to take: any tenant of
+// the pool may use them, and Trim gives them back.
+func (p *Pool) Warm(n int) (int, error) {
+	if n < 0 {
+		return 0, fmt.Errorf("chunk: warm %d chunks: %w", n, acl.ErrInvalidParam)
+	}
+	added, err := p.fill(p.maxCached, n)
+	if err != nil {
+		return added, fmt.Errorf("chunk: warm: %w", err)
+	}
+	return added, nil
+}
+
+// fill allocates fresh chunks into the cache while it holds fewer than
+// target, within the budget, at most limit of them (-1: no limit).
+func (p *Pool) fill(target, limit int) (int, error) {
+	added := 0
+	for limit < 0 || added < limit {
 		p.mu.Lock()
-		if p.closed || len(p.cache) >= p.ahead || (p.budget != 0 && p.budget-min(p.held, p.budget) < p.size) {
+		if p.closed || len(p.cache) >= target || (p.budget != 0 && p.budget-min(p.held, p.budget) < p.size) {
 			p.mu.Unlock()
-			return
+			return added, nil
 		}
 		p.held += p.size
 		p.mu.Unlock()
@@ -146,14 +177,19 @@ func (p *Pool) fillAhead() {
 		if err != nil {
 			p.held -= p.size
 			p.mu.Unlock()
-			return // out of memory, or the driver failed: try at the next wake
+			if errors.Is(err, acl.ErrOutOfMemory) {
+				return added, nil // the device is full: what fits is in
+			}
+			return added, err
 		}
 		p.stats.Allocs++
 		p.stats.Ahead++
 		p.stats.Cached++
 		p.cache = append(p.cache, entry{h, p.freshHolder()})
 		p.mu.Unlock()
+		added++
 	}
+	return added, nil
 }
 
 // Settle waits until the pool's worker has done what was asked of it so far:

@@ -178,7 +178,7 @@ func testGranularity(t *testing.T, d acl.Driver, f Factory) {
 	recommended, err := d.MemGetAllocationGranularity(prop(d), acl.GranularityRecommended)
 	require.NoError(t, err)
 	if f.ExactCodes {
-		// ACL answers 2 MiB for both (acl-api.md §6.1); so do the simulators.
+		// ACL answers 2 MiB for both (docs/acl.md, "Granularity"); so do the simulators.
 		assert.Equal(t, uintptr(acl.HugePageSize), minimum)
 		assert.Equal(t, uintptr(acl.HugePageSize), recommended)
 	} else {

@@ -39,5 +39,6 @@ func TestDeviceSelectorNoDriver(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Driver.Close()
 	require.Equal(t, "host", c.Driver.Name())
-	require.Contains(t, c.Reason, missing)
+	require.NotContains(t, c.Reason, missing, "the reason is one short line")
+	require.ErrorContains(t, c.Detail, missing, "the details are kept")
 }

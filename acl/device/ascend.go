@@ -1,6 +1,7 @@
 package device
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -17,7 +18,12 @@ func openAscend(n int) (acl.Driver, error) {
 	}
 	d, err := ascend.Open(ascend.Config{Device: int32(n)})
 	if err != nil {
-		return nil, err // not a typed nil in the interface
+		hint := "see docs/ascend.md"
+		if errors.Is(err, acl.ErrNotSupported) {
+			hint = "set " + ascend.LibraryEnv + " to libascendcl.so (or its directory), or ASCEND_HOME_PATH to " +
+				"the CANN toolkit (CANN's set_env.sh sets it); see docs/ascend.md"
+		}
+		return nil, &openError{spec: fmt.Sprintf("ascend:%d", n), kind: "ascend", err: err, hint: hint}
 	}
 	return d, nil
 }

@@ -1,6 +1,7 @@
 package device
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/vmarena/vmarena/acl"
@@ -12,7 +13,12 @@ import (
 func openCUDA(n int) (acl.Driver, error) {
 	d, err := cuda.Open(cuda.Config{Device: n})
 	if err != nil {
-		return nil, fmt.Errorf("cuda:%d: %w", n, err)
+		hint := "see docs/cuda.md"
+		if errors.Is(err, acl.ErrNotSupported) {
+			hint = "set " + cuda.EnvLibrary + " to the CUDA driver library (" + cuda.DefaultLibrary +
+				", installed with the NVIDIA driver; not the toolkit's stub); see docs/cuda.md"
+		}
+		return nil, &openError{spec: fmt.Sprintf("cuda:%d", n), kind: "cuda", err: err, hint: hint}
 	}
 	return d, nil
 }

@@ -17,14 +17,33 @@ import (
 	"github.com/vmarena/vmarena/acl/host"
 )
 
-// EnvVar is the environment variable [FromEnv] reads.
-const EnvVar = "VMARENA_DEVICE"
+// EnvVar is the environment variable [FromEnv] reads (acl.DeviceEnv).
+const EnvVar = acl.DeviceEnv
+
+// The package registers [Open] as the process's device selector, so that
+// importing it, even for its side effect alone, makes the zero arena.Config
+// honour $VMARENA_DEVICE for every device:
+//
+//	import _ "github.com/vmarena/vmarena/acl/device"
+func init() {
+	acl.RegisterSelector(func(spec string) (acl.Driver, string, error) {
+		c, err := Open(spec)
+		if err != nil {
+			return nil, "", err
+		}
+		return c.Driver, c.Reason, nil
+	})
+}
 
 // Choice is an opened driver and why it was chosen.
 type Choice struct {
 	Driver acl.Driver
 	Spec   string // the spec that was asked for ("auto" when empty)
-	Reason string // one line: which driver, and why
+	Reason string // one short line: which driver, and why
+	// Detail says why auto passed over the devices it tried before the one
+	// it chose (one error per device, each with what to do about it); nil
+	// when nothing was passed over. Print it for a verbose report.
+	Detail error
 }
 
 // FromEnv opens the driver $VMARENA_DEVICE names (see [Open]).
@@ -41,9 +60,12 @@ func FromEnv() (Choice, error) { return Open(os.Getenv(EnvVar)) }
 //	auto or ""      Ascend device 0 when the runtime loads and a device
 //	                answers, else CUDA device 0 likewise, else the host driver
 //
-// An explicit device that cannot be opened is an error; auto falls back and
-// says why in Choice.Reason. auto never chooses the model; the model's
-// Reason begins by saying its times are modelled.
+// An explicit device that cannot be opened is an error that says which
+// library was looked for, the environment variable that points at it, and
+// the page of the documentation to read. auto falls back, says so in one
+// line in Choice.Reason, and keeps the errors in Choice.Detail. auto never
+// chooses the model; the model's Reason begins by saying its times are
+// modelled.
 func Open(spec string) (Choice, error) {
 	if arg, ok := modelSpec(spec); ok {
 		return openModel(arg)
@@ -62,37 +84,36 @@ func Open(spec string) (Choice, error) {
 		if err != nil {
 			return Choice{}, err
 		}
-		return Choice{d, spec, "host driver (asked for)"}, nil
+		return Choice{Driver: d, Spec: spec, Reason: "host driver (asked for)"}, nil
 	case "ascend":
 		d, err := openAscend(n)
 		if err != nil {
 			return Choice{}, err
 		}
-		return Choice{d, spec, fmt.Sprintf("Ascend NPU %d (asked for)", n)}, nil
+		return Choice{Driver: d, Spec: spec, Reason: fmt.Sprintf("Ascend NPU %d (asked for)", n)}, nil
 	case "cuda":
 		d, err := openCUDA(n)
 		if err != nil {
 			return Choice{}, err
 		}
-		return Choice{d, spec, fmt.Sprintf("NVIDIA GPU %d (asked for)", n)}, nil
+		return Choice{Driver: d, Spec: spec, Reason: fmt.Sprintf("NVIDIA GPU %d (asked for)", n)}, nil
 	}
 	// auto
-	var why []string
-	if d, err := openAscend(0); err == nil {
-		return Choice{d, spec, "Ascend NPU 0: the ACL runtime loaded and the device answered"}, nil
-	} else {
-		why = append(why, "ascend: "+err.Error())
+	d, aerr := openAscend(0)
+	if aerr == nil {
+		return Choice{Driver: d, Spec: spec, Reason: "Ascend NPU 0: the ACL runtime loaded and the device answered"}, nil
 	}
-	if d, err := openCUDA(0); err == nil {
-		return Choice{d, spec, "NVIDIA GPU 0: the CUDA driver loaded and the device answered; " + strings.Join(why, "; ")}, nil
-	} else {
-		why = append(why, "cuda: "+err.Error())
+	d, cerr := openCUDA(0)
+	if cerr == nil {
+		return Choice{Driver: d, Spec: spec, Detail: aerr,
+			Reason: "NVIDIA GPU 0: the CUDA driver loaded and the device answered (no Ascend NPU)"}, nil
 	}
-	d, err := host.New(host.Config{})
+	detail := errors.Join(aerr, cerr)
+	h, err := host.New(host.Config{})
 	if err != nil {
-		return Choice{}, errors.Join(append([]error{err}, errors.New(strings.Join(why, "; ")))...)
+		return Choice{}, errors.Join(err, detail)
 	}
-	return Choice{d, spec, "host driver: no device answered (" + strings.Join(why, "; ") + ")"}, nil
+	return Choice{Driver: h, Spec: spec, Detail: detail, Reason: "host driver: no Ascend or CUDA device answered"}, nil
 }
 
 func parse(spec string) (kind string, n int, err error) {
@@ -114,3 +135,25 @@ func parse(spec string) (kind string, n int, err error) {
 	}
 	return kind, n, nil
 }
+
+// openError is a device that could not be opened: the binding's error, said
+// once under the device's name, and what to do about it.
+type openError struct {
+	spec string // "cuda:0"
+	kind string // "cuda": the binding's own prefix, dropped where spec says it
+	err  error
+	hint string
+}
+
+func (e *openError) Error() string {
+	msg := e.err.Error()
+	if !strings.HasPrefix(msg, e.spec+":") {
+		msg = e.spec + ": " + strings.TrimPrefix(msg, e.kind+": ")
+	}
+	if e.hint != "" {
+		msg += "; " + e.hint
+	}
+	return msg
+}
+
+func (e *openError) Unwrap() error { return e.err }

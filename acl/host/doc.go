@@ -1,6 +1,8 @@
 // Package host is the host driver: the acl.Driver contract implemented on
 // Linux virtual memory, so that everything built on vmarena runs, and is
-// tested, on a laptop or CI with no accelerator. It is the default driver.
+// tested, on any Linux machine with no accelerator. It is the default driver
+// (arena.DefaultDriver, when $VMARENA_DEVICE names no device). It needs
+// Linux: elsewhere the package builds, and New and Default fail.
 //
 // # How device memory is simulated
 //
@@ -37,7 +39,8 @@
 // # Strictness
 //
 // The driver is as strict as the strictest device: it enforces ACL's rules
-// (acl-api.md §11) with ACL's codes, and CUDA's rule that a mapping has no
+// with ACL's codes (docs/acl.md lists them, and which codes are documented
+// and which are the simulator's choice), and CUDA's rule that a mapping has no
 // access until MemSetAccess (unless Config.NoSetAccess asks for the behaviour
 // of an ACL runtime without that call). Code that passes on it passes on a
 // device. It is stricter than a device in one place: it refuses a mapping that

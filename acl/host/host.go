@@ -10,6 +10,7 @@ import (
 	"github.com/vmarena/vmarena/acl/internal/book"
 	"github.com/vmarena/vmarena/acl/internal/rules"
 	"github.com/vmarena/vmarena/acl/ipc"
+	"github.com/vmarena/vmarena/internal/units"
 )
 
 // Config configures a host driver. The zero value is a strict device with a
@@ -261,7 +262,8 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 	if size > d.cfg.Capacity || d.phys > d.cfg.Capacity-size {
 		free := d.cfg.Capacity - d.phys
 		d.mu.Unlock()
-		return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "out of memory: %d bytes asked, %d of %d free", size, free, d.cfg.Capacity)
+		return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "out of memory: %s asked, %s of %s free", units.Bytes(int64(size)),
+			units.IEC(int64(free)), units.IEC(int64(d.cfg.Capacity)))
 	}
 	off, ok := d.space.take(size, page)
 	if !ok {
@@ -280,7 +282,7 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 		d.phys -= size
 		d.space.give(off, size)
 		if errors.Is(err, errNoMemory) {
-			return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "host has no memory for %d bytes", size)
+			return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "host has no memory for %s", units.Bytes(int64(size)))
 		}
 		return 0, fail(op, acl.ErrCodeRTFailure, "fallocate: %v", err)
 	}
@@ -385,7 +387,7 @@ func (d *Driver) ReserveMemAddress(size, alignment uintptr, expect acl.DevicePtr
 	}
 	p, err := sysReserve(size, align)
 	if err != nil {
-		return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "no address space for %d bytes: %v", size, err)
+		return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "no address space for %s: %v", units.Bytes(int64(size)), err)
 	}
 	d.book.Add(&reservation{Base: uintptr(p), Size: size, X: resvX{mem: p, vmas: 1}})
 	d.addVMAs(1)

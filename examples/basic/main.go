@@ -2,12 +2,14 @@
 // acl.Driver: query the granularity, allocate physical memory, reserve an
 // address range, map, grant access, copy through the mapped pointer, then
 // unmap, release and free. It runs on the driver VMARENA_DEVICE names (the
-// host driver when no device answers) and prints each step.
+// host driver when no device answers; -v says why auto passed over each
+// device it tried) and prints each step.
 package main
 
 import (
 	"bytes"
 	"errors"
+	"flag"
 	"fmt"
 	"log"
 	"os"
@@ -16,7 +18,10 @@ import (
 	"github.com/vmarena/vmarena/acl/device"
 )
 
+var detail = flag.Bool("v", false, "say why auto passed over each device it tried")
+
 func main() {
+	flag.Parse()
 	if err := run(); err != nil {
 		log.SetFlags(0)
 		log.Fatal("basic: ", err)
@@ -33,6 +38,9 @@ func run() error {
 	drv := choice.Driver
 	defer drv.Close()
 	fmt.Printf("driver %s — %s\n", drv.Name(), choice.Reason)
+	if *detail && choice.Detail != nil {
+		fmt.Printf("passed over:\n%v\n", choice.Detail)
+	}
 
 	// aclrtPhysicalMemProp prop = {NONE, PINNED, ACL_HBM_MEM_HUGE, {dev, DEVICE}, 0};
 	prop := acl.DeviceProp(drv.Device(), acl.HBMMemHuge)

@@ -2,11 +2,17 @@
 // key and value caches grow token by token in arenas that share one chunk
 // pool. Every few tokens it computes real attention (softmax(q·K)·V) for the
 // new token, reading the whole cache back through the driver, and checks the
-// result against a host-side reference. Between sequences it resets and
-// shrinks the caches; the next sequence regrows them from the pool's cache.
+// result against a host-side reference: the check proves that every row the
+// device holds is the row written, wherever growth put it, and that no
+// growth moved or lost data. Between sequences it resets the caches and keeps
+// their memory mapped: the next sequence reuses it with no driver call, and
+// only grows past it.
+//
+// The caches are one tenant (chunk.Tenant: they all belong to one model), so
+// chunks move between them without being cleared.
 //
 // It runs on the driver VMARENA_DEVICE names (the host driver when no device
-// answers).
+// answers); -v says why auto passed over each device it tried.
 package main
 
 import (
@@ -25,6 +31,7 @@ var (
 	layers = flag.Int("layers", 4, "transformer layers (one K and one V arena each)")
 	dim    = flag.Int("dim", 1024, "float32s per key and per value row (KV heads × head dimension)")
 	every  = flag.Int("every", 256, "compute attention every this many tokens")
+	detail = flag.Bool("v", false, "say why auto passed over each device it tried")
 )
 
 func main() {
@@ -51,15 +58,22 @@ func run(seqLens []int) error {
 	drv := choice.Driver
 	defer drv.Close()
 	fmt.Printf("driver %s — %s\n", drv.Name(), choice.Reason)
+	if *detail && choice.Detail != nil {
+		fmt.Printf("passed over:\n%v\n", choice.Detail)
+	}
 
 	pool, err := chunk.New(drv, chunk.Config{})
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	// One tenant for the model: its caches pass chunks to each other
+	// uncleared; another model's arenas would get them cleared.
+	model := chunk.NewTenant()
+	fmt.Printf("%d K and V caches, one tenant (the model): chunks move between them without being cleared\n", 2**layers)
 	caches := make([]*cache, 2**layers) // K0 V0 K1 V1 ...
 	for i := range caches {
-		a, err := arena.New(arena.Config{Pool: pool, Reserve: 256 << 20})
+		a, err := arena.New(arena.Config{Pool: pool, Reserve: 256 << 20, Tenant: model})
 		if err != nil {
 			return err
 		}
@@ -69,6 +83,7 @@ func run(seqLens []int) error {
 	row := *dim * 4
 	for s, n := range seqLens {
 		var worst float64
+		grows0, ps0 := grows(caches), pool.Stats()
 		for tok := range n {
 			for l := range *layers {
 				k, v := caches[2*l], caches[2*l+1]
@@ -116,24 +131,36 @@ func run(seqLens []int) error {
 		}
 		st := caches[0].a.Stats()
 		ps := pool.Stats()
-		fmt.Printf("sequence %d: %5d tokens  attention max |device−host| %.1e  layer-0 K: %.1f MiB used, %d MiB mapped, %d grows  pool: %d allocs, %d cache hits  pointers stable\n",
-			s, n, worst, float64(st.Used)/(1<<20), st.Mapped>>20, st.Grows, ps.Allocs, ps.Hits)
+		fmt.Printf("sequence %d: %5d tokens  attention max |device−host| %.1e  layer-0 K: %.1f MiB used, %d MiB mapped  this sequence: %d grows, %d physical allocations, %d chunks from the pool's cache  pointers stable\n",
+			s, n, worst, float64(st.Used)/(1<<20), st.Mapped>>20, grows(caches)-grows0, ps.Allocs-ps0.Allocs, ps.Hits-ps0.Hits)
 
-		// The sequence is done: drop its rows and give the chunks back.
+		// The sequence is done: drop its rows. The memory stays mapped for
+		// the next sequence (Shrink, or a pool under pressure, would give it
+		// back).
 		for _, c := range caches {
 			if err := c.a.Reset(); err != nil {
-				return err
-			}
-			if err := c.a.Shrink(); err != nil {
 				return err
 			}
 			c.host = c.host[:0]
 		}
 	}
 	ps := pool.Stats()
-	fmt.Printf("done: %d chunks of %d MiB cached for the next request, %d physical allocations for %d sequences\n",
-		ps.Cached, ps.ChunkSize>>20, ps.Allocs, len(seqLens))
+	var mapped int
+	for _, c := range caches {
+		mapped += c.a.Cap()
+	}
+	fmt.Printf("done: %d physical allocations of %d MiB for %d sequences; %d MiB stay mapped for the next request\n",
+		ps.Allocs, ps.ChunkSize>>20, len(seqLens), mapped>>20)
 	return nil
+}
+
+// grows sums the growths of every cache that mapped memory.
+func grows(caches []*cache) int64 {
+	var n int64
+	for _, c := range caches {
+		n += c.a.Stats().Grows
+	}
+	return n
 }
 
 // attend computes softmax(q·Kᵀ/√d)·V over the first n rows, reading K and V

@@ -1,7 +1,8 @@
 // Package book keeps the books of a driver that enforces ACL's address-space
 // rules itself (the host driver, which simulates ACL, and the CUDA driver,
 // which is laxer than ACL): its reservations, the mappings in each, and the
-// checks ACL makes against them, with ACL's codes (acl-api.md §11).
+// checks ACL makes against them, with ACL's codes (docs/acl.md lists the
+// rules, and which codes are documented and which are the simulator's choice).
 //
 // A Book is not safe for concurrent use; the driver holds its own lock.
 package book

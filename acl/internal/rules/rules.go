@@ -1,8 +1,9 @@
-// Package rules holds the argument checks of the ACL layer (acl-api.md §6 and
-// §11) that a driver makes itself when nothing below it does: the host driver,
-// which simulates ACL, and the CUDA driver, which is laxer than ACL. Each check
-// returns the *acl.Error ACL would, with ACL's code where it is known and the
-// simulator's choice (§11) where it is UNCONFIRMED.
+// Package rules holds the argument checks of the ACL layer that a driver makes
+// itself when nothing below it does: the host driver, which simulates ACL, and
+// the CUDA driver, which is laxer than ACL. Each check returns the *acl.Error
+// ACL would, with ACL's code where a source settles it and the simulator's
+// choice where none does (docs/acl.md: "Semantics, call by call" and "The
+// rules the host driver enforces").
 package rules
 
 import "github.com/vmarena/vmarena/acl"
@@ -11,9 +12,9 @@ func fail(op string, code int32, format string, args ...any) error {
 	return acl.Errorf(op, code, format, args...)
 }
 
-// Prop runs the ACL layer's checks of a PhysicalMemProp (§6.2), in ACL's
-// order, then requires device memory on device; who names the driver in the
-// message.
+// Prop runs the ACL layer's checks of a PhysicalMemProp in ACL's order
+// (docs/acl.md, "aclrtMallocPhysical"), then requires device memory on
+// device; who names the driver in the message.
 func Prop(op string, prop *acl.PhysicalMemProp, device int32, who string) error {
 	switch {
 	case prop == nil:

@@ -25,6 +25,19 @@ func newArena(cfg Config, eager bool) (*arenaStrategy, error) {
 	pc := chunk.Config{Size: int(cfg.Chunk), MaxCached: cfg.MaxCached, Budget: cfg.Budget, Scrub: cfg.Scrub}
 	if !eager {
 		pc.Ahead = cfg.Ahead
+		if cfg.Warm != 0 && cfg.MaxCached == 0 && cfg.Budget > 0 {
+			// A warm pool caches up to its budget.
+			size := cfg.Chunk
+			if size == 0 {
+				prop := acl.DeviceProp(cfg.Driver.Device(), 0)
+				g, err := cfg.Driver.MemGetAllocationGranularity(&prop, acl.GranularityMinimum)
+				if err != nil {
+					return nil, fmt.Errorf("strategy arena: %w", err)
+				}
+				size = int64(g)
+			}
+			pc.MaxCached = int(cfg.Budget / size)
+		}
 	}
 	p, err := chunk.New(cfg.Driver, pc)
 	if err != nil {
@@ -63,6 +76,21 @@ func (s *arenaStrategy) Open(max int64) (Region, error) {
 }
 
 func (s *arenaStrategy) Close() error { return s.pool.Close() }
+
+// Prepare warms the pool: Config.Warm fresh chunks (-1: up to the budget),
+// allocated before any request, as a server with a memory budget does at
+// start.
+func (s *arenaStrategy) Prepare() error {
+	n := s.cfg.Warm
+	switch {
+	case s.eager || n == 0:
+		return nil
+	case n < 0:
+		n = 1 << 30 // up to the budget and the cache's bound
+	}
+	_, err := s.pool.Warm(n)
+	return err
+}
 
 type arenaRegion struct {
 	a     *arena.Arena

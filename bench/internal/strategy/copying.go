@@ -15,8 +15,9 @@ type reallocStrategy struct {
 	growth float64
 }
 
-func (s *reallocStrategy) Name() string { return "realloc" }
-func (s *reallocStrategy) Close() error { return nil }
+func (s *reallocStrategy) Name() string   { return "realloc" }
+func (s *reallocStrategy) Prepare() error { return nil }
+func (s *reallocStrategy) Close() error   { return nil }
 
 func (s *reallocStrategy) Open(max int64) (Region, error) {
 	return &reallocRegion{s: s, max: max, bump: bump{name: "realloc"}}, nil
@@ -129,8 +130,9 @@ func (r *reallocRegion) Close() error {
 // cache, a worst-case scratch buffer.
 type preallocStrategy struct{ *dev }
 
-func (s *preallocStrategy) Name() string { return "prealloc" }
-func (s *preallocStrategy) Close() error { return nil }
+func (s *preallocStrategy) Name() string   { return "prealloc" }
+func (s *preallocStrategy) Prepare() error { return nil }
+func (s *preallocStrategy) Close() error   { return nil }
 
 func (s *preallocStrategy) Open(max int64) (Region, error) {
 	seg, err := s.alloc(max)
@@ -166,8 +168,9 @@ func (r *preallocRegion) Close() error {
 // when Truncate drops it. Nothing is cached.
 type perTensorStrategy struct{ *dev }
 
-func (s *perTensorStrategy) Name() string { return "pertensor" }
-func (s *perTensorStrategy) Close() error { return nil }
+func (s *perTensorStrategy) Name() string   { return "pertensor" }
+func (s *perTensorStrategy) Prepare() error { return nil }
+func (s *perTensorStrategy) Close() error   { return nil }
 
 func (s *perTensorStrategy) Open(int64) (Region, error) {
 	return &perTensorRegion{s: s}, nil

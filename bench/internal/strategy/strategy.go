@@ -46,6 +46,9 @@ type Strategy interface {
 	Name() string
 	// Open returns an empty region that will never hold more than max bytes.
 	Open(max int64) (Region, error)
+	// Prepare does what the strategy does once at start, before any region
+	// opens (the arena warms its pool); the workload times it as setup.
+	Prepare() error
 	// Close releases what the strategy keeps beyond its regions (the arena's
 	// pool and its cache). Regions must be closed first.
 	Close() error
@@ -104,6 +107,9 @@ type Config struct {
 	Headroom int64
 	// Ahead is the fresh chunks the arena strategy's pool keeps allocated.
 	Ahead int
+	// Warm is the fresh chunks the arena strategy's pool allocates at start
+	// (Prepare); -1 means as many as the budget allows.
+	Warm int
 }
 
 // New returns the strategy called name.

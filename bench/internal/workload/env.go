@@ -145,6 +145,13 @@ func (e *Env) setup(t time.Time) {
 	e.Drv.Window(false)
 }
 
+// Prepare runs the strategy's start-up work (Strategy.Prepare), timed as
+// setup. The suite calls it before the workload runs.
+func (e *Env) Prepare() error {
+	defer e.setup(e.start())
+	return e.S.Prepare()
+}
+
 func (e *Env) open(max int64) (strategy.Region, error) {
 	defer e.setup(e.start())
 	r, err := e.S.Open(max)

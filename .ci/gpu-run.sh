@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# gpu-run.sh: the one prepared check of a real NVIDIA GPU, in about five
+# minutes, with the binaries .ci/gpu-build.sh made. It writes everything to
+# $OUT (default gpu/out):
+#
+#   hardware.txt, hardware.md   TestHardware: the driver contract, streams and
+#                               events, foreign streams and the arena suite on
+#                               the GPU, fresh memory across processes, and
+#                               every call's cost per chunk (docs/cuda.md)
+#   bench-*.txt, bench-*/       the benchmark suite on the GPU: kv with 2 and
+#                               16 MiB chunks, all strategies, and the whole
+#                               suite once (docs/benchmarks.md)
+#   profile-cuda.json           a device-model profile calibrated on the GPU
+#                               (docs/model.md)
+#
+# Each step has its own time limit, so one that hangs cannot take the rest
+# with it; a step that fails is reported and the script goes on.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=gpu/bin
+out=${OUT:-gpu/out}
+mkdir -p "$out"
+status=0
+step() { # step NAME SECONDS CMD...: run CMD with a limit, output to $out/NAME.txt
+	local name=$1 limit=$2
+	shift 2
+	echo "== $name (limit ${limit}s)"
+	timeout "$limit" "$@" >"$out/$name.txt" 2>&1
+	local rc=$?
+	tail -n 5 "$out/$name.txt"
+	if [ $rc -ne 0 ]; then
+		echo "   $name failed: exit $rc"
+		status=1
+	fi
+}
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true
+step hardware 150 env VMARENA_REQUIRE_GPU=1 VMARENA_HW_FRESH_GIB=16 \
+	"$bin/cuda.test" -test.run Hardware -test.v -cuda.hwout="$out/hardware.md"
+step bench-kv-2mib 60 "$bin/bench" -device cuda -workloads kv -strategies all -micro=false -progress off -out "$out/bench-kv-2mib"
+step bench-kv-16mib 60 "$bin/bench" -device cuda -workloads kv -strategies arena,realloc -chunk 16MiB -micro=false -progress off -out "$out/bench-kv-16mib"
+step bench-suite 90 "$bin/bench" -device cuda -progress off -out "$out/bench-suite"
+step calibrate 60 "$bin/bench" -calibrate -device cuda -quick -profile-out "$out/profile-cuda.json"
+echo "== done: results in $out"
+exit $status

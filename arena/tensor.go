@@ -1,0 +1,195 @@
+package arena
+
+import (
+	"context"
+	"fmt"
+	"math/bits"
+	"slices"
+	"unsafe"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// Typed tensors.
+//
+// A Tensor is a Buffer with an element type and a shape: dense, row-major,
+// with no padding between elements. AllocTensor works out its bytes (the
+// product of the dimensions times the element's size, overflow checked) and
+// its alignment (TensorAlign), and the copy methods check that the host
+// slice holds exactly the tensor's elements. Float16 and BFloat16 are the
+// 16-bit float types; CopyInFloat32 and CopyOutFloat32 convert to and from
+// float32 on the way.
+
+// MaxRank is the most dimensions a Tensor has.
+const MaxRank = 8
+
+// TensorAlign is the alignment of the tensors AllocTensor allocates: 256
+// bytes, what cudaMalloc guarantees and so what kernels written for it may
+// assume (vector loads, and the alignment of every element type).
+const TensorAlign = 256
+
+// Tensor is a dense, row-major array of T in an arena's memory. It is a
+// small value (no Go heap allocation), valid as long as its Buffer is.
+type Tensor[T Element] struct {
+	buf   Buffer
+	shape [MaxRank]int
+	rank  int
+}
+
+// AllocTensor allocates a tensor of shape (no dimensions: a scalar) in a,
+// aligned to TensorAlign, as Alloc does. A negative dimension, more than
+// MaxRank of them, or a size that overflows fails with ErrInvalid.
+func AllocTensor[T Element](a *Arena, shape ...int) (t Tensor[T], err error) {
+	n, err := t.setShape(shape)
+	if err != nil {
+		return Tensor[T]{}, err
+	}
+	if t.buf, err = a.Alloc(n, TensorAlign); err != nil {
+		return Tensor[T]{}, err
+	}
+	return t, nil
+}
+
+// AllocTensorContext is AllocTensor that waits for memory under ctx, as
+// AllocContext does.
+func AllocTensorContext[T Element](ctx context.Context, a *Arena, shape ...int) (t Tensor[T], err error) {
+	n, err := t.setShape(shape)
+	if err != nil {
+		return Tensor[T]{}, err
+	}
+	if t.buf, err = a.AllocContext(ctx, n, TensorAlign); err != nil {
+		return Tensor[T]{}, err
+	}
+	return t, nil
+}
+
+// View returns the tensor of shape at the start of b. b's offset must be a
+// multiple of the element's size, and b must hold the tensor's bytes
+// (ErrInvalid, ErrRange).
+func View[T Element](b Buffer, shape ...int) (t Tensor[T], err error) {
+	n, err := t.setShape(shape)
+	if err != nil {
+		return Tensor[T]{}, err
+	}
+	if size := elemSize[T](); b.off%uintptr(size) != 0 {
+		return Tensor[T]{}, fmt.Errorf("arena: view: %w: offset %d is not a multiple of the element size %d", ErrInvalid,
+			b.off, size)
+	}
+	t.buf, err = b.Slice(0, n)
+	if err != nil {
+		return Tensor[T]{}, fmt.Errorf("arena: view of %d bytes: %w", n, err)
+	}
+	return t, nil
+}
+
+// setShape checks shape, sets it, and returns the tensor's size in bytes.
+func (t *Tensor[T]) setShape(shape []int) (int, error) {
+	if len(shape) > MaxRank {
+		return 0, fmt.Errorf("arena: tensor: %w: %d dimensions, at most %d", ErrInvalid, len(shape), MaxRank)
+	}
+	n := uint64(elemSize[T]())
+	for i, d := range shape {
+		if d < 0 {
+			return 0, fmt.Errorf("arena: tensor: %w: dimension %d is %d", ErrInvalid, i, d)
+		}
+		hi, lo := bits.Mul64(n, uint64(d))
+		if hi != 0 || lo > MaxReserve {
+			return 0, fmt.Errorf("arena: tensor %v: %w: more than %d bytes", slices.Clone(shape), ErrInvalid,
+				int64(MaxReserve))
+		}
+		n = lo
+		t.shape[i] = d
+	}
+	t.rank = len(shape)
+	return int(n), nil
+}
+
+func elemSize[T Element]() int {
+	var zero T
+	return int(unsafe.Sizeof(zero))
+}
+
+// Buffer returns the tensor's memory.
+func (t Tensor[T]) Buffer() Buffer { return t.buf }
+
+// Ptr returns the device address of the tensor's first element.
+func (t Tensor[T]) Ptr() acl.DevicePtr { return t.buf.Ptr() }
+
+// Len returns the number of elements.
+func (t Tensor[T]) Len() int { return int(t.buf.n) / elemSize[T]() }
+
+// Rank returns the number of dimensions (0 for a scalar).
+func (t Tensor[T]) Rank() int { return t.rank }
+
+// Dim returns dimension i (0 ≤ i < Rank), or 0 if there is none.
+func (t Tensor[T]) Dim(i int) int {
+	if i < 0 || i >= t.rank {
+		return 0
+	}
+	return t.shape[i]
+}
+
+// Shape returns a copy of the dimensions.
+func (t Tensor[T]) Shape() []int { return append([]int(nil), t.shape[:t.rank]...) }
+
+// String describes the tensor, e.g.
+// "arena.Tensor[arena.Float16]{shape=[2 3] ptr=0x7f0000200000}".
+func (t Tensor[T]) String() string {
+	var zero T
+	return fmt.Sprintf("arena.Tensor[%T]{shape=%v ptr=%v}", zero, t.shape[:t.rank], t.Ptr())
+}
+
+// CopyIn copies src, which must hold exactly Len elements, into the tensor
+// (ErrRange otherwise).
+func (t Tensor[T]) CopyIn(src []T) error {
+	if len(src) != t.Len() {
+		return fmt.Errorf("arena: tensor copy in: %w: %d elements for a tensor of %d", ErrRange, len(src), t.Len())
+	}
+	return CopyIn(t.buf, src)
+}
+
+// CopyOut copies the tensor into dst, which must hold exactly Len elements
+// (ErrRange otherwise).
+func (t Tensor[T]) CopyOut(dst []T) error {
+	if len(dst) != t.Len() {
+		return fmt.Errorf("arena: tensor copy out: %w: %d elements for a tensor of %d", ErrRange, len(dst), t.Len())
+	}
+	return CopyOut(dst, t.buf)
+}
+
+// CopyInFloat32 converts src to T (rounding to nearest, ties to even) and
+// copies it into t. src must hold exactly t.Len() elements.
+func CopyInFloat32[T HalfFloat](t Tensor[T], src []float32) error {
+	if len(src) != t.Len() {
+		return fmt.Errorf("arena: tensor copy in: %w: %d elements for a tensor of %d", ErrRange, len(src), t.Len())
+	}
+	h := make([]T, len(src))
+	var zero T
+	switch any(zero).(type) {
+	case Float16:
+		for i, f := range src {
+			h[i] = T(NewFloat16(f))
+		}
+	case BFloat16:
+		for i, f := range src {
+			h[i] = T(NewBFloat16(f))
+		}
+	}
+	return CopyIn(t.buf, h)
+}
+
+// CopyOutFloat32 copies t out and converts it to float32 (exactly) into
+// dst, which must hold exactly t.Len() elements.
+func CopyOutFloat32[T HalfFloat](dst []float32, t Tensor[T]) error {
+	if len(dst) != t.Len() {
+		return fmt.Errorf("arena: tensor copy out: %w: %d elements for a tensor of %d", ErrRange, len(dst), t.Len())
+	}
+	h := make([]T, len(dst))
+	if err := CopyOut(h, t.buf); err != nil {
+		return err
+	}
+	for i, x := range h {
+		dst[i] = x.Float32()
+	}
+	return nil
+}

@@ -1,0 +1,347 @@
+package arena_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/faultdriver"
+	"github.com/vmarena/vmarena/acl/host"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/chunk"
+)
+
+const wg = acl.HugePageSize
+
+// tenants is a pool with a budget of 4 chunks and a holder arena that uses
+// all of them, for the waiting tests.
+type tenants struct {
+	d      *host.Driver
+	pool   *chunk.Pool
+	holder *arena.Arena
+}
+
+func newTenants(t *testing.T, drv acl.Driver, d *host.Driver, holder arena.Config) *tenants {
+	t.Helper()
+	if drv == nil {
+		drv = d
+	}
+	pool, err := chunk.New(drv, chunk.Config{Budget: 4 * wg})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
+	holder.Pool, holder.Reserve = pool, 16<<20
+	h := isoArena(t, holder)
+	_, err = h.Alloc(4*wg, 1)
+	require.NoError(t, err)
+	return &tenants{d: d, pool: pool, holder: h}
+}
+
+// waiting waits until n growths wait in the pool's queue.
+func (e *tenants) waiting(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for e.pool.Waiters() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waiters, want %d", e.pool.Waiters(), n)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// A GrowContext that finds the budget spent waits, holding no lock, until
+// another tenant gives memory back, however it does.
+func TestGrowContextWokenByRelease(t *testing.T) {
+	// Before the wait, promise holds the memory with Grow instead of Len,
+	// so that only Shrink gives it up.
+	promise := func(t *testing.T, h *arena.Arena) {
+		require.NoError(t, h.Truncate(2*wg))
+		require.NoError(t, h.Grow(2*wg))
+	}
+	shrink := func(t *testing.T, h *arena.Arena) { require.NoError(t, h.Shrink()) }
+	releases := []struct {
+		name    string
+		streams bool
+		prep    func(t *testing.T, h *arena.Arena)
+		drop    func(t *testing.T, h *arena.Arena)
+	}{
+		{"reset", false, nil, func(t *testing.T, h *arena.Arena) { require.NoError(t, h.Reset()) }},
+		{"truncate", false, nil, func(t *testing.T, h *arena.Arena) { require.NoError(t, h.Truncate(wg)) }},
+		{"shrink", false, promise, shrink},
+		{"shrink with streams", true, promise, shrink},
+		{"close", false, nil, func(t *testing.T, h *arena.Arena) { require.NoError(t, h.Close()) }},
+	}
+	for _, r := range releases {
+		t.Run(r.name, func(t *testing.T) {
+			d := isoDriver(t, 64<<20)
+			var cfg arena.Config
+			if r.streams {
+				s, err := d.CreateStream()
+				require.NoError(t, err)
+				t.Cleanup(func() { assert.NoError(t, d.DestroyStream(s)) })
+				cfg.Streams = []acl.Stream{s}
+			}
+			e := newTenants(t, nil, d, cfg)
+			if r.prep != nil {
+				r.prep(t, e.holder)
+			}
+			log := &recorder{}
+			w := isoArena(t, arena.Config{Pool: e.pool, Reserve: 16 << 20, Logger: slog.New(log)})
+			done := make(chan error, 1)
+			go func() { done <- w.GrowContext(context.Background(), 2*wg) }()
+			e.waiting(t, 1)
+			select {
+			case err := <-done:
+				t.Fatalf("GrowContext returned before any release: %v", err)
+			default:
+			}
+			// The arena is usable meanwhile: its lock is free.
+			assert.Equal(t, 0, w.Stats().Mapped)
+			r.drop(t, e.holder)
+			require.NoError(t, <-done)
+			assert.GreaterOrEqual(t, w.Cap()-w.Len(), 2*wg)
+			act := w.Activity()
+			assert.Equal(t, int64(1), act.Waits)
+			assert.Positive(t, act.WaitTime)
+			assert.Zero(t, act.OOMs, "the tries of a wait that succeeds are no failures")
+			assert.Empty(t, log.find(arena.EventOOM))
+			ev := log.find(arena.EventWait)
+			require.Len(t, ev, 1)
+			assert.Equal(t, "granted", ev[0].attrs["outcome"].String())
+			assert.Equal(t, slog.LevelInfo, ev[0].level)
+			assert.Zero(t, e.pool.Waiters())
+		})
+	}
+}
+
+// When ctx is done first, GrowContext fails with an error matching both
+// ctx.Err() and ErrOutOfMemory, and the arena and the driver are as they
+// were.
+func TestGrowContextExpires(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	e := newTenants(t, nil, d, arena.Config{})
+	log := &recorder{}
+	w := isoArena(t, arena.Config{Pool: e.pool, Reserve: 16 << 20, Logger: slog.New(log)})
+	before, live := w.Stats(), d.Live()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	err := w.GrowContext(ctx, wg)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, arena.ErrOutOfMemory)
+	require.ErrorIs(t, err, chunk.ErrBudget)
+	assert.Equal(t, before, w.Stats())
+	assert.Equal(t, live, d.Live())
+	assert.Zero(t, e.pool.Waiters())
+	act := w.Activity()
+	assert.Equal(t, int64(1), act.OOMs, "counted once")
+	assert.Equal(t, int64(1), act.Waits)
+	assert.Positive(t, act.WaitTime)
+	require.Len(t, log.find(arena.EventOOM), 1)
+	ev := log.find(arena.EventWait)
+	require.Len(t, ev, 1)
+	assert.Equal(t, "gave up", ev[0].attrs["outcome"].String())
+	assert.Equal(t, slog.LevelWarn, ev[0].level)
+
+	// AllocContext too.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel2()
+	_, err = w.AllocContext(ctx2, wg, 1)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, arena.ErrOutOfMemory)
+	assert.Equal(t, before, w.Stats())
+}
+
+// A growth the budget could never hold, and errors other than memory, fail
+// at once: nothing would ever wake them.
+func TestGrowContextFailsAtOnce(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	e := newTenants(t, nil, d, arena.Config{})
+	w := isoArena(t, arena.Config{Pool: e.pool, Reserve: 16 << 20})
+	ctx := context.Background() // never done: a wait would hang the test
+	require.ErrorIs(t, w.GrowContext(ctx, 5*wg), arena.ErrOutOfMemory)
+	require.ErrorIs(t, w.GrowContext(ctx, 32<<20), arena.ErrExhausted)
+	require.ErrorIs(t, w.GrowContext(ctx, -1), arena.ErrInvalid)
+	_, err := w.AllocContext(ctx, 64, 3)
+	require.ErrorIs(t, err, arena.ErrInvalid)
+	assert.Zero(t, w.Activity().Waits)
+	assert.Equal(t, int64(1), w.Activity().OOMs)
+	var nilArena *arena.Arena
+	require.ErrorIs(t, nilArena.GrowContext(ctx, 1), arena.ErrClosed)
+	_, err = nilArena.AllocContext(ctx, 1, 1)
+	require.ErrorIs(t, err, arena.ErrClosed)
+	require.NoError(t, w.Close())
+	require.ErrorIs(t, w.GrowContext(ctx, wg), arena.ErrClosed)
+}
+
+// Waiters are served in order: a large growth at the head is not overtaken
+// by a smaller one behind it that would fit first.
+func TestGrowContextFirstComeFirstServed(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	e := newTenants(t, nil, d, arena.Config{})
+	big := isoArena(t, arena.Config{Pool: e.pool, Reserve: 16 << 20})
+	small := isoArena(t, arena.Config{Pool: e.pool, Reserve: 16 << 20})
+	var mu sync.Mutex
+	var order []string
+	var wgr sync.WaitGroup
+	grow := func(name string, a *arena.Arena, n int) {
+		defer wgr.Done()
+		assert.NoError(t, a.GrowContext(context.Background(), n))
+		mu.Lock()
+		order = append(order, name)
+		mu.Unlock()
+	}
+	wgr.Add(2)
+	go grow("big", big, 3*wg)
+	e.waiting(t, 1)
+	go grow("small", small, wg)
+	e.waiting(t, 2)
+
+	// One chunk comes free: enough for the small growth, not the big one,
+	// which is first. Nobody gets it yet.
+	require.NoError(t, e.holder.Truncate(3*wg))
+	time.Sleep(50 * time.Millisecond)
+	assert.Equal(t, 2, e.pool.Waiters())
+	mu.Lock()
+	assert.Empty(t, order)
+	mu.Unlock()
+
+	require.NoError(t, e.holder.Reset())
+	wgr.Wait()
+	assert.Equal(t, []string{"big", "small"}, order)
+	assert.Equal(t, 3*wg, big.Cap())
+	assert.Equal(t, wg, small.Cap())
+}
+
+// Faults injected into the driver through the waiting path: an injected
+// out-of-memory makes the growth wait, and a release lets it through; an
+// injected failure of another kind ends the wait with that error, the arena
+// as it was.
+func TestGrowContextFaults(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	fd := faultdriver.New(d)
+	e := newTenants(t, fd, d, arena.Config{})
+	require.NoError(t, e.holder.Truncate(2*wg)) // two chunks free to reclaim
+	w := isoArena(t, arena.Config{Pool: e.pool, Reserve: 16 << 20})
+
+	// A device out of memory, then a release.
+	fd.FailAfter(faultdriver.MapMem, 0, acl.ErrCodeRTMemoryAllocation)
+	done := make(chan error, 1)
+	go func() { done <- w.GrowContext(context.Background(), wg) }()
+	e.waiting(t, 1)
+	fd.Clear()
+	require.NoError(t, e.holder.Truncate(wg))
+	require.NoError(t, <-done)
+	assert.Equal(t, wg, w.Cap())
+
+	// The holder uses the other three chunks; waiting, then a map failure
+	// that is not out of memory.
+	require.NoError(t, e.holder.Grow(2*wg))
+	_, err := e.holder.Alloc(2*wg, 1)
+	require.NoError(t, err)
+	require.Equal(t, 3*wg, e.holder.Len())
+	before := w.Stats()
+	go func() { done <- w.GrowContext(context.Background(), 2*wg) }()
+	e.waiting(t, 1)
+	fd.FailNth(faultdriver.MapMem, 1, 0)
+	require.NoError(t, e.holder.Truncate(wg))
+	err = <-done
+	require.Error(t, err)
+	assert.True(t, isInjected(err), "%v", err)
+	assert.NotErrorIs(t, err, arena.ErrOutOfMemory)
+	after := w.Stats()
+	before.Maps, before.Unmaps = after.Maps, after.Unmaps
+	assert.Equal(t, before, after)
+	assert.Equal(t, (w.Cap()+e.holder.Cap())/wg, d.Live().Mappings, "nothing mapped is lost")
+	assert.Zero(t, e.pool.Waiters())
+}
+
+// A waiting AllocContext returns the buffer it waited for.
+func TestAllocContextWaits(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	e := newTenants(t, nil, d, arena.Config{})
+	w := isoArena(t, arena.Config{Pool: e.pool, Reserve: 16 << 20})
+	type result struct {
+		b   arena.Buffer
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		b, err := w.AllocContext(context.Background(), 3*wg, 64)
+		done <- result{b, err}
+	}()
+	e.waiting(t, 1)
+	require.NoError(t, e.holder.Reset())
+	r := <-done
+	require.NoError(t, r.err)
+	assert.Equal(t, 3*wg, r.b.Len())
+	require.NoError(t, arena.CopyIn(r.b, []byte("waited")))
+}
+
+// Closing the pool wakes its waiters, whose tries then fail at once.
+func TestGrowContextPoolClosed(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	pool, err := chunk.New(d, chunk.Config{Budget: wg})
+	require.NoError(t, err)
+	h := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+	require.NoError(t, h.Grow(wg))
+	w := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+	done := make(chan error, 1)
+	go func() { done <- w.GrowContext(context.Background(), wg) }()
+	for pool.Waiters() != 1 {
+		time.Sleep(100 * time.Microsecond)
+	}
+	_ = pool.Close() // reports h's chunk still in use
+	select {
+	case err := <-done:
+		require.Error(t, err)
+		assert.NotErrorIs(t, err, arena.ErrOutOfMemory)
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not wake the waiter")
+	}
+}
+
+// Many tenants growing, waiting and dropping under one budget all get
+// their turn, with no deadlock and no race.
+func TestGrowContextStress(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	pool, err := chunk.New(d, chunk.Config{Budget: 4 * wg})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) }) // after the arenas'
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var all sync.WaitGroup
+	waits := make([]int64, 4)
+	for i := range 4 {
+		a := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+		all.Add(1)
+		go func() {
+			defer all.Done()
+			for j := range 30 {
+				n := (1 + (i+j)%3) * wg
+				if err := a.GrowContext(ctx, n); err != nil {
+					t.Error(fmt.Errorf("tenant %d, round %d: %w", i, j, err))
+					return
+				}
+				if _, err := a.Alloc(n, 1); err != nil { // promised by GrowContext
+					t.Error(err)
+					return
+				}
+				time.Sleep(time.Duration(i*50) * time.Microsecond)
+				if err := a.Reset(); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			waits[i] = a.Activity().Waits
+		}()
+	}
+	all.Wait()
+	assert.Zero(t, pool.Waiters())
+	t.Logf("waits per tenant: %v", waits)
+}

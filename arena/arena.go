@@ -533,7 +533,11 @@ func (a *Arena) growLocked(target uint64, speculative bool) (err error) {
 	slots := make([]chunk.Chunk, need) // the chunks to place at n0, n0+1, …
 	back := make([]bool, need)         // slots[i] was taken back in place: already mapped
 	nback := 0
-	for i, waits := range a.pool.PendingRange(a.at(n0), need) {
+	var pending []bool // only the arena's stream-ordered releases leave chunks waiting in its range
+	if len(a.streams) > 0 {
+		pending = a.pool.PendingRange(a.at(n0), need)
+	}
+	for i, waits := range pending {
 		if !waits {
 			continue
 		}

@@ -523,7 +523,9 @@ func (r *report) printTable(w io.Writer) {
 			}
 			fmt.Fprintln(tw, line+"\t"+workload.HumanNS(float64(x.DriverNS))+"\t")
 			if x.WorkerNS > 0 {
-				// The same calls, only those made on the caller's path.
+				// The same calls, only those made while a step was inside a
+				// strategy call (setup excluded): the caller's path, plus
+				// any worker call that overlapped it, so an upper bound.
 				line := "  on path"
 				for _, k := range kinds {
 					line += "\t" + callCell(x.pathCalls, k)

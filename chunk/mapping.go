@@ -3,6 +3,7 @@ package chunk
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
@@ -231,7 +232,10 @@ func (p *Pool) SyncDevice() error {
 	p.mu.Lock()
 	p.stats.DeviceSyncs++
 	p.mu.Unlock()
-	start := time.Now()
+	var start time.Time // read the clock only for the event that reports it
+	if p.logOn(slog.LevelDebug) {
+		start = time.Now()
+	}
 	err := p.drv.SynchronizeDevice()
 	p.logSync(start, err)
 	if err != nil {

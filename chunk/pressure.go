@@ -199,9 +199,8 @@ type device struct {
 // a tenant freed may still be in the device's memory), and is kept per
 // device name, which is the same for every driver of one device.
 type history struct {
-	mu    sync.Mutex
-	first Tenant
-	multi bool
+	first atomic.Uint64 // the first Tenant; 0 before any
+	multi atomic.Bool
 }
 
 var registry = struct {
@@ -267,24 +266,22 @@ func leave(p *Pool) {
 }
 
 // note records that tenant t holds memory of the device.
+// It runs on every grant, so it takes no lock: once a second tenant is
+// seen, multi stays set, and note returns before the grantee can write.
 func (d *device) note(t Tenant) {
 	h := d.hist
-	h.mu.Lock()
-	switch {
-	case h.first == 0:
-		h.first = t
-	case h.first != t:
-		h.multi = true
+	if h.multi.Load() || h.first.CompareAndSwap(0, uint64(t)) {
+		return
 	}
-	h.mu.Unlock()
+	if Tenant(h.first.Load()) != t {
+		h.multi.Store(true)
+	}
 }
 
 // only reports whether t is the only tenant the device has had.
 func (d *device) only(t Tenant) bool {
 	h := d.hist
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return !h.multi && h.first == t
+	return !h.multi.Load() && Tenant(h.first.Load()) == t
 }
 
 // trimOthers asks every other pool on the device to free its cache, and

@@ -230,14 +230,15 @@ func (p *Pool) Pending(ptr acl.DevicePtr) bool {
 }
 
 // PendingRange reports, for each of the n chunk-sized slots from ptr,
-// whether a chunk of this pool waits there for the device.
+// whether a chunk of this pool waits there for the device. It returns nil,
+// allocating nothing, when no chunk of the pool waits anywhere.
 func (p *Pool) PendingRange(ptr acl.DevicePtr, n int) []bool {
-	out := make([]bool, n)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.pending.byAddr) == 0 {
-		return out
+		return nil
 	}
+	out := make([]bool, n)
 	for i := range out {
 		_, out[i] = p.pending.byAddr[p.at(ptr, i)]
 	}

@@ -424,3 +424,56 @@ func TestWarm(t *testing.T) {
 	require.Error(t, err, "a driver failure other than out of memory is reported")
 	assert.Zero(t, n)
 }
+
+// refiller is a Client that counts its refills.
+type refiller struct{ n atomic.Int64 }
+
+func (r *refiller) Reclaimable() (int, bool) { return 0, false }
+func (r *refiller) Reclaim(int) (int, bool)  { return 0, false }
+func (r *refiller) Refill()                  { r.n.Add(1) }
+func (r *refiller) waitFor(t *testing.T, n int64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return r.n.Load() >= n }, 5*time.Second, 50*time.Microsecond,
+		"refill %d never came", n)
+}
+
+// No refill request is lost, whether the worker is parked, polling, or
+// between the two (it parks after about 50 ms without a request; requests
+// come here at every gap around that).
+func TestRefillRequestsNeverLost(t *testing.T) {
+	p, err := chunk.New(newDriver(t, 16<<20), chunk.Config{})
+	require.NoError(t, err)
+	defer p.Close()
+	r := &refiller{}
+	m, err := p.Join(r, true)
+	require.NoError(t, err)
+	gaps := []time.Duration{0, 100 * time.Microsecond, time.Millisecond, 3 * time.Millisecond, 45 * time.Millisecond,
+		50 * time.Millisecond, 55 * time.Millisecond, 80 * time.Millisecond}
+	rounds := 48
+	if testing.Short() {
+		rounds = 16
+	}
+	for i := range rounds {
+		time.Sleep(gaps[i%len(gaps)])
+		m.WantRefill()
+		r.waitFor(t, int64(i+1))
+	}
+}
+
+// A worker that has not been asked for anything lately parks: it stops
+// waking up.
+func TestIdleWorkerParks(t *testing.T) {
+	p, err := chunk.New(newDriver(t, 16<<20), chunk.Config{})
+	require.NoError(t, err)
+	defer p.Close()
+	r := &refiller{}
+	m, err := p.Join(r, true)
+	require.NoError(t, err)
+	m.WantRefill()
+	r.waitFor(t, 1)
+	require.Eventually(t, func() bool {
+		before := p.Stats().WorkerSpins
+		time.Sleep(30 * time.Millisecond)
+		return p.Stats().WorkerSpins == before
+	}, 5*time.Second, time.Millisecond, "the worker still wakes up with nothing to do")
+}

@@ -465,7 +465,7 @@ func (p *Pool) WaitStreams(ctx context.Context, streams []acl.Stream) error {
 			return p.SyncDevice()
 		}
 	}
-	delay := minPoll
+	delay := pendingPollMin
 	for _, ev := range evs {
 		for {
 			done, err := p.drv.QueryEvent(ev)
@@ -485,7 +485,7 @@ func (p *Pool) WaitStreams(ctx context.Context, streams []acl.Stream) error {
 				return fmt.Errorf("chunk: wait for the device: %w", ctx.Err())
 			case <-t.C:
 			}
-			delay = min(2*delay, maxPoll)
+			delay = min(2*delay, pendingPollMax)
 		}
 	}
 	return nil

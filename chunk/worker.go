@@ -3,6 +3,7 @@ package chunk
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
@@ -22,22 +23,40 @@ import (
 // It starts on first need (a member that wants refills, Config.Ahead, a
 // ReleaseAfter) and stops with Close. Work moved here is not free: it takes
 // CPU time and driver time, only not the caller's.
-
-// Polling bounds while chunks wait for the device.
+//
+// Waking a parked goroutine costs its waker a futex system call, and the
+// kernel may have to wake an idle CPU for it: microseconds on bare metal,
+// tens of them in a virtual machine. That would land on the caller's path
+// (an Alloc asking for a refill), so a worker that has been asked for
+// something lately does not park: it polls, from every idlePollMin up to
+// every idlePollMax, and a poke that finds it polling only raises a flag.
+// After idleFor without being asked it parks, and the next poke wakes it.
+// While chunks wait for the device it polls their events (pendingPollMin to
+// pendingPollMax).
 const (
-	minPoll = 20 * time.Microsecond
-	maxPoll = 2 * time.Millisecond
+	pendingPollMin = 20 * time.Microsecond
+	pendingPollMax = 2 * time.Millisecond
+	idlePollMin    = 250 * time.Microsecond
+	idlePollMax    = 2 * time.Millisecond
+	idleFor        = 50 * time.Millisecond
 )
 
 type worker struct {
-	kick   chan struct{}      // a poke; never blocks the sender
-	settle chan chan struct{} // Settle: answered after one full round of work
-	quit   chan struct{}
-	done   chan struct{}
+	kick    chan struct{}      // a poke to a parked worker; never blocks the sender
+	settle  chan chan struct{} // Settle: answered after one full round of work
+	quit    chan struct{}
+	done    chan struct{}
+	asked   atomic.Bool // set by every poke, cleared at the start of each round
+	polling atomic.Bool // the worker will look again soon without a kick
 }
 
-// poke wakes the worker. It never blocks and allocates nothing.
+// poke asks the worker for a round of work. It never blocks, allocates
+// nothing, and makes no system call while the worker is polling.
 func (w *worker) poke() {
+	w.asked.Store(true)
+	if w.polling.Load() {
+		return // it looks at asked within idlePollMax
+	}
 	select {
 	case w.kick <- struct{}{}:
 	default:
@@ -83,21 +102,42 @@ func (p *Pool) run(w *worker) {
 	defer close(w.done)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
-	var delay time.Duration // the next poll, while chunks wait for the device
+	var (
+		pendingDelay time.Duration // the next look at the events, while chunks wait for the device
+		idleDelay    time.Duration // the next look at asked, while polling
+		lastAsked    time.Time     // when a round last found asked set
+	)
 	for {
-		if delay > 0 {
-			timer.Reset(delay)
+		delay := pendingDelay
+		if idleDelay > 0 && (delay == 0 || idleDelay < delay) {
+			delay = idleDelay
 		}
 		var answer chan struct{}
-		select {
-		case <-w.kick:
-		case answer = <-w.settle:
-		case <-timer.C:
-		case <-w.quit:
+		if delay > 0 {
+			timer.Reset(delay)
+			select {
+			case <-w.kick:
+			case answer = <-w.settle:
+			case <-timer.C:
+			case <-w.quit:
+				timer.Stop()
+				return
+			}
 			timer.Stop()
-			return
+		} else {
+			// Park. From here on a poke kicks: look once more for one
+			// that came while polling was still set.
+			w.polling.Store(false)
+			if !w.asked.Load() {
+				select {
+				case <-w.kick:
+				case answer = <-w.settle:
+				case <-w.quit:
+					return
+				}
+			}
 		}
-		timer.Stop()
+		asked := w.asked.Swap(false)
 		start := time.Now()
 		r := region(RegionWorker)
 		progressed, waiting := p.settleReady()
@@ -113,12 +153,21 @@ func (p *Pool) run(w *worker) {
 		}
 		switch {
 		case !waiting:
-			delay = 0
-		case progressed || delay == 0:
-			delay = minPoll
+			pendingDelay = 0
+		case progressed || pendingDelay == 0:
+			pendingDelay = pendingPollMin
 		default:
-			delay = min(2*delay, maxPoll)
+			pendingDelay = min(2*pendingDelay, pendingPollMax)
 		}
+		switch {
+		case asked:
+			lastAsked, idleDelay = start, idlePollMin
+		case idleDelay > 0 && start.Sub(lastAsked) < idleFor:
+			idleDelay = min(2*idleDelay, idlePollMax)
+		default:
+			idleDelay = 0
+		}
+		w.polling.Store(pendingDelay > 0 || idleDelay > 0)
 	}
 }
 

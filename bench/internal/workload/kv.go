@@ -38,7 +38,10 @@ type KV struct {
 	BudgetFactor float64 // 0 means no budget, unless BudgetBytes is set
 	// StepCompute is the device compute of one decode step, which the host
 	// waits for (to sample the next tokens) between steps: the time a
-	// background worker has to map ahead. It is not allocator time.
+	// background worker has to map ahead. It is not allocator time. The
+	// host spins through it, as a CUDA or ACL host thread spins in a stream
+	// synchronisation by default: a sleep would add the timer slack of the
+	// machine, which other goroutines' timers change, to every step.
 	StepCompute time.Duration
 	Seed        uint64
 }
@@ -335,7 +338,7 @@ func (c KV) Run(env *Env) (err error) {
 		env.Res.StepTokens = append(env.Res.StepTokens, env.Res.Tokens-t0)
 		env.sample(step)
 		if c.StepCompute > 0 && busy {
-			time.Sleep(c.StepCompute)
+			waitCompute(c.StepCompute)
 		}
 		if step%64 == 0 {
 			env.progress(float64(done) / float64(totalTokens))
@@ -346,4 +349,10 @@ func (c KV) Run(env *Env) (err error) {
 	}
 	env.final()
 	return nil
+}
+
+// waitCompute spins for d on the monotonic clock.
+func waitCompute(d time.Duration) {
+	for t := time.Now(); time.Since(t) < d; {
+	}
 }

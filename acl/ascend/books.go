@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/internal/handles"
 )
 
 // books is what a Driver holds on behalf of its callers: the streams and
@@ -23,7 +24,7 @@ import (
 type books struct {
 	mu      sync.Mutex
 	streams map[acl.Stream]*object // created by this driver and not destroyed
-	gone    graveyard              // destroyed by this driver
+	gone    handles.Graveyard      // destroyed by this driver
 	events  map[acl.Event]*object
 	resv    map[acl.DevicePtr]uintptr      // base → bytes reserved
 	maps    map[acl.DevicePtr]mapping      // start → mapping
@@ -170,7 +171,7 @@ func (b *books) dropLocked(h acl.PhysicalHandle, r *handle) {
 func (b *books) addStream(s acl.Stream) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.gone.revive(s)
+	b.gone.Revive(s)
 	b.streams[s] = &object{}
 	b.live.Streams++
 }
@@ -198,7 +199,7 @@ func (b *books) useStream(op string, s acl.Stream) (release func(), err error) {
 	case ok:
 		o.users++
 		return func() { b.mu.Lock(); o.users--; b.mu.Unlock() }, nil
-	case b.gone.holds(s):
+	case b.gone.Holds(s):
 		return nil, acl.Errorf(op, acl.ErrCodeRTParamInvalid, "stream %#x was destroyed", uintptr(s))
 	}
 	return func() {}, nil // foreign: its owner vouches for it
@@ -229,7 +230,7 @@ func (b *books) claimStream(op string, s acl.Stream) (done func(destroyed bool),
 	defer b.mu.Unlock()
 	o, ok := b.streams[s]
 	switch {
-	case !ok && b.gone.holds(s):
+	case !ok && b.gone.Holds(s):
 		return nil, acl.Errorf(op, acl.ErrCodeRTParamInvalid, "stream %#x was destroyed", uintptr(s))
 	case !ok:
 		return nil, acl.Errorf(op, acl.ErrCodeRTParamInvalid, "stream %#x was not created by this driver: its owner destroys it", uintptr(s))
@@ -243,7 +244,7 @@ func (b *books) claimStream(op string, s acl.Stream) (done func(destroyed bool),
 		o.dying = false
 		if destroyed {
 			delete(b.streams, s)
-			b.gone.bury(s)
+			b.gone.Bury(s)
 			b.live.Streams--
 		}
 	}, nil
@@ -306,7 +307,7 @@ func (b *books) takeObjects() (streams []acl.Stream, events []acl.Event) {
 	sort.Slice(events, func(i, j int) bool { return events[i] < events[j] })
 	clear(b.streams)
 	clear(b.events)
-	b.gone = graveyard{}
+	b.gone = handles.Graveyard{}
 	b.live.Streams, b.live.Events = 0, 0
 	return streams, events
 }
@@ -327,50 +328,6 @@ func (b *books) memoryString() string {
 		parts = append(parts, fmt.Sprintf("%d reservations (%d bytes)", c.Reservations, c.ReservedBytes))
 	}
 	return strings.Join(parts, ", ")
-}
-
-// goneMax is how many destroyed streams a driver remembers, to refuse them.
-const goneMax = 1024
-
-// graveyard remembers the last goneMax streams the driver destroyed, so that
-// using one again is refused instead of reaching the runtime as a dangling
-// pointer. The runtime may hand a destroyed stream's pointer out again: to the
-// driver (addStream then revives it: it is simply the new stream), or to the
-// caller's own code, and then the driver cannot tell the caller's new stream
-// from the destroyed one and refuses it while it is remembered. A stream
-// destroyed more than goneMax destructions ago is forgotten and, if used
-// again, passed on as a foreign one. The zero value is empty.
-type graveyard struct {
-	slot map[acl.Stream]int // stream → its slot in ring
-	ring []acl.Stream       // the destroyed streams, oldest overwritten first
-	next int                // the slot the next burial takes
-}
-
-// bury remembers s as destroyed.
-func (g *graveyard) bury(s acl.Stream) {
-	if g.slot == nil {
-		g.slot = make(map[acl.Stream]int)
-	}
-	if len(g.ring) < goneMax {
-		g.ring = append(g.ring, s)
-	} else {
-		old := g.ring[g.next]
-		if i, ok := g.slot[old]; ok && i == g.next {
-			delete(g.slot, old)
-		}
-		g.ring[g.next] = s
-	}
-	g.slot[s] = g.next
-	g.next = (g.next + 1) % goneMax
-}
-
-// revive forgets s: the runtime handed it out again, as a new stream.
-func (g *graveyard) revive(s acl.Stream) { delete(g.slot, s) }
-
-// holds reports whether s is a stream the driver destroyed.
-func (g *graveyard) holds(s acl.Stream) bool {
-	_, ok := g.slot[s]
-	return ok
 }
 
 func roundUp(n, to uintptr) uintptr { return (n + to - 1) &^ (to - 1) }

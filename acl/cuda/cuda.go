@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/internal/book"
+	"github.com/vmarena/vmarena/acl/internal/handles"
 	"github.com/vmarena/vmarena/acl/internal/rules"
 )
 
@@ -75,7 +76,7 @@ type Driver struct {
 
 	omu     sync.Mutex
 	streams map[acl.Stream]*stream // the streams CreateStream made, by CUstream; guarded by omu
-	gone    graveyard              // the streams DestroyStream destroyed; guarded by omu
+	gone    handles.Graveyard      // the streams DestroyStream destroyed; guarded by omu
 	events  map[acl.Event]*event   // guarded by omu
 	nextObj uintptr                // the last event id handed out; guarded by omu
 }
@@ -854,7 +855,7 @@ func (d *Driver) Close() error {
 	d.book.Reset()
 	d.handles, d.live = nil, acl.LiveCounts{}
 	d.omu.Lock()
-	d.streams, d.events, d.gone = nil, nil, graveyard{}
+	d.streams, d.events, d.gone = nil, nil, handles.Graveyard{}
 	d.omu.Unlock()
 	if r := d.lib.cuDevicePrimaryCtxRelease(d.dev); r != ResultSuccess {
 		errs = append(errs, d.lib.newError("cuDevicePrimaryCtxRelease_v2", r))

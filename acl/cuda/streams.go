@@ -19,8 +19,8 @@ import (
 // a C program would. DestroyStream refuses a foreign stream (107000): its
 // owner destroys it. A stream this driver destroyed is remembered (gone) and
 // refused with 107000 rather than passed to CUDA as a dangling pointer, until
-// CUDA hands the same value out again through CreateStream; see graveyard for
-// the limits.
+// CUDA hands the same value out again through CreateStream; see
+// handles.Graveyard for the limits.
 //
 // Events are only ever created by the driver: an acl.Event is the driver's
 // own id, with the CUevent behind it in its books, so a stale or unknown one
@@ -44,50 +44,6 @@ type event struct {
 	busy int     // calls in flight that use it
 }
 
-// goneMax is how many destroyed streams a driver remembers, to refuse them.
-const goneMax = 1024
-
-// graveyard remembers the last goneMax streams the driver destroyed, so that
-// using one again is refused instead of reaching the runtime as a dangling
-// pointer. The runtime may hand a destroyed stream's pointer out again: to the
-// driver (CreateStream then revives it: it is simply the new stream), or to
-// the caller's own code, and then the driver cannot tell the caller's new
-// stream from the destroyed one and refuses it while it is remembered. A
-// stream destroyed more than goneMax destructions ago is forgotten and, if
-// used again, passed on as a foreign one. The zero value is empty.
-type graveyard struct {
-	slot map[acl.Stream]int // stream → its slot in ring
-	ring []acl.Stream       // the destroyed streams, oldest overwritten first
-	next int                // the slot the next burial takes
-}
-
-// bury remembers s as destroyed.
-func (g *graveyard) bury(s acl.Stream) {
-	if g.slot == nil {
-		g.slot = make(map[acl.Stream]int)
-	}
-	if len(g.ring) < goneMax {
-		g.ring = append(g.ring, s)
-	} else {
-		old := g.ring[g.next]
-		if i, ok := g.slot[old]; ok && i == g.next {
-			delete(g.slot, old)
-		}
-		g.ring[g.next] = s
-	}
-	g.slot[s] = g.next
-	g.next = (g.next + 1) % goneMax
-}
-
-// revive forgets s: the runtime handed it out again, as a new stream.
-func (g *graveyard) revive(s acl.Stream) { delete(g.slot, s) }
-
-// holds reports whether s is a stream the driver destroyed.
-func (g *graveyard) holds(s acl.Stream) bool {
-	_, ok := g.slot[s]
-	return ok
-}
-
 // holdStream checks s for a call of op: the default stream and a foreign
 // stream are passed as they are (st is nil); a stream of the books is marked
 // busy until releaseStream(st); a destroyed one is refused. The CUstream is
@@ -102,7 +58,7 @@ func (d *Driver) holdStream(op string, s acl.Stream) (st *stream, err error) {
 		st.busy++
 		return st, nil
 	}
-	if d.gone.holds(s) {
+	if d.gone.Holds(s) {
 		return nil, fail(op, acl.ErrCodeRTParamInvalid, "stream %#x was destroyed", uintptr(s))
 	}
 	return nil, nil // foreign: its owner vouches for it
@@ -170,7 +126,7 @@ func (d *Driver) CreateStream() (acl.Stream, error) {
 	s := acl.Stream(cu)
 	d.omu.Lock()
 	defer d.omu.Unlock()
-	d.gone.revive(s)
+	d.gone.Revive(s)
 	d.streams[s] = &stream{}
 	return s, nil
 }
@@ -193,7 +149,7 @@ func (d *Driver) DestroyStream(s acl.Stream) error {
 	defer d.omu.Unlock()
 	st, ok := d.streams[s]
 	switch {
-	case !ok && d.gone.holds(s):
+	case !ok && d.gone.Holds(s):
 		return fail(op, acl.ErrCodeRTParamInvalid, "stream %#x was destroyed", uintptr(s))
 	case !ok:
 		return fail(op, acl.ErrCodeRTParamInvalid, "stream %#x was not created by this driver: its owner destroys it", uintptr(s))
@@ -216,7 +172,7 @@ func (d *Driver) DestroyStream(s acl.Stream) error {
 		return d.lib.newError("cuStreamDestroy_v2", r)
 	}
 	delete(d.streams, s)
-	d.gone.bury(s)
+	d.gone.Bury(s)
 	return nil
 }
 

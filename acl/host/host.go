@@ -74,8 +74,7 @@ type Driver struct {
 	live    acl.LiveCounts
 	maxVMAs int // high-water mark of vmas
 
-	ss   streams       // device work in flight (streams.go)
-	quit chan struct{} // closed by Close: stream goroutines stop waiting
+	ss queues // device work in flight (streams.go); its lock is taken after mu, never before
 }
 
 type handle struct {
@@ -143,9 +142,9 @@ func New(cfg Config) (*Driver, error) {
 		handles: make(map[acl.PhysicalHandle]*handle),
 		imports: make(map[ipc.FileID]*handle),
 		nextID:  0x1000,
-		quit:    make(chan struct{}),
 	}
-	d.ss.init(d)
+	d.ss.Start = d.startStream
+	d.ss.Init()
 	return d, nil
 }
 
@@ -529,7 +528,7 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 		return fail(op, acl.ErrCodeRTFailure, "mmap PROT_NONE: %v", err)
 	}
 	// As on a device the unmap succeeds; work still touching the range faults.
-	d.faultUnmapLocked(m.Addr, m.Addr+m.Size)
+	d.ss.FaultUnmap(m.Addr, m.Addr+m.Size)
 	p, q := neighbours(r, i, true)
 	delta := seam(r, p, q) - seam(r, p, m) - seam(r, m, q)
 	r.Remove(i)
@@ -644,7 +643,7 @@ func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	if err != nil {
 		return err
 	}
-	d.faultRaceLocked(uintptr(dst), uintptr(dst)+uintptr(len(src)))
+	d.faultRace(uintptr(dst), uintptr(dst)+uintptr(len(src)))
 	copy(b, src)
 	return nil
 }
@@ -660,7 +659,7 @@ func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	if err != nil {
 		return err
 	}
-	d.faultRaceLocked(uintptr(src), uintptr(src)+uintptr(len(dst)))
+	d.faultRace(uintptr(src), uintptr(src)+uintptr(len(dst)))
 	copy(dst, b)
 	return nil
 }
@@ -681,8 +680,8 @@ func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
 	if err != nil {
 		return err
 	}
-	d.faultRaceLocked(uintptr(src), uintptr(src)+n)
-	d.faultRaceLocked(uintptr(dst), uintptr(dst)+n)
+	d.faultRace(uintptr(src), uintptr(src)+n)
+	d.faultRace(uintptr(dst), uintptr(dst)+n)
 	copy(t, s)
 	return nil
 }
@@ -698,7 +697,7 @@ func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
 	if err != nil {
 		return err
 	}
-	d.faultRaceLocked(uintptr(ptr), uintptr(ptr)+n)
+	d.faultRace(uintptr(ptr), uintptr(ptr)+n)
 	fill(b, value)
 	return nil
 }
@@ -732,10 +731,10 @@ func (d *Driver) Close() error {
 	d.closed = true
 	d.mu.Unlock()
 	var errs []error
-	if pending := d.pendingWork(); pending != "" {
-		errs = append(errs, fmt.Errorf("host driver: closed with %s", pending))
+	// A running memset takes mu shared: stop the streams before taking it.
+	if n := d.ss.Stop(); n > 0 {
+		errs = append(errs, fmt.Errorf("host driver: closed with %d pieces of device work still queued", n))
 	}
-	d.stopStreams() // a running memset takes mu shared: stop them before taking it
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.live.Zero() {

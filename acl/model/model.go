@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/internal/book"
+	"github.com/vmarena/vmarena/acl/internal/queue"
 	"github.com/vmarena/vmarena/acl/internal/rules"
 )
 
@@ -59,10 +60,9 @@ type Driver struct {
 	phys    uintptr // bytes of live physical allocations
 	live    acl.LiveCounts
 
-	data sync.Mutex // the pages of every handle, in data mode; taken after ss.mu
+	data sync.Mutex // the pages of every handle, in data mode; taken after ss's lock
 
-	ss   streams       // device work in flight (streams.go)
-	quit chan struct{} // closed by Close: watchers stop waiting
+	ss queues // device work in flight (streams.go); its lock is taken after mu and before data
 }
 
 type handle struct {
@@ -125,14 +125,14 @@ func New(cfg Config) (*Driver, error) {
 		handles: make(map[acl.PhysicalHandle]*handle),
 		nextID:  0x1000,
 		nextVA:  vaBase,
-		quit:    make(chan struct{}),
 	}
 	if !cfg.Untimed {
 		d.cost = compile(p)
 	} else {
 		d.cost.gran = uintptr(p.Granularity.Value)
 	}
-	d.ss.init()
+	d.ss.Advance = d.advanceLocked
+	d.ss.Init()
 	return d, nil
 }
 
@@ -202,6 +202,13 @@ func (d *Driver) end(k call, t0, host, after int64) {
 // charge spends the base cost of a call of kind k that starts now.
 func (d *Driver) charge(k call) {
 	d.end(k, d.begin(k), d.cost.base[k], 0)
+}
+
+// timed runs fn as the work of a call of kind k that costs its base.
+func (d *Driver) timed(k call, fn func()) {
+	t0 := d.begin(k)
+	fn()
+	d.end(k, t0, d.cost.base[k], 0)
 }
 
 func (d *Driver) pageOf(attr acl.MemAttr) uintptr {
@@ -436,7 +443,7 @@ func (d *Driver) unmap(op string, ptr acl.DevicePtr) (uintptr, error) {
 	if m == nil {
 		return 0, fail(op, acl.ErrCodeRTDrvInternal, "%v is not the start of a mapping", ptr)
 	}
-	d.faultUnmapLocked(m.Addr, m.Addr+m.Size)
+	d.ss.FaultUnmap(m.Addr, m.Addr+m.Size)
 	r.Remove(i)
 	d.live.Mappings--
 	d.live.MappedBytes -= m.Size
@@ -581,7 +588,7 @@ func (d *Driver) syncAccess(op string, a acl.DevicePtr, an uintptr, b acl.Device
 			return err
 		}
 	}
-	d.faultRace(uintptr(a), uintptr(a)+an, uintptr(b), uintptr(b)+bn)
+	d.ss.FaultRace(queue.Range{Lo: uintptr(a), Hi: uintptr(a) + an}, queue.Range{Lo: uintptr(b), Hi: uintptr(b) + bn})
 	if d.cfg.Data {
 		d.data.Lock()
 		defer d.data.Unlock()
@@ -627,10 +634,9 @@ func (d *Driver) Close() error {
 	d.closed = true
 	d.mu.Unlock()
 	var errs []error
-	if pending := d.pendingWork(); pending != "" {
-		errs = append(errs, fmt.Errorf("model driver: closed with %s", pending))
+	if n := d.ss.Stop(); n > 0 {
+		errs = append(errs, fmt.Errorf("model driver: closed with %d pieces of device work still queued", n))
 	}
-	d.stopStreams()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.live.Zero() {

@@ -1,12 +1,10 @@
 package model
 
 import (
-	"errors"
-	"fmt"
-	"sync"
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/internal/queue"
 )
 
 // Device work in modelled time.
@@ -31,236 +29,128 @@ import (
 //   - a synchronous copy or memset touches a range that work not yet
 //     finished will write: the fault is counted.
 
-// workKind is what a queued piece of work does.
-type workKind int
+// The books of streams, events and faults, and the rules of their calls, are
+// the host driver's (acl/internal/queue); this file computes when the work
+// ends.
 
-const (
-	workMemset workKind = iota // MemsetAsync
-	workKernel                 // Launch, LaunchFor
+type (
+	queues = queue.Queues[workX, streamX]
+	stream = queue.Stream[workX, streamX]
+	work   = queue.Work[workX]
 )
 
-// work is one piece of device work queued on a stream.
-type work struct {
-	kind    workKind
-	seq     uint64  // its position in its stream, from 1
-	lo, hi  uintptr // the device range it touches, [lo, hi); empty for none
-	value   byte
+// workX is what the model keeps per piece of work beyond the books.
+type workX struct {
 	spans   []span // where a memset writes, in data mode
 	ready   int64  // when it may start: its launch call has returned
 	dur     int64  // device time once started
-	done    <-chan struct{}
-	closed  bool  // done has been seen closed
-	closeAt int64 // when
-	end     int64 // completion time, once known
-	known   bool  // end is known
-	faulted bool  // its range was unmapped before it finished
+	closed  bool   // Done has been seen closed
+	closeAt int64  // when
+	end     int64  // completion time, once known
+	known   bool   // end is known
 }
 
-// stream is a queue of device work.
-type stream struct {
-	id       acl.Stream
-	queue    []*work // not yet retired, in order
-	queued   uint64  // seq of the last work queued
-	finished uint64  // seq of the last work retired
-	tail     int64   // end of the last work retired
-	err      error   // the first fault since the last synchronisation
+// streamX is what the model keeps per stream beyond the books.
+type streamX struct {
+	tail int64 // end of the last work retired
 }
 
-// event is a position in a stream's queue.
-type event struct {
-	s   *stream // nil until recorded
-	seq uint64
-}
-
-// streams is the model's device-work state. Its mutex is taken after the
-// driver's mu and before its data lock.
-type streams struct {
-	mu      sync.Mutex
-	cond    *sync.Cond // broadcast when a done channel closes, and at Close
-	all     map[acl.Stream]*stream
-	events  map[acl.Event]*event
-	next    uintptr // the last stream or event id handed out
-	faults  int
-	closing bool
-	wg      sync.WaitGroup // watchers
-}
-
-func (ss *streams) init() {
-	ss.cond = sync.NewCond(&ss.mu)
-	ss.all = map[acl.Stream]*stream{0: {id: 0}}
-	ss.events = make(map[acl.Event]*event)
-	ss.next = 0x5000
-}
-
-// schedule works out the end of each queued piece of work, as far as it is
-// known: up to the first Launch whose done channel has not closed.
-func (s *stream) schedule() {
-	prev := s.tail
-	for _, w := range s.queue {
-		if !w.known {
-			if w.done != nil && !w.closed {
+// schedule works out the end of each queued piece of work on s, as far as
+// it is known: up to the first Launch whose done channel has not closed.
+func schedule(s *stream) {
+	prev := s.X.tail
+	for _, w := range s.Queue {
+		if !w.X.known {
+			if w.Done != nil && !w.X.closed {
 				return
 			}
-			e := max(w.ready, prev) + w.dur
-			if w.done != nil {
-				e = max(e, w.closeAt)
+			e := max(w.X.ready, prev) + w.X.dur
+			if w.Done != nil {
+				e = max(e, w.X.closeAt)
 			}
-			w.end, w.known = e, true
+			w.X.end, w.X.known = e, true
 		}
-		prev = w.end
+		prev = w.X.end
 	}
 }
 
-// advanceLocked retires the work on s that has finished by t, applying
-// memsets in data mode. Call with ss.mu held.
-func (d *Driver) advanceLocked(s *stream, t int64) {
-	s.schedule()
-	n := 0
-	for n < len(s.queue) && s.queue[n].known && s.queue[n].end <= t {
-		w := s.queue[n]
-		if w.faulted {
-			if s.err == nil {
-				s.err = fail("device work", acl.ErrCodeRTDrvInternal,
-					"work on stream %#x touched [%#x, %#x) after it was unmapped (illegal address)", uintptr(s.id), w.lo, w.hi)
-			}
-		} else if w.kind == workMemset && w.spans != nil {
+// advanceLocked retires the work on s that has finished by now, applying
+// memsets in data mode. Call with the queues' lock held.
+func (d *Driver) advanceLocked(s *stream) {
+	schedule(s)
+	t := now()
+	for len(s.Queue) > 0 && s.Queue[0].X.known && s.Queue[0].X.end <= t {
+		w := s.Queue[0]
+		if !w.Faulted && w.Kind == queue.Memset && w.X.spans != nil {
 			d.data.Lock()
-			applyFill(w.spans, w.value)
+			applyFill(w.X.spans, w.Value)
 			d.data.Unlock()
 		}
-		s.finished, s.tail = w.seq, w.end
-		s.queue[n] = nil
-		n++
-	}
-	if n > 0 {
-		s.queue = s.queue[n:]
-		if len(s.queue) == 0 {
-			s.queue = nil
-		}
-	}
-}
-
-// advanceAllLocked retires finished work on every stream.
-func (d *Driver) advanceAllLocked(t int64) {
-	for _, s := range d.ss.all {
-		d.advanceLocked(s, t)
+		s.X.tail = w.X.end
+		s.Retire()
 	}
 }
 
 // endOf returns when the work up to seq on s ends, if that is known yet.
-func (s *stream) endOf(seq uint64) (int64, bool) {
-	s.schedule()
-	for _, w := range s.queue {
-		if w.seq == seq {
-			return w.end, w.known
+func endOf(s *stream, seq uint64) (int64, bool) {
+	schedule(s)
+	for _, w := range s.Queue {
+		if w.Seq == seq {
+			return w.X.end, w.X.known
 		}
-		if !w.known {
+		if !w.X.known {
 			return 0, false
 		}
 	}
-	return s.tail, true
-}
-
-// faultUnmapLocked marks the unfinished work that touches [lo, hi), which
-// is being unmapped, as faulted. Call with d.mu held.
-func (d *Driver) faultUnmapLocked(lo, hi uintptr) {
-	ss := &d.ss
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	d.advanceAllLocked(now())
-	for _, s := range ss.all {
-		for _, w := range s.queue {
-			if w.lo < hi && lo < w.hi && !w.faulted {
-				w.faulted = true
-				ss.faults++
-			}
-		}
-	}
-}
-
-// faultRace records a fault if unfinished work will still write [alo, ahi)
-// or [blo, bhi), which a synchronous call is about to touch. Call with d.mu
-// held (shared).
-func (d *Driver) faultRace(alo, ahi, blo, bhi uintptr) {
-	ss := &d.ss
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	d.advanceAllLocked(now())
-	for _, s := range ss.all {
-		for _, w := range s.queue {
-			if (w.lo < ahi && alo < w.hi) || (w.lo < bhi && blo < w.hi) {
-				ss.faults++
-				return
-			}
-		}
-	}
+	return s.X.tail, true
 }
 
 // Faults returns how many times device work touched a range after it was
 // unmapped, or a synchronous copy or memset touched a range that queued work
 // was still writing (see acl.Launcher).
-func (d *Driver) Faults() int {
-	d.ss.mu.Lock()
-	defer d.ss.mu.Unlock()
-	return d.ss.faults
-}
-
-// streamLocked returns the live stream s. Call with ss.mu held.
-func (d *Driver) streamLocked(op string, s acl.Stream) (*stream, error) {
-	st, ok := d.ss.all[s]
-	if !ok {
-		return nil, fail(op, acl.ErrCodeRTParamInvalid, "stream %#x is not a live stream", uintptr(s))
-	}
-	return st, nil
-}
+func (d *Driver) Faults() int { return d.ss.Faults() }
 
 // enqueue queues w on s, after checking that its range, if any, is mapped
-// with access. ready is when the work may start.
+// with access. w.X.ready is when the work may start.
 func (d *Driver) enqueue(op string, s acl.Stream, w *work) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	if d.closed {
 		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
-	if w.hi > w.lo {
-		r, err := d.book.Accessible(op, acl.DevicePtr(w.lo), w.hi-w.lo)
+	if w.Hi > w.Lo {
+		r, err := d.book.Accessible(op, acl.DevicePtr(w.Lo), w.Hi-w.Lo)
 		if err != nil {
 			return err
 		}
-		if w.kind == workMemset {
-			w.spans = d.spans(r, w.lo, w.hi-w.lo)
+		if w.Kind == queue.Memset {
+			w.X.spans = d.spans(r, w.Lo, w.Hi-w.Lo)
 		}
 	}
 	ss := &d.ss
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	st, err := d.streamLocked(op, s)
-	if err != nil {
+	ss.Lock()
+	defer ss.Unlock()
+	if err := ss.EnqueueLocked(op, s, w); err != nil {
 		return err
 	}
-	st.queued++
-	w.seq = st.queued
-	st.queue = append(st.queue, w)
-	if w.done != nil {
-		ss.wg.Add(1)
-		go d.watch(w)
+	if w.Done != nil {
+		ss.GoLocked(func() { d.watch(w) })
 	}
 	return nil
 }
 
 // watch notes when w's done channel closes.
 func (d *Driver) watch(w *work) {
-	defer d.ss.wg.Done()
 	select {
-	case <-w.done:
-	case <-d.quit:
+	case <-w.Done:
+	case <-d.ss.Quit():
 		return
 	}
 	t := now()
-	d.ss.mu.Lock()
-	w.closed, w.closeAt = true, t
-	d.ss.cond.Broadcast()
-	d.ss.mu.Unlock()
+	d.ss.Lock()
+	w.X.closed, w.X.closeAt = true, t
+	d.ss.Broadcast()
+	d.ss.Unlock()
 }
 
 // MemsetAsync queues a memset of n bytes at ptr on s. The call costs the
@@ -273,8 +163,8 @@ func (d *Driver) MemsetAsync(ptr acl.DevicePtr, value byte, n uintptr, s acl.Str
 	const op = "aclrtMemsetAsync"
 	t0 := d.begin(cMemsetAsync)
 	host := d.cost.base[cMemsetAsync]
-	err := d.enqueue(op, s, &work{kind: workMemset, lo: uintptr(ptr), hi: uintptr(ptr) + n, value: value,
-		ready: t0 + host, dur: d.cost.device(n)})
+	err := d.enqueue(op, s, &work{Kind: queue.Memset, Lo: uintptr(ptr), Hi: uintptr(ptr) + n, Value: value,
+		X: workX{ready: t0 + host, dur: d.cost.device(n)}})
 	d.end(cMemsetAsync, t0, host, 0)
 	return err
 }
@@ -304,9 +194,9 @@ func (d *Driver) LaunchFor(s acl.Stream, ptr acl.DevicePtr, n uintptr, dur time.
 func (d *Driver) launch(s acl.Stream, ptr acl.DevicePtr, n uintptr, dur int64, done <-chan struct{}) error {
 	t0 := d.begin(cLaunch)
 	host := d.cost.base[cLaunch]
-	w := &work{kind: workKernel, ready: t0 + host, dur: dur, done: done}
+	w := &work{Kind: queue.Kernel, Done: done, X: workX{ready: t0 + host, dur: dur}}
 	if n > 0 {
-		w.lo, w.hi = uintptr(ptr), uintptr(ptr)+n
+		w.Lo, w.Hi = uintptr(ptr), uintptr(ptr)+n
 	}
 	err := d.enqueue("Launch", s, w)
 	d.end(cLaunch, t0, host, 0)
@@ -314,95 +204,49 @@ func (d *Driver) launch(s acl.Stream, ptr acl.DevicePtr, n uintptr, dur int64, d
 }
 
 // CreateStream makes a new stream.
-func (d *Driver) CreateStream() (acl.Stream, error) {
-	const op = "aclrtCreateStream"
-	t0 := d.begin(cCreateStream)
-	s, err := d.createStream(op)
-	d.end(cCreateStream, t0, d.cost.base[cCreateStream], 0)
+func (d *Driver) CreateStream() (s acl.Stream, err error) {
+	d.timed(cCreateStream, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		s, err = d.ss.CreateStream("aclrtCreateStream", d.closed, &d.live)
+	})
 	return s, err
 }
 
-func (d *Driver) createStream(op string) (acl.Stream, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
-	}
-	ss := &d.ss
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	ss.next += 0x10
-	id := acl.Stream(ss.next)
-	ss.all[id] = &stream{id: id}
-	d.live.Streams++
-	return id, nil
-}
-
 // DestroyStream forgets s, which must have no work pending.
-func (d *Driver) DestroyStream(s acl.Stream) error {
-	const op = "aclrtDestroyStream"
-	t0 := d.begin(cDestroyStream)
-	err := d.destroyStream(op, s)
-	d.end(cDestroyStream, t0, d.cost.base[cDestroyStream], 0)
+func (d *Driver) DestroyStream(s acl.Stream) (err error) {
+	d.timed(cDestroyStream, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		err = d.ss.DestroyStream("aclrtDestroyStream", s, d.closed, &d.live)
+	})
 	return err
-}
-
-func (d *Driver) destroyStream(op string, s acl.Stream) error {
-	if s == 0 {
-		return fail(op, acl.ErrCodeInvalidParam, "the default stream cannot be destroyed")
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
-	}
-	ss := &d.ss
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	st, err := d.streamLocked(op, s)
-	if err != nil {
-		return err
-	}
-	d.advanceLocked(st, now())
-	if len(st.queue) > 0 {
-		return fail(op, acl.ErrCodeRTParamInvalid, "stream %#x has %d pieces of work pending: synchronise it first", uintptr(s), len(st.queue))
-	}
-	delete(ss.all, s)
-	d.live.Streams--
-	return nil
 }
 
 // waitFor waits until the work up to seq on s has finished, or the driver
 // closes.
 func (d *Driver) waitFor(op string, s *stream, seq uint64) error {
 	ss := &d.ss
-	ss.mu.Lock()
+	ss.Lock()
 	for {
-		d.advanceLocked(s, now())
-		if s.finished >= seq {
-			ss.mu.Unlock()
+		d.advanceLocked(s)
+		if s.Finished >= seq {
+			ss.Unlock()
 			return nil
 		}
-		if ss.closing {
-			ss.mu.Unlock()
+		if ss.StoppingLocked() {
+			ss.Unlock()
 			return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 		}
-		end, known := s.endOf(seq)
+		end, known := endOf(s, seq)
 		if !known {
-			ss.cond.Wait()
+			ss.Wait()
 			continue
 		}
-		ss.mu.Unlock()
+		ss.Unlock()
 		waitUntil(end)
-		ss.mu.Lock()
+		ss.Lock()
 	}
-}
-
-// takeErr returns and clears the fault s has to report.
-func (s *stream) takeErr() error {
-	err := s.err
-	s.err = nil
-	return err
 }
 
 // SynchronizeStream waits until the work queued on s has run, and returns
@@ -412,20 +256,20 @@ func (s *stream) takeErr() error {
 func (d *Driver) SynchronizeStream(s acl.Stream) error {
 	const op = "aclrtSynchronizeStream"
 	ss := &d.ss
-	ss.mu.Lock()
-	st, err := d.streamLocked(op, s)
+	ss.Lock()
+	st, err := ss.StreamLocked(op, s)
 	var seq uint64
 	if err == nil {
-		seq = st.queued
+		seq = st.Queued
 	}
-	ss.mu.Unlock()
+	ss.Unlock()
 	if err == nil {
 		err = d.waitFor(op, st, seq)
 	}
 	if err == nil {
-		ss.mu.Lock()
-		err = st.takeErr()
-		ss.mu.Unlock()
+		ss.Lock()
+		err = st.TakeErr()
+		ss.Unlock()
 	}
 	d.charge(cSyncStream)
 	return err
@@ -441,117 +285,50 @@ func (d *Driver) SynchronizeDevice() error {
 		seq uint64
 	}
 	ss := &d.ss
-	ss.mu.Lock()
+	ss.Lock()
 	var marks []mark
-	for _, st := range ss.all {
-		if st.queued > st.finished {
-			marks = append(marks, mark{st, st.queued})
+	for st := range ss.StreamsLocked() {
+		if !st.Idle() {
+			marks = append(marks, mark{st, st.Queued})
 		}
 	}
-	ss.mu.Unlock()
-	var errs []error
+	ss.Unlock()
+	var err error
 	for _, m := range marks {
-		if err := d.waitFor(op, m.s, m.seq); err != nil {
-			errs = append(errs, err)
+		if err = d.waitFor(op, m.s, m.seq); err != nil {
 			break
 		}
 	}
-	if len(errs) == 0 {
-		ss.mu.Lock()
-		for _, st := range ss.all {
-			errs = append(errs, st.takeErr())
-		}
-		ss.mu.Unlock()
+	if err == nil {
+		ss.Lock()
+		err = ss.TakeErrsLocked()
+		ss.Unlock()
 	}
 	d.charge(cSyncDevice)
-	return errors.Join(errs...)
-}
-
-// CreateEvent makes an event, never recorded.
-func (d *Driver) CreateEvent() (acl.Event, error) {
-	const op = "aclrtCreateEvent"
-	t0 := d.begin(cCreateEvent)
-	ev, err := d.createEvent(op)
-	d.end(cCreateEvent, t0, d.cost.base[cCreateEvent], 0)
-	return ev, err
-}
-
-func (d *Driver) createEvent(op string) (acl.Event, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
-	}
-	ss := &d.ss
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	ss.next += 0x10
-	id := acl.Event(ss.next)
-	ss.events[id] = &event{}
-	d.live.Events++
-	return id, nil
-}
-
-// eventLocked returns the live event ev. Call with ss.mu held.
-func (d *Driver) eventLocked(op string, ev acl.Event) (*event, error) {
-	if ev == 0 {
-		return nil, fail(op, acl.ErrCodeInvalidParam, "event is NULL")
-	}
-	e, ok := d.ss.events[ev]
-	if !ok {
-		return nil, fail(op, acl.ErrCodeRTParamInvalid, "event %#x is not a live event", uintptr(ev))
-	}
-	return e, nil
-}
-
-// RecordEvent marks the present end of s's queue with ev.
-func (d *Driver) RecordEvent(ev acl.Event, s acl.Stream) error {
-	const op = "aclrtRecordEvent"
-	t0 := d.begin(cRecordEvent)
-	err := d.recordEvent(op, ev, s)
-	d.end(cRecordEvent, t0, d.cost.base[cRecordEvent], 0)
 	return err
 }
 
-func (d *Driver) recordEvent(op string, ev acl.Event, s acl.Stream) error {
-	ss := &d.ss
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	e, err := d.eventLocked(op, ev)
-	if err != nil {
-		return err
-	}
-	st, err := d.streamLocked(op, s)
-	if err != nil {
-		return err
-	}
-	e.s, e.seq = st, st.queued
-	return nil
+// CreateEvent makes an event, never recorded.
+func (d *Driver) CreateEvent() (ev acl.Event, err error) {
+	d.timed(cCreateEvent, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		ev, err = d.ss.CreateEvent("aclrtCreateEvent", d.closed, &d.live)
+	})
+	return ev, err
+}
+
+// RecordEvent marks the present end of s's queue with ev.
+func (d *Driver) RecordEvent(ev acl.Event, s acl.Stream) (err error) {
+	d.timed(cRecordEvent, func() { err = d.ss.Record("aclrtRecordEvent", ev, s) })
+	return err
 }
 
 // QueryEvent reports whether the work before ev's mark has finished. It
 // never waits. An event never recorded is not complete, as on ACL.
-func (d *Driver) QueryEvent(ev acl.Event) (bool, error) {
-	const op = "aclrtQueryEventStatus"
-	t0 := d.begin(cQueryEvent)
-	done, err := d.queryEvent(op, ev)
-	d.end(cQueryEvent, t0, d.cost.base[cQueryEvent], 0)
+func (d *Driver) QueryEvent(ev acl.Event) (done bool, err error) {
+	d.timed(cQueryEvent, func() { done, err = d.ss.Query("aclrtQueryEventStatus", ev) })
 	return done, err
-}
-
-func (d *Driver) queryEvent(op string, ev acl.Event) (bool, error) {
-	ss := &d.ss
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	e, err := d.eventLocked(op, ev)
-	if err != nil {
-		return false, err
-	}
-	if e.s == nil {
-		return false, nil
-	}
-	d.advanceLocked(e.s, now())
-	return e.s.finished >= e.seq, nil
 }
 
 // SynchronizeEvent waits until ev completes. An event never recorded
@@ -559,14 +336,14 @@ func (d *Driver) queryEvent(op string, ev acl.Event) (bool, error) {
 func (d *Driver) SynchronizeEvent(ev acl.Event) error {
 	const op = "aclrtSynchronizeEvent"
 	ss := &d.ss
-	ss.mu.Lock()
-	e, err := d.eventLocked(op, ev)
+	ss.Lock()
+	e, err := ss.EventLocked(op, ev)
 	var st *stream
 	var seq uint64
 	if err == nil {
-		st, seq = e.s, e.seq
+		st, seq = e.Stream, e.Seq
 	}
-	ss.mu.Unlock()
+	ss.Unlock()
 	if err == nil && st != nil {
 		err = d.waitFor(op, st, seq)
 	}
@@ -575,52 +352,11 @@ func (d *Driver) SynchronizeEvent(ev acl.Event) error {
 }
 
 // DestroyEvent forgets ev.
-func (d *Driver) DestroyEvent(ev acl.Event) error {
-	const op = "aclrtDestroyEvent"
-	t0 := d.begin(cDestroyEvent)
-	err := d.destroyEvent(op, ev)
-	d.end(cDestroyEvent, t0, d.cost.base[cDestroyEvent], 0)
+func (d *Driver) DestroyEvent(ev acl.Event) (err error) {
+	d.timed(cDestroyEvent, func() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		err = d.ss.DestroyEvent("aclrtDestroyEvent", ev, &d.live)
+	})
 	return err
-}
-
-func (d *Driver) destroyEvent(op string, ev acl.Event) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	ss := &d.ss
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	if _, err := d.eventLocked(op, ev); err != nil {
-		return err
-	}
-	delete(ss.events, ev)
-	d.live.Events--
-	return nil
-}
-
-// stopStreams wakes every waiter and stops the watchers; work still queued
-// is dropped.
-func (d *Driver) stopStreams() {
-	ss := &d.ss
-	ss.mu.Lock()
-	ss.closing = true
-	ss.cond.Broadcast()
-	ss.mu.Unlock()
-	close(d.quit)
-	ss.wg.Wait()
-}
-
-// pendingWork describes the work not yet finished, for leak reports.
-func (d *Driver) pendingWork() string {
-	ss := &d.ss
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	d.advanceAllLocked(now())
-	n := 0
-	for _, s := range ss.all {
-		n += len(s.queue)
-	}
-	if n == 0 {
-		return ""
-	}
-	return fmt.Sprintf("%d pieces of device work still queued", n)
 }

@@ -127,7 +127,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	}
 	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole suite in seconds")
 	fs.Var(listFlag{&o.workloads, workloadNames}, "workloads", "workloads to run: kv, scratch, churn, or all")
-	fs.Var(listFlag{&o.strategies, strategy.Names}, "strategies", "strategies to compare: arena, arena-eager, realloc, prealloc, pertensor, or all (default arena,realloc,prealloc,pertensor)")
+	fs.Var(listFlag{&o.strategies, strategy.Names}, "strategies", "strategies to compare: arena, arena-eager, realloc, prealloc, pertensor, or all")
 	fs.IntVar(&o.count, "count", 1, "repetitions; each runs the strategies in a rotated order")
 	fs.StringVar(&o.out, "out", filepath.Join("bench", "out"), "directory for results.json, bench.txt and the plots")
 	fs.StringVar(&o.img, "img", "", "directory for the PNG plots (default -out)")

@@ -437,8 +437,13 @@ func (r *report) targets() []target {
 			ts = append(ts, target{w + ": device-wide synchronisations by the arena (streams given)", "0",
 				fmt.Sprintf("%d", a.DeviceSyncs), a.DeviceSyncs == 0})
 		}
-		limit := int64(a.Regions) * chunkSize
-		ts = append(ts, target{w + ": arena fragmentation", "waste ≤ 1 chunk per arena",
+		// The headroom is mapped and unused by design: it is what the
+		// caller asked to keep ready, on top of the one chunk of slack.
+		limit, want := int64(a.Regions)*chunkSize, "waste ≤ 1 chunk per arena"
+		if o.headroom > 0 {
+			limit, want = int64(a.Regions)*(int64(o.headroom)*chunkSize+chunkSize), "waste ≤ headroom + 1 chunk per arena"
+		}
+		ts = append(ts, target{w + ": arena fragmentation", want,
 			fmt.Sprintf("%.2f%% (%s over %d arenas, limit %s)", 100*a.Frag, workload.HumanBytes(a.Waste), a.Regions,
 				workload.HumanBytes(limit)), a.Waste <= limit})
 		if a.GrowOverhead > 0 {

@@ -61,8 +61,8 @@ type row struct {
 	FinalPhysical int64   `json:"final_physical"`
 	PeakMapped    int64   `json:"peak_mapped"`
 	PeakLive      int64   `json:"peak_live"`
-	Frag          float64 `json:"fragmentation"` // 1 − peak live ÷ peak mapped
-	Waste         int64   `json:"waste"`         // peak mapped − peak live
+	Frag          float64 `json:"fragmentation"` // 1 − peak live ÷ peak committed mapped
+	Waste         int64   `json:"waste"`         // peak committed mapped − peak live
 	Regions       int     `json:"regions"`
 	Copied        int64   `json:"copied"`
 	Written       int64   `json:"written"`
@@ -257,27 +257,7 @@ func summarise(runs []*workload.Result) *row {
 		x.WorkerNS = p.WorkerNS
 		x.Scrubs, x.ScrubsFresh, x.ScrubsAsync, x.Reclaimed = p.Scrubs, p.ScrubsFresh, p.ScrubsAsync, p.Reclaimed
 	}
-	// Memory held but free to take (a cache, dropped arena memory) is not
-	// committed. Without any, the exact peaks the driver wrapper kept hold;
-	// with some, the peaks of the samples at the end of each step.
-	idle := false
-	var sampledLive int64
-	for _, sm := range med.Samples {
-		x.PeakCommitted = max(x.PeakCommitted, sm.Committed())
-		x.PeakCommMapped = max(x.PeakCommMapped, sm.CommittedMapped())
-		sampledLive = max(sampledLive, sm.Live)
-		idle = idle || sm.Cached > 0 || sm.Reclaimable > 0
-	}
-	live := sampledLive // compared with sampled peaks, at the same moments
-	if !idle {
-		x.PeakCommitted, x.PeakCommMapped, live = x.PeakPhysical, x.PeakMapped, x.PeakLive
-	}
-	// Fragmentation as GMLake defines it, over the mapped memory that is not
-	// free to take.
-	if x.PeakCommMapped > 0 {
-		x.Frag = 1 - float64(live)/float64(x.PeakCommMapped)
-	}
-	x.Waste = x.PeakCommMapped - live
+	x.PeakCommitted, x.PeakCommMapped, x.Frag, x.Waste = committed(med)
 	// With the pool's worker at work beside the caller, the driver time inside
 	// a Grow includes the worker's calls: the Grow's overhead over its own
 	// calls cannot be told apart (the micro measure, with no worker, does).
@@ -597,6 +577,31 @@ func (r *report) writeJSON(w io.Writer) error {
 	return enc.Encode(r)
 }
 
+// committed returns a run's peaks of physical and mapped memory that is not
+// free to take, and its fragmentation and waste over the latter. Memory held
+// but free to take (a cache, dropped arena memory) is not committed. Without
+// any, the exact peaks the driver wrapper kept hold; with some, the peaks of
+// the samples at the end of each step, compared with the live bytes sampled
+// at the same moments.
+func committed(res *workload.Result) (phys, mapped int64, frag float64, waste int64) {
+	idle := false
+	var live int64
+	for _, sm := range res.Samples {
+		phys = max(phys, sm.Committed())
+		mapped = max(mapped, sm.CommittedMapped())
+		live = max(live, sm.Live)
+		idle = idle || sm.Cached > 0 || sm.Reclaimable > 0
+	}
+	if !idle {
+		phys, mapped, live = res.Mem.PeakPhysical, res.Mem.PeakMapped, res.PeakLive
+	}
+	// Fragmentation as GMLake defines it.
+	if mapped > 0 {
+		frag = 1 - float64(live)/float64(mapped)
+	}
+	return phys, mapped, frag, mapped - live
+}
+
 var benchNames = map[string]string{"kv": "KVDecode", "scratch": "Scratch", "churn": "Churn"}
 
 // writeBench writes Go benchmark format: one line per run, so benchstat sees
@@ -611,18 +616,18 @@ func (r *report) writeBench(w io.Writer) error {
 	for _, res := range r.s.results {
 		p50, p99, _, ovh := growStats(res.Grows)
 		_, drvNS := res.Calls.Total()
-		var frag float64
-		if res.Mem.PeakMapped > 0 {
-			frag = 1 - float64(res.PeakLive)/float64(res.Mem.PeakMapped)
+		committedPhys, _, frag, _ := committed(res)
+		if res.Pool != nil && res.Pool.WorkerSpins > 0 {
+			ovh = 0 // the worker's calls run inside the Grows too (see summarise)
 		}
 		memCalls, _ := res.Calls.Sum(counting.MemoryOps...)
 		var workerNS int64
 		if res.Pool != nil {
 			workerNS = res.Pool.WorkerNS
 		}
-		fmt.Fprintf(w, "Benchmark%s/strategy=%s-%d\t1\t%d ns/op\t%d alloc-ns/op\t%d setup-ns/op\t%d worker-ns/op\t%d driver-ns/op\t%d cpu-ns/op\t%.0f grow-p50-ns\t%.0f grow-p99-ns\t%.4f grow/driver\t%d peak-phys-B\t%d final-phys-B\t%d peak-mapped-B\t%.4f frag\t%d copied-B\t%d driver-calls\t%d device-syncs\n",
+		fmt.Fprintf(w, "Benchmark%s/strategy=%s-%d\t1\t%d ns/op\t%d alloc-ns/op\t%d setup-ns/op\t%d worker-ns/op\t%d driver-ns/op\t%d cpu-ns/op\t%.0f grow-p50-ns\t%.0f grow-p99-ns\t%.4f grow/driver\t%d peak-phys-B\t%d committed-B\t%d final-phys-B\t%d peak-mapped-B\t%.4f frag\t%d copied-B\t%d driver-calls\t%d device-syncs\n",
 			benchNames[res.Workload], res.Strategy, procs, res.WallNS, res.MemNS, res.SetupNS, workerNS, drvNS, res.CPUNS, p50, p99, ovh,
-			res.Mem.PeakPhysical, res.Final.Physical, res.Mem.PeakMapped, frag, res.Mem.Copied, memCalls,
+			res.Mem.PeakPhysical, committedPhys, res.Final.Physical, res.Mem.PeakMapped, frag, res.Mem.Copied, memCalls,
 			res.Calls.N[counting.SyncDevice])
 	}
 	if m := r.Micro; m != nil {

@@ -3,7 +3,6 @@ package arena_test
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,49 +13,8 @@ import (
 	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/logtest"
 )
-
-// recorder is a slog.Handler that keeps every record, for tests.
-type recorder struct {
-	mu   sync.Mutex
-	recs []record
-}
-
-type record struct {
-	level slog.Level
-	msg   string
-	attrs map[string]slog.Value
-}
-
-func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
-
-func (r *recorder) Handle(_ context.Context, rc slog.Record) error {
-	m := make(map[string]slog.Value)
-	rc.Attrs(func(a slog.Attr) bool {
-		m[a.Key] = a.Value
-		return true
-	})
-	r.mu.Lock()
-	r.recs = append(r.recs, record{rc.Level, rc.Message, m})
-	r.mu.Unlock()
-	return nil
-}
-
-func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
-func (r *recorder) WithGroup(string) slog.Handler      { return r }
-
-// find returns the records with message msg.
-func (r *recorder) find(msg string) []record {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []record
-	for _, rc := range r.recs {
-		if rc.msg == msg {
-			out = append(out, rc)
-		}
-	}
-	return out
-}
 
 // The arena reports growths, shrinks, reclaims and failures with what was
 // asked and held, and counts them in Activity; its private pool logs to
@@ -64,50 +22,50 @@ func (r *recorder) find(msg string) []record {
 func TestEvents(t *testing.T) {
 	const g = acl.HugePageSize
 	d := isoDriver(t, 64<<20)
-	log := &recorder{}
+	log := &logtest.Recorder{}
 	a := isoArena(t, arena.Config{Driver: d, Reserve: 16 << 20, Chunk: chunk.Config{Budget: 4 * g},
 		Logger: slog.New(log)})
 
 	require.NoError(t, a.Grow(3*g))
-	grows := log.find(arena.EventGrow)
+	grows := log.Find(arena.EventGrow)
 	require.Len(t, grows, 1)
-	e := grows[0].attrs
+	e := grows[0].Attrs
 	assert.Equal(t, uint64(0), e["from"].Uint64())
 	assert.Equal(t, uint64(3*g), e["to"].Uint64())
 	assert.Equal(t, uint64(3), e["chunks"].Uint64())
 	assert.Equal(t, a.Base().String(), e["base"].String())
 	assert.Positive(t, e["dur"].Duration())
 	require.NoError(t, a.Grow(g), "within Cap: no growth, no event")
-	assert.Len(t, log.find(arena.EventGrow), 1)
+	assert.Len(t, log.Find(arena.EventGrow), 1)
 
 	_, err := a.Alloc(g, 1)
 	require.NoError(t, err)
 	require.NoError(t, a.Shrink())
-	shrinks := log.find(arena.EventShrink)
+	shrinks := log.Find(arena.EventShrink)
 	require.Len(t, shrinks, 1)
-	assert.Equal(t, uint64(3*g), shrinks[0].attrs["from"].Uint64())
-	assert.Equal(t, uint64(g), shrinks[0].attrs["to"].Uint64())
-	assert.Equal(t, uint64(2), shrinks[0].attrs["chunks"].Uint64())
+	assert.Equal(t, uint64(3*g), shrinks[0].Attrs["from"].Uint64())
+	assert.Equal(t, uint64(g), shrinks[0].Attrs["to"].Uint64())
+	assert.Equal(t, uint64(2), shrinks[0].Attrs["chunks"].Uint64())
 
 	// Past the budget: 1 chunk in use, 4 more asked of a 4-chunk budget.
 	err = a.Grow(5*g - a.Len())
 	require.ErrorIs(t, err, arena.ErrOutOfMemory)
-	ooms := log.find(arena.EventOOM)
+	ooms := log.Find(arena.EventOOM)
 	require.Len(t, ooms, 1)
 	o := ooms[0]
-	assert.Equal(t, slog.LevelWarn, o.level)
-	assert.Equal(t, uint64(4*g), o.attrs["asked"].Uint64())
-	assert.Equal(t, uint64(g), o.attrs["len"].Uint64())
-	assert.Equal(t, uint64(g), o.attrs["cap"].Uint64())
-	assert.Equal(t, int64(4*g), o.attrs["budget"].Int64())
+	assert.Equal(t, slog.LevelWarn, o.Level)
+	assert.Equal(t, uint64(4*g), o.Attrs["asked"].Uint64())
+	assert.Equal(t, uint64(g), o.Attrs["len"].Uint64())
+	assert.Equal(t, uint64(g), o.Attrs["cap"].Uint64())
+	assert.Equal(t, int64(4*g), o.Attrs["budget"].Int64())
 	// Held: the chunk in use and the two Shrink gave back to the cache.
 	// More than the budget can ever hold fails before the pool is asked,
 	// so the growth took nothing and the pool has nothing to report.
-	assert.Equal(t, int64(3*g), o.attrs["held"].Int64())
-	assert.Equal(t, int64(1), o.attrs["in_use"].Int64())
-	assert.Equal(t, int64(2), o.attrs["cached"].Int64())
-	assert.ErrorIs(t, o.attrs["err"].Any().(error), arena.ErrOutOfMemory)
-	assert.Empty(t, log.find(chunk.EventOOM), "the pool was never asked")
+	assert.Equal(t, int64(3*g), o.Attrs["held"].Int64())
+	assert.Equal(t, int64(1), o.Attrs["in_use"].Int64())
+	assert.Equal(t, int64(2), o.Attrs["cached"].Int64())
+	assert.ErrorIs(t, o.Attrs["err"].Any().(error), arena.ErrOutOfMemory)
+	assert.Empty(t, log.Find(chunk.EventOOM), "the pool was never asked")
 
 	act := a.Activity()
 	assert.Equal(t, int64(1), act.Shrinks)
@@ -128,16 +86,16 @@ func TestEventReclaim(t *testing.T) {
 	pool, err := chunk.New(d, chunk.Config{Budget: 2 * g})
 	require.NoError(t, err)
 	defer pool.Close()
-	log := &recorder{}
+	log := &logtest.Recorder{}
 	idle := isoArena(t, arena.Config{Pool: pool, Reserve: 8 << 20, Logger: slog.New(log)})
 	busy := isoArena(t, arena.Config{Pool: pool, Reserve: 8 << 20})
 	require.NoError(t, idle.Grow(2*g))
 	require.NoError(t, idle.Reset()) // mapped, unused: reclaimable
 	require.NoError(t, busy.Grow(g))
-	rs := log.find(arena.EventReclaim)
+	rs := log.Find(arena.EventReclaim)
 	require.Len(t, rs, 1)
-	assert.Equal(t, uint64(1), rs[0].attrs["chunks"].Uint64())
-	assert.Empty(t, log.find(arena.EventShrink))
+	assert.Equal(t, uint64(1), rs[0].Attrs["chunks"].Uint64())
+	assert.Empty(t, log.Find(arena.EventShrink))
 	assert.Zero(t, idle.Activity().Shrinks, "a reclaim is not a Shrink")
 }
 
@@ -146,11 +104,11 @@ func TestEventReclaim(t *testing.T) {
 func TestEventRefill(t *testing.T) {
 	const g = acl.HugePageSize
 	d := isoDriver(t, 64<<20)
-	log := &recorder{}
+	log := &logtest.Recorder{}
 	a := isoArena(t, arena.Config{Driver: d, Reserve: 16 << 20, Headroom: 2 * g, Logger: slog.New(log)})
 	a.Pool().Settle()
-	require.Len(t, log.find(arena.EventRefill), 1)
-	assert.Empty(t, log.find(arena.EventGrow))
+	require.Len(t, log.Find(arena.EventRefill), 1)
+	assert.Empty(t, log.Find(arena.EventGrow))
 	assert.Zero(t, a.Activity().GrowTime.Count)
 }
 
@@ -176,7 +134,7 @@ func TestHistogram(t *testing.T) {
 // when the memory is mapped.
 func TestObservabilityAllocFree(t *testing.T) {
 	d := isoDriver(t, 64<<20)
-	a := isoArena(t, arena.Config{Driver: d, Reserve: 16 << 20, Logger: slog.New(&recorder{})})
+	a := isoArena(t, arena.Config{Driver: d, Reserve: 16 << 20, Logger: slog.New(&logtest.Recorder{})})
 	require.NoError(t, a.Grow(8<<20))
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(1000, func() {
@@ -199,21 +157,21 @@ func TestEventGrowFault(t *testing.T) {
 	const g = acl.HugePageSize
 	d := isoDriver(t, 64<<20)
 	fd := faultdriver.New(d)
-	log := &recorder{}
+	log := &logtest.Recorder{}
 	a := isoArena(t, arena.Config{Driver: fd, Reserve: 16 << 20, Logger: slog.New(log)})
 	fd.FailNth(faultdriver.MapMem, 2, 0)
 	require.Error(t, a.Grow(3*g))
-	grows := log.find(arena.EventGrow)
+	grows := log.Find(arena.EventGrow)
 	require.Len(t, grows, 1)
-	assert.Contains(t, grows[0].attrs["err"].String(), "injected")
-	assert.Equal(t, uint64(0), grows[0].attrs["to"].Uint64(), "rolled back")
-	assert.Empty(t, log.find(arena.EventOOM))
+	assert.Contains(t, grows[0].Attrs["err"].String(), "injected")
+	assert.Equal(t, uint64(0), grows[0].Attrs["to"].Uint64(), "rolled back")
+	assert.Empty(t, log.Find(arena.EventOOM))
 	assert.Zero(t, a.Activity().OOMs)
 }
 
 // observedArena is BenchmarkAlloc's arena with a logger set.
 func observedArena(b *testing.B) *arena.Arena {
-	a := benchArena(b, arena.Config{Driver: benchDriver(b), Reserve: 64 << 20, Logger: slog.New(&recorder{})})
+	a := benchArena(b, arena.Config{Driver: benchDriver(b), Reserve: 64 << 20, Logger: slog.New(&logtest.Recorder{})})
 	if err := a.Grow(64 << 20); err != nil {
 		b.Fatal(err)
 	}

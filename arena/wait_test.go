@@ -16,6 +16,7 @@ import (
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/logtest"
 )
 
 const wg = acl.HugePageSize
@@ -91,7 +92,7 @@ func TestGrowContextWokenByRelease(t *testing.T) {
 			if r.prep != nil {
 				r.prep(t, e.holder)
 			}
-			log := &recorder{}
+			log := &logtest.Recorder{}
 			w := isoArena(t, arena.Config{Pool: e.pool, Reserve: 16 << 20, Logger: slog.New(log)})
 			done := make(chan error, 1)
 			go func() { done <- w.GrowContext(context.Background(), 2*wg) }()
@@ -110,11 +111,11 @@ func TestGrowContextWokenByRelease(t *testing.T) {
 			assert.Equal(t, int64(1), act.Waits)
 			assert.Positive(t, act.WaitTime)
 			assert.Zero(t, act.OOMs, "the tries of a wait that succeeds are no failures")
-			assert.Empty(t, log.find(arena.EventOOM))
-			ev := log.find(arena.EventWait)
+			assert.Empty(t, log.Find(arena.EventOOM))
+			ev := log.Find(arena.EventWait)
 			require.Len(t, ev, 1)
-			assert.Equal(t, "granted", ev[0].attrs["outcome"].String())
-			assert.Equal(t, slog.LevelInfo, ev[0].level)
+			assert.Equal(t, "granted", ev[0].Attrs["outcome"].String())
+			assert.Equal(t, slog.LevelInfo, ev[0].Level)
 			assert.Zero(t, e.pool.Waiters())
 		})
 	}
@@ -126,7 +127,7 @@ func TestGrowContextWokenByRelease(t *testing.T) {
 func TestGrowContextExpires(t *testing.T) {
 	d := isoDriver(t, 64<<20)
 	e := newTenants(t, nil, d, arena.Config{})
-	log := &recorder{}
+	log := &logtest.Recorder{}
 	w := isoArena(t, arena.Config{Pool: e.pool, Reserve: 16 << 20, Logger: slog.New(log)})
 	before, live := w.Stats(), d.Live()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
@@ -142,11 +143,11 @@ func TestGrowContextExpires(t *testing.T) {
 	assert.Equal(t, int64(1), act.OOMs, "counted once")
 	assert.Equal(t, int64(1), act.Waits)
 	assert.Positive(t, act.WaitTime)
-	require.Len(t, log.find(arena.EventOOM), 1)
-	ev := log.find(arena.EventWait)
+	require.Len(t, log.Find(arena.EventOOM), 1)
+	ev := log.Find(arena.EventWait)
 	require.Len(t, ev, 1)
-	assert.Equal(t, "gave up", ev[0].attrs["outcome"].String())
-	assert.Equal(t, slog.LevelWarn, ev[0].level)
+	assert.Equal(t, "gave up", ev[0].Attrs["outcome"].String())
+	assert.Equal(t, slog.LevelWarn, ev[0].Level)
 
 	// AllocContext too.
 	ctx2, cancel2 := context.WithTimeout(context.Background(), 10*time.Millisecond)

@@ -1,9 +1,7 @@
 package chunk_test
 
 import (
-	"context"
 	"log/slog"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -11,55 +9,14 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/logtest"
 )
-
-// recorder is a slog.Handler that keeps every record, for tests.
-type recorder struct {
-	mu   sync.Mutex
-	recs []record
-}
-
-type record struct {
-	level slog.Level
-	msg   string
-	attrs map[string]slog.Value
-}
-
-func (r *recorder) Enabled(context.Context, slog.Level) bool { return true }
-
-func (r *recorder) Handle(_ context.Context, rc slog.Record) error {
-	m := make(map[string]slog.Value)
-	rc.Attrs(func(a slog.Attr) bool {
-		m[a.Key] = a.Value
-		return true
-	})
-	r.mu.Lock()
-	r.recs = append(r.recs, record{rc.Level, rc.Message, m})
-	r.mu.Unlock()
-	return nil
-}
-
-func (r *recorder) WithAttrs([]slog.Attr) slog.Handler { return r }
-func (r *recorder) WithGroup(string) slog.Handler      { return r }
-
-// find returns the records with message msg.
-func (r *recorder) find(msg string) []record {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []record
-	for _, rc := range r.recs {
-		if rc.msg == msg {
-			out = append(out, rc)
-		}
-	}
-	return out
-}
 
 // The pool reports scrubs, device waits, releases, reliefs and failures
 // with what it did, asked and held.
 func TestEvents(t *testing.T) {
 	d := scrubDriver(t, 64<<20)
-	log := &recorder{}
+	log := &logtest.Recorder{}
 	p, err := chunk.New(d, chunk.Config{Budget: 2 * g, Logger: slog.New(log)})
 	require.NoError(t, err)
 	defer p.Close()
@@ -74,36 +31,36 @@ func TestEvents(t *testing.T) {
 	require.NoError(t, err)
 	_, err = p.MapRange(base, cs, nil)
 	require.NoError(t, err)
-	assert.Empty(t, log.find(chunk.EventScrub))
+	assert.Empty(t, log.Find(chunk.EventScrub))
 	require.NoError(t, p.SyncDevice())
-	syncs := log.find(chunk.EventDeviceSync)
+	syncs := log.Find(chunk.EventDeviceSync)
 	require.Len(t, syncs, 1)
-	assert.Equal(t, slog.KindDuration, syncs[0].attrs["dur"].Kind())
+	assert.Equal(t, slog.KindDuration, syncs[0].Attrs["dur"].Kind())
 	require.NoError(t, p.Release(base, cs[0]))
 	require.NoError(t, p.Put(cs[0]))
 	c, err := p.GetFor(b)
 	require.NoError(t, err)
 	require.NoError(t, p.Map(base, c))
-	scrubs := log.find(chunk.EventScrub)
+	scrubs := log.Find(chunk.EventScrub)
 	require.Len(t, scrubs, 1)
-	assert.Equal(t, slog.LevelDebug, scrubs[0].level)
-	assert.Equal(t, int64(1), scrubs[0].attrs["moved"].Int64())
-	assert.Equal(t, int64(0), scrubs[0].attrs["fresh"].Int64())
-	assert.Equal(t, int64(0), scrubs[0].attrs["queued"].Int64())
-	assert.Equal(t, base.String(), scrubs[0].attrs["at"].String())
+	assert.Equal(t, slog.LevelDebug, scrubs[0].Level)
+	assert.Equal(t, int64(1), scrubs[0].Attrs["moved"].Int64())
+	assert.Equal(t, int64(0), scrubs[0].Attrs["fresh"].Int64())
+	assert.Equal(t, int64(0), scrubs[0].Attrs["queued"].Int64())
+	assert.Equal(t, base.String(), scrubs[0].Attrs["at"].String())
 
 	// The budget is spent: the pool relieves (nobody to reclaim from) and
 	// reports the failure with what was asked and held.
 	_, err = p.Acquire(a, 1)
 	require.ErrorIs(t, err, chunk.ErrBudget)
-	relief := log.find(chunk.EventRelieve)
+	relief := log.Find(chunk.EventRelieve)
 	require.Len(t, relief, 1)
-	assert.Equal(t, "budget", relief[0].attrs["cause"].String())
-	assert.Equal(t, int64(1), relief[0].attrs["need"].Int64())
-	assert.Equal(t, int64(0), relief[0].attrs["freed"].Int64())
-	ooms := log.find(chunk.EventOOM)
+	assert.Equal(t, "budget", relief[0].Attrs["cause"].String())
+	assert.Equal(t, int64(1), relief[0].Attrs["need"].Int64())
+	assert.Equal(t, int64(0), relief[0].Attrs["freed"].Int64())
+	ooms := log.Find(chunk.EventOOM)
 	require.Len(t, ooms, 1)
-	o := ooms[0].attrs
+	o := ooms[0].Attrs
 	assert.Equal(t, int64(1), o["asked"].Int64())
 	assert.Equal(t, int64(g), o["asked_bytes"].Int64())
 	assert.Equal(t, int64(2*g), o["held"].Int64())
@@ -121,7 +78,7 @@ func TestEvents(t *testing.T) {
 // A release ordered by events is reported once its chunks are unmapped.
 func TestEventRelease(t *testing.T) {
 	d := scrubDriver(t, 64<<20)
-	log := &recorder{}
+	log := &logtest.Recorder{}
 	p, err := chunk.New(d, chunk.Config{Logger: slog.New(log)})
 	require.NoError(t, err)
 	defer p.Close()
@@ -135,7 +92,7 @@ func TestEventRelease(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, p.Map(at, c))
 	require.NoError(t, p.ReleaseAfter([]chunk.Mapped{{At: at, C: c}}, []acl.Stream{s}))
-	waitFor(t, func() bool { return len(log.find(chunk.EventRelease)) == 1 }, "the release event")
-	assert.Equal(t, int64(1), log.find(chunk.EventRelease)[0].attrs["chunks"].Int64())
-	assert.Empty(t, log.find(chunk.EventDeviceSync), "no device-wide wait")
+	waitFor(t, func() bool { return len(log.Find(chunk.EventRelease)) == 1 }, "the release event")
+	assert.Equal(t, int64(1), log.Find(chunk.EventRelease)[0].Attrs["chunks"].Int64())
+	assert.Empty(t, log.Find(chunk.EventDeviceSync), "no device-wide wait")
 }

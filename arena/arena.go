@@ -923,8 +923,10 @@ func (a *Arena) Close() error { return a.CloseContext(context.Background()) }
 // for the device), including the chunks Shrink handed back that still wait:
 // until ctx is done, after which it returns an error wrapping ctx.Err() and
 // changes nothing. Buffers must not be used afterwards: copies through them
-// fail with ErrClosed. A failed Close leaves the arena open and as it was, so
-// it can be retried. Close is safe to call more than once, and on a nil
+// fail with ErrClosed. A failed Close leaves the arena open, with its Len,
+// Cap and bytes as they were, so it can be retried; chunks it took back from
+// those still waiting stay with the arena (Stats.Strays) until the retry
+// unmaps them. Close is safe to call more than once, and on a nil
 // *Arena; later calls return nil, unless the private pool failed to free
 // memory, which they try again.
 func (a *Arena) CloseContext(ctx context.Context) error {

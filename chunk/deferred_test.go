@@ -477,3 +477,42 @@ func TestIdleWorkerParks(t *testing.T) {
 		return p.Stats().WorkerSpins == before
 	}, 5*time.Second, time.Millisecond, "the worker still wakes up with nothing to do")
 }
+
+// Regression: an Acquire short of budget while the only chunks that could
+// make room wait for the device must wait for them and get one. The pool's
+// relief counted only what members gave back, so chunks it put back from
+// waiting did not count, and the Acquire failed with room in the cache.
+func TestRegressionReliefCountsSettledChunks(t *testing.T) {
+	d := scrubDriver(t, 64<<20)
+	p, err := chunk.New(d, chunk.Config{Budget: g})
+	require.NoError(t, err)
+	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+	require.NoError(t, err)
+	s, err := d.CreateStream()
+	require.NoError(t, err)
+	defer func() {
+		assert.NoError(t, p.Close())
+		assert.NoError(t, d.ReleaseMemAddress(base))
+		assert.NoError(t, d.DestroyStream(s))
+		assert.Zero(t, d.Faults(), "no unmap under work in flight")
+	}()
+	c, err := p.Get()
+	require.NoError(t, err)
+	require.NoError(t, p.Map(base, c))
+	kernel := make(chan struct{})
+	require.NoError(t, d.Launch(s, base, g, kernel))
+	require.NoError(t, p.ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s}))
+
+	got := make(chan error, 1)
+	go func() {
+		cs, err := p.Acquire(chunk.NewTenant(), 1)
+		if err == nil {
+			err = p.Put(cs[0])
+		}
+		got <- err
+	}()
+	time.Sleep(5 * time.Millisecond) // the Acquire waits for the kernel
+	close(kernel)
+	require.NoError(t, <-got, "the chunk waiting for the device makes room once the kernel is done")
+	assert.Equal(t, 1, p.Stats().Cached)
+}

@@ -95,7 +95,10 @@ func (m *Member) WantRefill() {
 }
 
 // relieve tries to free room for need more chunks after an Acquire fell
-// short for the reason short, and returns how many chunks it freed. It asks
+// short for the reason short, and returns how many chunks it freed: taken
+// back from members, put back from waiting for the device, or trimmed from
+// peers (a chunk reclaimed and then put back counts twice; 0 means that
+// trying again is pointless). It asks
 // again, a few times and briefly, members that were busy (in a growth of
 // their own, say): never long enough for two arenas that ask each other to
 // wait on each other for more than that.
@@ -118,13 +121,16 @@ func (p *Pool) relieve(need int, short error) int {
 		p.mu.Unlock()
 	}
 	reclaimed = freed
-	// Reclaimed chunks the device may still read wait for their events:
-	// wait for them now, so that the retry finds them in the cache.
-	if err := p.settleAll(); err != nil {
+	// Reclaimed chunks the device may still read wait for their events, as
+	// do the chunks members released before: wait for them now, so that the
+	// retry finds them in the cache. Those that stopped waiting meanwhile
+	// count as freed, even when no member gave anything, and whether this
+	// call or the worker put them back.
+	before := p.waitingChunks()
+	err := p.settleAll()
+	freed += max(0, before-p.waitingChunks())
+	if err != nil || errors.Is(short, ErrBudget) {
 		return freed // what settled is in the cache; the rest stays pending
-	}
-	if errors.Is(short, ErrBudget) {
-		return freed
 	}
 	if n := p.dev.trimOthers(p); n > 0 {
 		p.mu.Lock()
@@ -134,6 +140,13 @@ func (p *Pool) relieve(need int, short error) int {
 		peers = n
 	}
 	return freed
+}
+
+// waitingChunks is how many chunks wait for the device now.
+func (p *Pool) waitingChunks() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pending.chunks
 }
 
 // busyRetries bounds how often relieve asks busy members again.

@@ -263,7 +263,7 @@ func (p *Pool) Reclaim(ptr acl.DevicePtr) (c Chunk, ok bool) {
 			<-done
 			continue // unmapped (gone), or failed and waiting again
 		}
-		p.settleLocked(it)
+		p.settleLocked(it, true)
 		p.mu.Unlock()
 		return it.C, true
 	}
@@ -294,12 +294,15 @@ func (p *Pool) ReclaimRange(base acl.DevicePtr, size uintptr) []Mapped {
 }
 
 // settleLocked marks it settled and retires its batch when it was the last.
+// It closes it.done unless the caller will, once it has put the chunk back.
 // Call with mu held.
-func (p *Pool) settleLocked(it *item) {
+func (p *Pool) settleLocked(it *item, closeDone bool) {
 	it.state = settled
 	delete(p.pending.byAddr, it.At)
 	p.pending.chunks--
-	close(it.done)
+	if closeDone {
+		close(it.done)
+	}
 	it.b.left--
 	if it.b.left == 0 {
 		if i := slices.Index(p.pending.queue, it.b); i >= 0 {
@@ -320,7 +323,7 @@ func (p *Pool) settleReady() (progressed, waiting bool) {
 		if !p.complete(b, false) {
 			continue
 		}
-		if p.unmapBatch(b) > 0 {
+		if p.unmapBatch(b, false) > 0 {
 			progressed = true
 		}
 	}
@@ -330,8 +333,9 @@ func (p *Pool) settleReady() (progressed, waiting bool) {
 	return progressed, waiting
 }
 
-// settleAll waits for every chunk waiting for the device and unmaps it. It
-// returns the first error of an unmap (the chunk stays waiting).
+// settleAll waits for every chunk waiting for the device and unmaps it, or
+// for the goroutine unmapping it. It returns the first error of an unmap
+// (the chunk stays waiting).
 func (p *Pool) settleAll() error {
 	var errs []error
 	for _, b := range p.batches() {
@@ -339,7 +343,7 @@ func (p *Pool) settleAll() error {
 			errs = append(errs, fmt.Errorf("chunk: the device could not say when %d pending chunks are free", len(b.items)))
 			continue
 		}
-		if n := p.unmapBatch(b); n < 0 {
+		if n := p.unmapBatch(b, true); n < 0 {
 			errs = append(errs, fmt.Errorf("chunk: %d pending chunks could not be unmapped", -n))
 		}
 	}
@@ -397,14 +401,22 @@ func (p *Pool) complete(b *batch, wait bool) bool {
 }
 
 // unmapBatch unmaps and puts back the chunks of b, whose events completed,
-// that still wait. It returns how many it settled, or minus how many it
+// that still wait. With wait set it also waits for the chunks of b that
+// another goroutine is unmapping, so that they are back (or waiting again)
+// when it returns. It returns how many it settled, or minus how many it
 // failed to unmap.
-func (p *Pool) unmapBatch(b *batch) int {
+func (p *Pool) unmapBatch(b *batch, wait bool) int {
 	defer region(RegionRelease).End()
 	n, failed := 0, 0
 	defer func() { p.logRelease(n, failed) }()
 	for _, it := range b.items {
 		p.mu.Lock()
+		for wait && it.state == unmapping {
+			done := it.done
+			p.mu.Unlock()
+			<-done
+			p.mu.Lock()
+		}
 		if it.state != waiting {
 			p.mu.Unlock()
 			continue
@@ -430,9 +442,10 @@ func (p *Pool) unmapBatch(b *batch) int {
 			}
 		}
 		p.stats.Ordered++
-		p.settleLocked(it)
+		p.settleLocked(it, false)
 		p.mu.Unlock()
 		_ = p.Put(it.C) // out of the pool until now, so it cannot be refused
+		close(it.done)  // whoever waits for the unmap finds the chunk back
 		n++
 	}
 	if failed > 0 {

@@ -23,9 +23,6 @@ type Record struct {
 	Attrs map[string]slog.Value
 }
 
-// Logger returns a logger that writes to r.
-func (r *Recorder) Logger() *slog.Logger { return slog.New(r) }
-
 // Enabled reports true: a Recorder keeps every level.
 func (r *Recorder) Enabled(context.Context, slog.Level) bool { return true }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -515,4 +517,53 @@ func TestRegressionReliefCountsSettledChunks(t *testing.T) {
 	close(kernel)
 	require.NoError(t, <-got, "the chunk waiting for the device makes room once the kernel is done")
 	assert.Equal(t, 1, p.Stats().Cached)
+}
+
+// While an Acquire relieves pressure, TryAcquire (the worker's refills)
+// takes nothing: the memory the relief frees is for that Acquire, and a
+// refill that took it first would leave it short (found by the fuzzer, under
+// load). Once the Acquire is done, TryAcquire is itself again.
+func TestTryAcquireStandsAsideDuringRelief(t *testing.T) {
+	d := scrubDriver(t, 64<<20)
+	p, err := chunk.New(d, chunk.Config{Budget: 2 * g})
+	require.NoError(t, err)
+	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+	require.NoError(t, err)
+	s, err := d.CreateStream()
+	require.NoError(t, err)
+	defer func() {
+		assert.NoError(t, p.Close())
+		assert.NoError(t, d.ReleaseMemAddress(base))
+		assert.NoError(t, d.DestroyStream(s))
+	}()
+	cs, err := p.Acquire(0, 2)
+	require.NoError(t, err)
+	require.NoError(t, p.Map(base, cs[0]))
+	require.NoError(t, p.Put(cs[1])) // cached, free
+	kernel := make(chan struct{})
+	finish := sync.OnceFunc(func() { close(kernel) })
+	defer finish() // before Close, should the test fail first
+	require.NoError(t, d.Launch(s, base, g, kernel))
+	require.NoError(t, p.ReleaseAfter([]chunk.Mapped{{At: base, C: cs[0]}}, []acl.Stream{s}))
+
+	got := make(chan []chunk.Chunk, 1)
+	go func() {
+		cs, err := p.Acquire(chunk.NewTenant(), 2) // the cached chunk, then the one the kernel holds
+		assert.NoError(t, err)
+		got <- cs
+	}()
+	waitFor(t, func() bool { return p.Stats().Cached == 0 }, "the Acquire to take the cached chunk")
+	waitFor(t, func() bool {
+		_, err := p.TryAcquire(0, 1) // nothing is free: it cannot take anything
+		return err != nil && strings.Contains(err.Error(), "relieving pressure")
+	}, "TryAcquire to stand aside")
+	finish()
+	cs = <-got
+	require.Len(t, cs, 2)
+	_, err = p.TryAcquire(0, 1)
+	require.Error(t, err, "the budget is full")
+	assert.NotContains(t, err.Error(), "relieving", "no relief under way")
+	for _, c := range cs {
+		require.NoError(t, p.Put(c))
+	}
 }

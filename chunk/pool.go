@@ -187,6 +187,10 @@ type Pool struct {
 	wq      waitq     // growths waiting for memory (wait.go)
 	tick    atomic.Uint64
 	w       *worker // started on first need (worker.go)
+
+	// relieving counts the Acquires relieving pressure now. TryAcquire
+	// stands aside meanwhile: a refill would take the memory they free.
+	relieving atomic.Int32
 }
 
 // entry is a cached chunk and whose bytes it holds.
@@ -309,8 +313,15 @@ func (p *Pool) Acquire(t Tenant, n int) ([]Chunk, error) { return p.acquire(t, n
 
 // TryAcquire is Acquire without relieving pressure: it takes only memory
 // that is free now, and never waits for the device or takes memory from
-// anyone. The background worker fills headroom with it.
-func (p *Pool) TryAcquire(t Tenant, n int) ([]Chunk, error) { return p.acquire(t, n, false) }
+// anyone. While an Acquire relieves pressure it takes nothing, and fails
+// with an error matching acl.ErrOutOfMemory: the memory being freed is for
+// that Acquire. The background worker fills headroom with it.
+func (p *Pool) TryAcquire(t Tenant, n int) ([]Chunk, error) {
+	if n > 0 && p.relieving.Load() > 0 {
+		return nil, fmt.Errorf("chunk: acquire %d chunks: %w: another growth is relieving pressure", n, acl.ErrOutOfMemory)
+	}
+	return p.acquire(t, n, false)
+}
 
 // reliefRounds bounds how often one Acquire relieves pressure and retries.
 const reliefRounds = 3
@@ -340,6 +351,10 @@ func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
 		}
 		if short == nil {
 			return got, nil
+		}
+		if relieve && round == 0 {
+			p.relieving.Add(1)
+			defer p.relieving.Add(-1)
 		}
 		if !relieve || round == reliefRounds || p.relieve(n-len(got), short) == 0 {
 			p.mu.Lock()

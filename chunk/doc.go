@@ -91,9 +91,10 @@
 // that is free now (TryAcquire: it never reclaims, never passes the budget,
 // and takes nothing while an Acquire relieves pressure), and keeps
 // Config.Ahead fresh chunks in the cache. Waking a parked goroutine costs the
-// waker a system call (tens of microseconds in a virtual machine), so a worker asked for something in the last 50 ms polls instead,
-// every 250 µs to 2 ms, and a request then costs its caller one atomic store;
-// idle longer, it parks. Its time is counted in Stats.WorkerNS and its rounds
+// waker a system call (tens of microseconds in a virtual machine), so a
+// worker asked for something in the last 50 ms polls instead, every 250 µs
+// to 2 ms, and a request then costs its caller one atomic store; idle
+// longer, it parks. Its time is counted in Stats.WorkerNS and its rounds
 // in Stats.WorkerSpins: work moved off the callers' paths is not free.
 //
 // # Failures

@@ -112,6 +112,9 @@ type Arena struct {
 	state atomic.Uint64 // epoch | len, see lenBits
 	cap   atomic.Uint64 // bytes mapped
 	floor atomic.Uint64 // bytes Grow promised to keep mapped: a pool under pressure takes only what lies above it and Len
+	// refilling is set while the pool's worker refills the headroom, under
+	// mu: a reclaim may wait for that (member.go).
+	refilling atomic.Bool
 
 	base      acl.DevicePtr
 	reserved  uint64

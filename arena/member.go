@@ -12,7 +12,10 @@ import (
 // what the pool asks of it under pressure, and what the pool's worker asks
 // of it to refill the headroom. Both use TryLock: an arena that is busy (in
 // a Grow, a Close, or asking the pool itself) is skipped, never waited for,
-// so arenas reclaiming from each other cannot deadlock.
+// so arenas reclaiming from each other cannot deadlock. The one wait is a
+// reclaim's for a refill under way: a refill takes only free memory and
+// waits for no other arena, so it ends, and the memory the reclaim is after
+// (the headroom) is what it maps.
 type client struct{ a *Arena }
 
 // Reclaimable reports the chunks wholly above Len and what Grow promised,
@@ -34,7 +37,10 @@ func (a *Arena) keepBytes(l uint64) uint64 { return a.roundUp(max(l, a.floor.Loa
 func (c client) Reclaim(n int) (int, bool) {
 	a := c.a
 	if !a.mu.TryLock() {
-		return 0, true
+		if !a.refilling.Load() {
+			return 0, true
+		}
+		a.mu.Lock() // the worker's refill, which ends (see client)
 	}
 	defer a.mu.Unlock()
 	if a.closed.Load() {
@@ -65,6 +71,8 @@ func (c client) Refill() {
 		return // busy: the next Alloc below the low-water mark asks again
 	}
 	defer a.mu.Unlock()
+	a.refilling.Store(true)
+	defer a.refilling.Store(false)
 	if a.closed.Load() {
 		return
 	}

@@ -356,7 +356,7 @@ func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
 			p.relieving.Add(1)
 			defer p.relieving.Add(-1)
 		}
-		if !relieve || round == reliefRounds || p.relieve(n-len(got), short) == 0 {
+		if !relieve || round == reliefRounds || p.relieve(n-len(got), short) == 0 && p.roomNow() == 0 {
 			p.mu.Lock()
 			p.stats.Failures++
 			p.mu.Unlock()
@@ -365,6 +365,21 @@ func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
 			return nil, err
 		}
 	}
+}
+
+// roomNow is how many chunks a take could have at once without relief: the
+// cache's, and what the budget leaves (none known without a budget). Chunks
+// can come back while an Acquire relieves pressure (the worker puts back
+// those whose device work ended), so a relief that freed nothing itself is
+// worth a retry when there is room.
+func (p *Pool) roomNow() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.cache)
+	if p.budget != 0 && p.held < p.budget {
+		n += int((p.budget - p.held) / p.size)
+	}
+	return n
 }
 
 // take adds chunks for t to got until it holds n: from the cache, then from

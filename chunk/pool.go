@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/internal/units"
@@ -191,6 +192,9 @@ type Pool struct {
 	// relieving counts the Acquires relieving pressure now. TryAcquire
 	// stands aside meanwhile: a refill would take the memory they free.
 	relieving atomic.Int32
+	// freeing counts the chunks on their way back to the driver: still
+	// held, no longer cached (see free).
+	freeing int
 }
 
 // entry is a cached chunk and whose bytes it holds.
@@ -368,11 +372,13 @@ func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
 }
 
 // roomNow is how many chunks a take could have at once without relief: the
-// cache's, and what the budget leaves (none known without a budget). Chunks
-// can come back while an Acquire relieves pressure (the worker puts back
-// those whose device work ended), so a relief that freed nothing itself is
-// worth a retry when there is room.
+// cache's, and what the budget leaves (none known without a budget), once
+// the chunks on their way back to the driver are freed. Chunks can come back
+// while an Acquire relieves pressure (the worker puts back those whose device
+// work ended, and frees what the cache cannot keep), so a relief that freed
+// nothing itself is worth a retry when there is room.
 func (p *Pool) roomNow() int {
+	p.waitFrees()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := len(p.cache)
@@ -380,6 +386,20 @@ func (p *Pool) roomNow() int {
 		n += int((p.budget - p.held) / p.size)
 	}
 	return n
+}
+
+// waitFrees waits, briefly, for the chunks on their way back to the driver:
+// until they are freed, the budget still counts them.
+func (p *Pool) waitFrees() {
+	for pause := 10 * time.Microsecond; pause < 20*time.Millisecond; pause *= 2 {
+		p.mu.Lock()
+		n := p.freeing
+		p.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		time.Sleep(pause)
+	}
 }
 
 // take adds chunks for t to got until it holds n: from the cache, then from
@@ -507,16 +527,20 @@ func (p *Pool) Put(c Chunk) error {
 	if !p.closed {
 		p.stats.Evictions++
 	}
+	p.freeing++
 	p.mu.Unlock()
 	_ = p.free(e) // a failure keeps the chunk cached, for Trim and Close to retry
 	return nil
 }
 
 // free gives e back to the driver. If the driver refuses, the chunk goes
-// back to the cache (past its bound if need be) so that it is not lost.
+// back to the cache (past its bound if need be) so that it is not lost. The
+// caller counted e in freeing, with mu held, when it took e out of the cache
+// or the chunks out.
 func (p *Pool) free(e entry) error {
 	err := p.drv.FreePhysical(e.h)
 	p.mu.Lock()
+	p.freeing--
 	p.stats.Frees++
 	if err != nil {
 		// The driver kept the memory; so do we, and the budget stays true.
@@ -544,6 +568,7 @@ func (p *Pool) trim() (int, error) {
 	cache := p.cache
 	p.cache = nil
 	p.stats.Cached = 0
+	p.freeing += len(cache)
 	p.mu.Unlock()
 	errs := []error{p.freeDoomed()}
 	n := 0

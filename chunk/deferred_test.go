@@ -480,24 +480,33 @@ func TestIdleWorkerParks(t *testing.T) {
 	}, 5*time.Second, time.Millisecond, "the worker still wakes up with nothing to do")
 }
 
-// Regression: an Acquire short of budget while the only chunks that could
-// make room wait for the device must wait for them and get one. The pool's
-// relief counted only what members gave back, so chunks it put back from
-// waiting did not count, and the Acquire failed with room in the cache.
-func TestRegressionReliefCountsSettledChunks(t *testing.T) {
+// budgeted returns a pool with a budget of chunks chunks on a host driver,
+// a reservation of two chunks and a stream, all closed when the test ends,
+// when the driver must have seen no unmap under work in flight.
+func budgeted(t *testing.T, chunks int64) (*host.Driver, *chunk.Pool, acl.DevicePtr, acl.Stream) {
+	t.Helper()
 	d := scrubDriver(t, 64<<20)
-	p, err := chunk.New(d, chunk.Config{Budget: g})
+	p, err := chunk.New(d, chunk.Config{Budget: chunks * g})
 	require.NoError(t, err)
 	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
 	require.NoError(t, err)
 	s, err := d.CreateStream()
 	require.NoError(t, err)
-	defer func() {
+	t.Cleanup(func() {
 		assert.NoError(t, p.Close())
 		assert.NoError(t, d.ReleaseMemAddress(base))
 		assert.NoError(t, d.DestroyStream(s))
 		assert.Zero(t, d.Faults(), "no unmap under work in flight")
-	}()
+	})
+	return d, p, base, s
+}
+
+// Regression: an Acquire short of budget while the only chunks that could
+// make room wait for the device must wait for them and get one. The pool's
+// relief counted only what members gave back, so chunks it put back from
+// waiting did not count, and the Acquire failed with room in the cache.
+func TestRegressionReliefCountsSettledChunks(t *testing.T) {
+	d, p, base, s := budgeted(t, 1)
 	c, err := p.Get()
 	require.NoError(t, err)
 	require.NoError(t, p.Map(base, c))
@@ -524,18 +533,7 @@ func TestRegressionReliefCountsSettledChunks(t *testing.T) {
 // refill that took it first would leave it short (found by the fuzzer, under
 // load). Once the Acquire is done, TryAcquire is itself again.
 func TestTryAcquireStandsAsideDuringRelief(t *testing.T) {
-	d := scrubDriver(t, 64<<20)
-	p, err := chunk.New(d, chunk.Config{Budget: 2 * g})
-	require.NoError(t, err)
-	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
-	require.NoError(t, err)
-	s, err := d.CreateStream()
-	require.NoError(t, err)
-	defer func() {
-		assert.NoError(t, p.Close())
-		assert.NoError(t, d.ReleaseMemAddress(base))
-		assert.NoError(t, d.DestroyStream(s))
-	}()
+	d, p, base, s := budgeted(t, 2)
 	cs, err := p.Acquire(0, 2)
 	require.NoError(t, err)
 	require.NoError(t, p.Map(base, cs[0]))

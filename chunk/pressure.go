@@ -97,11 +97,10 @@ func (m *Member) WantRefill() {
 // relieve tries to free room for need more chunks after an Acquire fell
 // short for the reason short, and returns how many chunks it freed: taken
 // back from members, put back from waiting for the device, or trimmed from
-// peers (a chunk reclaimed and then put back counts twice; 0 means that
-// trying again is pointless). It asks
-// again, a few times and briefly, members that were busy (in a growth of
-// their own, say): never long enough for two arenas that ask each other to
-// wait on each other for more than that.
+// peers (a chunk reclaimed and then put back counts twice). It asks again, a
+// few times and briefly, members that were busy (in a growth of their own,
+// say): never long enough for two arenas that ask each other to wait on each
+// other for more than that.
 func (p *Pool) relieve(need int, short error) int {
 	defer region(RegionRelieve).End()
 	start, reclaimed, peers := time.Now(), 0, 0

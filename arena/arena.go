@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/sched"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -112,9 +113,13 @@ type Arena struct {
 	state atomic.Uint64 // epoch | len, see lenBits
 	cap   atomic.Uint64 // bytes mapped
 	floor atomic.Uint64 // bytes Grow promised to keep mapped: a pool under pressure takes only what lies above it and Len
-	// refilling is set while the pool's worker refills the headroom, under
-	// mu: a reclaim may wait for that (member.go).
-	refilling atomic.Bool
+	// growing is the target of the growth under way while it relieves
+	// pressure; a relief leaves it mapped once growth is Protected.
+	growing atomic.Uint64
+	growth  chunk.Growth
+	// closing is set while Close waits for the device, holding mu: a relief
+	// skips the arena rather than wait for its streams (member.go).
+	closing atomic.Bool
 
 	base      acl.DevicePtr
 	reserved  uint64
@@ -133,8 +138,16 @@ type Arena struct {
 	imp       *importMode // set for an Imported's arena: another process's memory, of a fixed size (share.go)
 	obs       observer    // events, trace regions, counters (observe.go)
 
-	mu        sync.Mutex    // serialises the slow path and everything that calls the driver
-	closed    atomic.Bool   // set under mu; read without it by Buffer checks
+	// growMu serialises the growths that may relieve pressure (Grow, Alloc's
+	// slow path), which release mu while the pool relieves it. Taken before
+	// mu; nothing else takes it.
+	growMu sync.Mutex
+	mu     sync.Mutex // serialises the slow path and everything that calls the driver; never held while waiting for memory
+	// users is held for reading by every copy through a Buffer, and for
+	// writing by Close: a copy that races Close completes first, or sees the
+	// arena closed.
+	users     sync.RWMutex
+	closed    atomic.Bool   // set under mu and users; read without them by Buffer checks
 	chunks    []chunk.Chunk // mapped chunks, in address order: chunk i at base + i×chunkSize
 	strays    []stray       // chunks left mapped at or above Cap by a failed undo
 	peak      uint64        // the most bytes in use up to the last freeze
@@ -257,6 +270,26 @@ func (a *Arena) lock() error {
 		return errFixed
 	}
 	return nil
+}
+
+// lockGrow takes growMu and mu for a growth that may relieve pressure, or
+// returns why it cannot; unlockGrow releases both.
+func (a *Arena) lockGrow() error {
+	if a != nil && a.drv != nil {
+		a.growMu.Lock()
+	}
+	if err := a.lock(); err != nil {
+		if a != nil && a.drv != nil {
+			a.growMu.Unlock()
+		}
+		return err
+	}
+	return nil
+}
+
+func (a *Arena) unlockGrow() {
+	a.mu.Unlock()
+	a.growMu.Unlock()
 }
 
 // reserve reserves size bytes, or, when size is 0, the device's memory
@@ -412,10 +445,14 @@ func (a *Arena) badAlloc(size, align int) error {
 }
 
 func (a *Arena) allocSlow(size, align uint64) (Buffer, error) {
-	if err := a.lock(); err != nil {
+	return a.allocSlowContext(context.Background(), size, align)
+}
+
+func (a *Arena) allocSlowContext(ctx context.Context, size, align uint64) (Buffer, error) {
+	if err := a.lockGrow(); err != nil {
 		return Buffer{}, err
 	}
-	defer a.mu.Unlock()
+	defer a.unlockGrow()
 	a.member.Touch()
 	for {
 		s := a.state.Load() // never frozen: freezing happens under mu
@@ -426,7 +463,7 @@ func (a *Arena) allocSlow(size, align uint64) (Buffer, error) {
 		}
 		end := start + size
 		if end > a.cap.Load() {
-			if err := a.growLocked(end, false); err != nil {
+			if err := a.growLocked(ctx, end, false); err != nil {
 				return Buffer{}, fmt.Errorf("arena: alloc %s: %w", units.Ubytes(size), err)
 			}
 		}
@@ -456,24 +493,28 @@ func (a *Arena) wantHeadroom(end uint64) {
 // leaves the arena as it was and returns an error matching ErrOutOfMemory
 // (device or budget exhausted), ErrExhausted (beyond the reservation),
 // ErrInvalid (negative n) or ErrClosed.
-func (a *Arena) Grow(n int) error {
+func (a *Arena) Grow(n int) error { return a.grow(context.Background(), n) }
+
+// grow is Grow whose waits for the device under pressure end when ctx is
+// done.
+func (a *Arena) grow(ctx context.Context, n int) error {
 	if n < 0 {
 		return fmt.Errorf("arena: grow: %w: negative size %d", ErrInvalid, n)
 	}
 	if a.mapped(uint64(n)) {
 		return nil
 	}
-	if err := a.lock(); err != nil {
+	if err := a.lockGrow(); err != nil {
 		return err
 	}
-	defer a.mu.Unlock()
+	defer a.unlockGrow()
 	a.member.Touch()
 	l := a.state.Load() & lenMask
 	if uint64(n) > a.reserved-l {
 		return fmt.Errorf("arena: grow by %s at %d: %w: %s reserved", units.Bytes(int64(n)), l, ErrExhausted,
 			units.Ubytes(a.reserved))
 	}
-	if err := a.growLocked(l+uint64(n), false); err != nil {
+	if err := a.growLocked(ctx, l+uint64(n), false); err != nil {
 		return fmt.Errorf("arena: grow by %s: %w", units.Bytes(int64(n)), err)
 	}
 	a.floor.Store(max(a.floor.Load(), l+uint64(n)))
@@ -495,11 +536,22 @@ func (a *Arena) mapped(n uint64) bool {
 	if s&frozen != 0 || want > a.cap.Load() || want > a.reserved {
 		return false
 	}
-	for f := a.floor.Load(); f < want && !a.floor.CompareAndSwap(f, want); f = a.floor.Load() {
+	raised, prev := false, uint64(0)
+	for f := a.floor.Load(); f < want; f = a.floor.Load() {
+		if a.floor.CompareAndSwap(f, want) {
+			raised, prev = true, f
+			break
+		}
 	}
+	sched.At(sched.GrowPromised, a)
 	// A reclaim that froze the arena before the promise was raised may have
-	// taken memory below it: look again.
+	// taken memory below it: look again, and if so, undo the promise (unless
+	// someone changed it since), so that nothing stays pinned by a growth
+	// that does not happen here.
 	if a.state.Load()&frozen != 0 || want > a.cap.Load() {
+		if raised && a.floor.CompareAndSwap(want, prev) {
+			a.member.Dropped()
+		}
 		return false
 	}
 	a.member.Touch()
@@ -509,20 +561,92 @@ func (a *Arena) mapped(n uint64) bool {
 
 // growLocked maps chunks until Cap ≥ target (≤ reserved). Chunks of the
 // arena still waiting in the pool for the device at those addresses are
-// taken back as they lie; the others come from the pool (TryAcquire when
-// speculative: a refill takes only free memory) and are mapped in runs. On
-// failure it unmaps what it mapped and gives back what it took, leaving Cap
-// as it was; a chunk it cannot unmap is left a stray. Call with mu held.
-func (a *Arena) growLocked(target uint64, speculative bool) (err error) {
+// taken back as they lie; the others come from the pool and are mapped in
+// runs. When the pool has no room it releases mu (never growMu), holding no
+// chunk, while the pool relieves the pressure for it (AcquireFor), and tries
+// again with what the relief found; a speculative growth (a refill) takes
+// only free memory (TryAcquire) and never releases mu. On failure it unmaps
+// what it mapped and gives back what it took, leaving Cap as it was; a chunk
+// it cannot unmap is left a stray. Call with mu held (and growMu, unless
+// speculative); it returns with mu held.
+func (a *Arena) growLocked(ctx context.Context, target uint64, speculative bool) (err error) {
 	c := a.cap.Load()
 	if target <= c {
 		return nil
 	}
 	g := a.obs.begin(speculative)
 	defer func() { a.obs.end(a, g, c, target, speculative, err) }()
+	sched.At(sched.GrowLocked, a)
+	var have []chunk.Chunk // found by a relief, not yet placed
+	relieved := false
+	defer func() {
+		if !relieved {
+			return
+		}
+		a.growing.Store(0)
+		a.growth.Reset()
+		if err != nil {
+			sched.At(sched.GrowFailed, a)
+			a.member.Failed() // what it protected is reclaimable again
+		}
+	}()
+	for round := 0; ; round++ {
+		missing, err := a.place(target, have, speculative)
+		have = nil
+		if missing == 0 || speculative || round == growRounds {
+			return err
+		}
+		// Relieve the pressure holding neither this arena's lock nor any
+		// chunk, so that the relief (this one, or another growth's) can
+		// take any member's idle memory.
+		relieved = true
+		a.growing.Store(target)
+		a.mu.Unlock()
+		sched.At(sched.GrowUnlocked, a)
+		var aerr error
+		have, aerr = a.pool.AcquireFor(ctx, a.tenant, missing, &a.growth)
+		a.mu.Lock()
+		sched.At(sched.GrowRelocked, a)
+		if aerr != nil {
+			if errors.Is(aerr, chunk.ErrClosed) {
+				aerr = poolClosed{aerr}
+			}
+			return aerr
+		}
+		if a.closed.Load() {
+			return errors.Join(ErrClosed, a.putChunks(have))
+		}
+	}
+}
+
+// growRounds bounds how often a growth relieves pressure and tries again,
+// when what the relief found was no longer enough once it placed it (the
+// arena's own chunks waiting in the pool were unmapped meanwhile, say).
+const growRounds = 3
+
+// putChunks gives chunks the arena holds unmapped back to the pool.
+func (a *Arena) putChunks(cs []chunk.Chunk) error {
+	var errs []error
+	for _, ch := range cs {
+		errs = append(errs, a.pool.Put(ch))
+	}
+	return errors.Join(errs...)
+}
+
+// place maps chunks until Cap ≥ target from what is at hand: the arena's own
+// chunks waiting in the pool at those addresses (taken back in place), have,
+// and memory free in the pool now. It never waits for memory. When the pool
+// is short it changes nothing, keeps no chunk (have and the chunks taken
+// back go back), and returns how many fresh chunks a relief must find, with
+// the shortage. Call with mu held.
+func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (missing int, err error) {
+	c := a.cap.Load()
+	if target <= c {
+		return 0, a.putChunks(have)
+	}
 	// Strays lie where growth maps: they must go first.
 	if err := a.unstray(false); err != nil {
-		return err
+		return 0, errors.Join(err, a.putChunks(have))
 	}
 	n0 := len(a.chunks)
 	need := int((a.roundUp(target) - c) / a.chunkSize)
@@ -530,17 +654,16 @@ func (a *Arena) growLocked(target uint64, speculative bool) (err error) {
 	// (the arena's own chunks count in the budget, and the pool cannot take
 	// them from an arena that is growing).
 	if b := uint64(a.pool.Budget()); b != 0 && uint64(n0+need)*a.chunkSize > b {
-		return fmt.Errorf("%w: %w: %s mapped and %s more would exceed the pool's budget, %s", chunk.ErrBudget,
-			ErrOutOfMemory, units.Ubytes(uint64(n0)*a.chunkSize), units.Ubytes(uint64(need)*a.chunkSize), units.Ubytes(b))
+		return 0, errors.Join(fmt.Errorf("%w: %w: %s mapped and %s more would exceed the pool's budget, %s", chunk.ErrBudget,
+			ErrOutOfMemory, units.Ubytes(uint64(n0)*a.chunkSize), units.Ubytes(uint64(need)*a.chunkSize), units.Ubytes(b)),
+			a.putChunks(have))
 	}
 	slots := make([]chunk.Chunk, need) // the chunks to place at n0, n0+1, …
 	back := make([]bool, need)         // slots[i] was taken back in place: already mapped
 	nback := 0
-	var pending []bool // only the arena's stream-ordered releases leave chunks waiting in its range
-	if len(a.streams) > 0 {
-		pending = a.pool.PendingRange(a.at(n0), need)
-	}
-	for i, waits := range pending {
+	// Chunks wait in the arena's range after its stream-ordered releases, and
+	// after a relief took them (until it unmaps them).
+	for i, waits := range a.pool.PendingRange(a.at(n0), need) {
 		if !waits {
 			continue
 		}
@@ -549,17 +672,32 @@ func (a *Arena) growLocked(target uint64, speculative bool) (err error) {
 			nback++
 		}
 	}
-	acquire := a.pool.Acquire
-	if speculative {
-		acquire = a.pool.TryAcquire
-	}
-	fresh, err := acquire(a.tenant, need-nback)
-	if err != nil {
-		if errors.Is(err, chunk.ErrClosed) {
-			err = poolClosed{err}
+	want := need - nback
+	if k := len(have); k > want {
+		if err := a.putChunks(have[want:]); err != nil {
+			return 0, errors.Join(err, a.putChunks(have[:want]), a.giveBack(n0, slots, back))
 		}
-		return errors.Join(err, a.giveBack(n0, slots, back))
+		have = have[:want]
 	}
+	fresh := have
+	if len(have) < want {
+		take := a.pool.TakeFree
+		if speculative {
+			take = a.pool.TryAcquire
+		}
+		more, err := take(a.tenant, want-len(have))
+		if err != nil {
+			if errors.Is(err, chunk.ErrClosed) {
+				err = poolClosed{err}
+			}
+			if !errors.Is(err, ErrOutOfMemory) {
+				want = 0 // not a shortage: no relief
+			}
+			return want, errors.Join(err, a.putChunks(have), a.giveBack(n0, slots, back))
+		}
+		fresh = append(have, more...)
+	}
+	sched.At(sched.GrowTaken, a)
 	k := 0
 	for i := range slots {
 		if !back[i] {
@@ -581,21 +719,21 @@ func (a *Arena) growLocked(target uint64, speculative bool) (err error) {
 		}
 		sc, err := a.pool.MapRange(a.at(n0+i), slots[i:j], a.streams)
 		if err != nil {
-			return a.undoGrow(n0, slots, back, i, scrubbed > 0, err)
+			return 0, a.undoGrow(n0, slots, back, i, scrubbed > 0, err)
 		}
 		scrubbed += sc
 		i = j
 	}
 	if scrubbed > 0 {
 		if err := a.fence.record(a.drv, a.streams[0]); err != nil {
-			return a.undoGrow(n0, slots, back, need, true, err)
+			return 0, a.undoGrow(n0, slots, back, need, true, err)
 		}
 	}
 	a.maps += uint64(need)
 	a.chunks = append(a.chunks, slots...)
 	a.grows++
 	a.cap.Store(uint64(len(a.chunks)) * a.chunkSize)
-	return nil
+	return 0, nil
 }
 
 // undoGrow rolls back a growLocked whose mapping of the run at slot failed
@@ -940,6 +1078,8 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 		return errNotMade
 	}
 	defer region(RegionClose).End()
+	a.users.Lock() // copies under way end first; later ones see the arena closed
+	defer a.users.Unlock()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed.Load() {
@@ -959,8 +1099,11 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	// reservation: take them back, to unmap with the rest once the device is
 	// done (or to hand back to waiting if it is not done in time).
 	back := a.pool.ReclaimRange(a.base, uintptr(a.reserved))
-	if err := a.pool.WaitStreams(ctx, a.streams); err != nil {
-		return fail(errors.Join(err, a.dropMapped(back)))
+	a.closing.Store(true) // a relief skips the arena instead of waiting for the device with it
+	werr := a.pool.WaitStreams(ctx, a.streams)
+	a.closing.Store(false)
+	if werr != nil {
+		return fail(errors.Join(werr, a.dropMapped(back)))
 	}
 	for _, m := range back {
 		a.maps++ // counted as strays: mapped above Cap

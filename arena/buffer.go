@@ -80,6 +80,46 @@ func (b Buffer) check(op string) error {
 	return nil
 }
 
+// hold keeps the arenas of a copy from closing until the copy ends, so that
+// a copy that races Close either completes or fails with ErrClosed: it holds
+// their users locks for reading, the lower base first (two copies in
+// opposite directions between two closing arenas cannot deadlock). Call
+// release when the copy is over. Arenas New did not make hold nothing.
+func hold(x, y *Arena) held {
+	if x == nil || x.drv == nil {
+		x = nil
+	}
+	if y == nil || y.drv == nil || y == x {
+		y = nil
+	}
+	if x == nil {
+		x, y = y, nil
+	}
+	if y != nil && y.base < x.base {
+		x, y = y, x
+	}
+	h := held{x, y}
+	if x != nil {
+		x.users.RLock()
+	}
+	if y != nil {
+		y.users.RLock()
+	}
+	return h
+}
+
+// held is what hold holds.
+type held struct{ x, y *Arena }
+
+func (h held) release() {
+	if h.y != nil {
+		h.y.users.RUnlock()
+	}
+	if h.x != nil {
+		h.x.users.RUnlock()
+	}
+}
+
 // Element is a type whose Go memory can be copied to a device as it is: the
 // numeric types (bfloat16 and float16 travel as uint16).
 type Element interface {
@@ -92,6 +132,7 @@ type Element interface {
 func CopyIn[T Element](dst Buffer, src []T) error {
 	defer region(RegionCopy).End()
 	b := asBytes(src)
+	defer hold(dst.a, nil).release()
 	if err := dst.checkWrite("copy in"); err != nil {
 		return err
 	}
@@ -112,6 +153,7 @@ func CopyIn[T Element](dst Buffer, src []T) error {
 func CopyOut[T Element](dst []T, src Buffer) error {
 	defer region(RegionCopy).End()
 	b := asBytes(dst)
+	defer hold(src.a, nil).release()
 	if err := src.check("copy out"); err != nil {
 		return err
 	}
@@ -133,6 +175,7 @@ func CopyOut[T Element](dst []T, src Buffer) error {
 // overlap (ErrInvalid): device copies do not promise memmove's semantics.
 func Copy(dst, src Buffer) error {
 	defer region(RegionCopy).End()
+	defer hold(dst.a, src.a).release()
 	if err := dst.checkWrite("copy"); err != nil {
 		return err
 	}
@@ -160,6 +203,7 @@ func Copy(dst, src Buffer) error {
 // Fill sets every byte of b to v on the device (aclrtMemset).
 func Fill(b Buffer, v byte) error {
 	defer region(RegionCopy).End()
+	defer hold(b.a, nil).release()
 	if err := b.checkWrite("fill"); err != nil {
 		return err
 	}

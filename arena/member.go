@@ -1,66 +1,87 @@
 package arena
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // client is the arena's side of its membership of the pool (chunk.Client):
-// what the pool asks of it under pressure, and what the pool's worker asks
-// of it to refill the headroom. Both use TryLock: an arena that is busy (in
-// a Grow, a Close, or asking the pool itself) is skipped, never waited for,
-// so arenas reclaiming from each other cannot deadlock. The one wait is a
-// reclaim's for a refill under way: a refill takes only free memory and
-// waits for no other arena, so it ends, and the memory the reclaim is after
-// (the headroom) is what it maps.
+// what the pool asks of it under pressure (Reclaimable, Give), and what the
+// pool's worker asks of it to refill the headroom (Refill).
+//
+// Give takes the arena's lock with a plain Lock: its holders never wait for
+// memory (a growth releases it while the pool relieves pressure, and a
+// refill takes only free memory), so it waits for a few driver calls at most
+// and two arenas relieving each other cannot deadlock. The exception is a
+// Close waiting for the device: Give skips a closing arena, whose memory
+// comes back to the pool when the Close ends. Refill uses TryLock: a busy
+// arena asks again on its next Alloc below the low-water mark.
 type client struct{ a *Arena }
 
-// Reclaimable reports the chunks wholly above Len and what Grow promised,
-// and whether Len is 0, from the atomic words alone.
+// Reclaimable reports the chunks wholly above what the arena keeps (see
+// keepBytes), and whether Len is 0, from the atomic words alone.
 func (c client) Reclaimable() (int, bool) {
 	a := c.a
+	if a.closing.Load() {
+		return 0, false
+	}
 	l := a.state.Load() & lenMask
 	mapped := a.cap.Load()
 	return int((mapped - min(a.keepBytes(l), mapped)) / a.chunkSize), l == 0
 }
 
-// keepBytes is what a reclaim leaves mapped when Len is l: l and what Grow
-// promised, rounded up to whole chunks.
-func (a *Arena) keepBytes(l uint64) uint64 { return a.roundUp(max(l, a.floor.Load())) }
+// keepBytes is what a relief leaves mapped when Len is l: l, what Grow
+// promised and, while a growth of the arena is protected, what it is
+// growing into, rounded up to whole chunks.
+func (a *Arena) keepBytes(l uint64) uint64 {
+	k := max(l, a.floor.Load())
+	if a.growth.Protected() {
+		k = max(k, a.growing.Load())
+	}
+	return a.roundUp(k)
+}
 
-// Reclaim gives back up to n chunks from the top of the arena, above Len
-// and what Grow promised, as Shrink does. No byte below Len is touched. A
-// busy arena gives nothing and says so.
-func (c client) Reclaim(n int) (int, bool) {
+// Give detaches up to n chunks from the top of the arena, above what it
+// keeps, and hands them to the pool still mapped, with the streams that
+// order their unmaps. No byte below Len is touched.
+func (c client) Give(n int) ([]chunk.Mapped, []acl.Stream) {
 	a := c.a
 	if !a.mu.TryLock() {
-		if !a.refilling.Load() {
-			return 0, true
+		if a.closing.Load() {
+			return nil, nil
 		}
-		a.mu.Lock() // the worker's refill, which ends (see client)
+		a.mu.Lock()
 	}
 	defer a.mu.Unlock()
-	if a.closed.Load() {
-		return 0, false
+	sched.At(sched.GiveLocked, a)
+	if a.closed.Load() || a.closing.Load() || a.imp != nil {
+		return nil, nil
 	}
 	defer region(RegionReclaim).End()
 	c0 := a.cap.Load()
 	s := a.freeze()
 	defer a.thaw(s, s&lenMask)
 	keep := max(int(a.keepBytes(s&lenMask)/a.chunkSize), len(a.chunks)-n)
-	k := len(a.chunks) - keep
-	if k <= 0 || a.unstray(false) != nil {
-		return 0, false
+	if keep >= len(a.chunks) {
+		return nil, nil
 	}
-	if err := a.dropTop(keep, false); err != nil {
-		return 0, false
+	ms := make([]chunk.Mapped, 0, len(a.chunks)-keep)
+	for i := keep; i < len(a.chunks); i++ {
+		ms = append(ms, chunk.Mapped{At: a.at(i), C: a.chunks[i]})
 	}
-	a.reclaimed += uint64(k)
+	clear(a.chunks[keep:])
+	a.chunks = a.chunks[:keep]
+	a.cap.Store(uint64(keep) * a.chunkSize)
+	a.unmaps += uint64(len(ms))
+	a.reclaimed += uint64(len(ms))
 	a.obs.gaveBack(a, EventReclaim, c0)
-	return k, false
+	return ms, a.streams
 }
 
 // Refill maps the headroom back up to Config.Headroom above Len, with memory
@@ -71,8 +92,6 @@ func (c client) Refill() {
 		return // busy: the next Alloc below the low-water mark asks again
 	}
 	defer a.mu.Unlock()
-	a.refilling.Store(true)
-	defer a.refilling.Store(false)
 	if a.closed.Load() {
 		return
 	}
@@ -80,7 +99,7 @@ func (c client) Refill() {
 	if target <= a.cap.Load() {
 		return
 	}
-	if a.growLocked(target, true) == nil {
+	if a.growLocked(context.Background(), target, true) == nil {
 		a.refills++
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"runtime/trace"
 	"time"
+
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // GrowContext is Grow for a caller that would rather wait than fail: when
@@ -33,7 +35,7 @@ func (a *Arena) GrowContext(ctx context.Context, n int) error {
 	if n >= 0 && a.mapped(uint64(n)) {
 		return nil // Grow's fast path
 	}
-	return a.wait(ctx, uint64(max(n, 0)), func() error { return a.Grow(n) })
+	return a.wait(ctx, uint64(max(n, 0)), func() error { return a.grow(ctx, n) })
 }
 
 // AllocContext is Alloc that waits for memory as GrowContext does, when
@@ -46,9 +48,15 @@ func (a *Arena) AllocContext(ctx context.Context, size, align int) (Buffer, erro
 			return b, err
 		}
 	}
+	if a == nil {
+		return Buffer{}, ErrClosed
+	}
+	if size < 0 || align <= 0 || align&(align-1) != 0 || uint64(align) > a.maxAlign {
+		return Buffer{}, a.badAlloc(size, align)
+	}
 	var b Buffer
-	err := a.wait(ctx, uint64(max(size, 0)), func() (err error) {
-		b, err = a.Alloc(size, align)
+	err := a.wait(ctx, uint64(size), func() (err error) {
+		b, err = a.allocSlowContext(ctx, uint64(size), uint64(align))
 		return err
 	})
 	return b, err
@@ -84,7 +92,7 @@ func (a *Arena) wait(ctx context.Context, asked uint64, try func() error) error 
 		o.oom(a, asked, err)
 		return err // more than the budget could ever give this arena
 	}
-	w, qerr := p.Enqueue(mark)
+	w, qerr := a.member.Enqueue(mark)
 	if qerr != nil {
 		return errors.Join(err, fmt.Errorf("arena: wait for memory: %w", qerr))
 	}
@@ -101,6 +109,7 @@ func (a *Arena) wait(ctx context.Context, asked uint64, try func() error) error 
 		tries++
 		err = try()
 		if err == nil {
+			sched.At(sched.WaitServed, a)
 			o.waited(a, start, asked, tries, "granted", nil)
 			return nil
 		}

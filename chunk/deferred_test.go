@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +16,7 @@ import (
 	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // spanDriver is a host driver that allows one access call over adjacent
@@ -430,9 +430,9 @@ func TestWarm(t *testing.T) {
 // refiller is a Client that counts its refills.
 type refiller struct{ n atomic.Int64 }
 
-func (r *refiller) Reclaimable() (int, bool) { return 0, false }
-func (r *refiller) Reclaim(int) (int, bool)  { return 0, false }
-func (r *refiller) Refill()                  { r.n.Add(1) }
+func (r *refiller) Reclaimable() (int, bool)                { return 0, false }
+func (r *refiller) Give(int) ([]chunk.Mapped, []acl.Stream) { return nil, nil }
+func (r *refiller) Refill()                                 { r.n.Add(1) }
 func (r *refiller) waitFor(t *testing.T, n int64) {
 	t.Helper()
 	require.Eventually(t, func() bool { return r.n.Load() >= n }, 5*time.Second, 50*time.Microsecond,
@@ -544,17 +544,23 @@ func TestTryAcquireStandsAsideDuringRelief(t *testing.T) {
 	require.NoError(t, d.Launch(s, base, g, kernel))
 	require.NoError(t, p.ReleaseAfter([]chunk.Mapped{{At: base, C: cs[0]}}, []acl.Stream{s}))
 
+	chosen := make(chan struct{})
+	once := sync.OnceFunc(func() { close(chosen) })
+	defer sched.Set(func(at sched.Point, who any) {
+		if at == sched.ReliefSelect && who == p {
+			once()
+		}
+	})()
 	got := make(chan []chunk.Chunk, 1)
 	go func() {
-		cs, err := p.Acquire(chunk.NewTenant(), 2) // the cached chunk, then the one the kernel holds
+		cs, err := p.Acquire(chunk.NewTenant(), 2) // the cached chunk, and the one the kernel holds
 		assert.NoError(t, err)
 		got <- cs
 	}()
-	waitFor(t, func() bool { return p.Stats().Cached == 0 }, "the Acquire to take the cached chunk")
-	waitFor(t, func() bool {
-		_, err := p.TryAcquire(0, 1) // nothing is free: it cannot take anything
-		return err != nil && strings.Contains(err.Error(), "relieving pressure")
-	}, "TryAcquire to stand aside")
+	<-chosen // the relief chose the chunk the kernel holds, and waits for it
+	_, err = p.TryAcquire(0, 1)
+	require.Error(t, err, "TryAcquire stands aside")
+	assert.Contains(t, err.Error(), "relieving pressure")
 	finish()
 	cs = <-got
 	require.Len(t, cs, 2)

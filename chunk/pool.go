@@ -1,6 +1,7 @@
 package chunk
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -168,7 +169,7 @@ type Pool struct {
 	implicit  atomic.Bool // the driver has no MemSetAccess: mappings are accessible as made
 	span      bool        // one MemSetAccess may cover adjacent mappings
 	maxCached int
-	budget    uintptr
+	budget    atomic.Uintptr // Config.Budget, or what SetBudget set
 	scrub     Scrub
 	fresh     acl.Freshness // what a fresh chunk may hold
 	ahead     int
@@ -189,6 +190,10 @@ type Pool struct {
 	tick    atomic.Uint64
 	w       *worker // started on first need (worker.go)
 
+	// reliefMu makes reliefs choose their chunks one at a time
+	// (pressure.go). Nothing that holds it waits for memory or for the
+	// device; a member's Give runs under it.
+	reliefMu sync.Mutex
 	// relieving counts the Acquires relieving pressure now. TryAcquire
 	// stands aside meanwhile: a refill would take the memory they free.
 	relieving atomic.Int32
@@ -254,7 +259,6 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		access:    acl.ReadWrite(drv.Device()),
 		span:      caps.AccessSpan,
 		maxCached: maxCached,
-		budget:    uintptr(cfg.Budget),
 		scrub:     cfg.Scrub,
 		fresh:     caps.Fresh,
 		ahead:     min(cfg.Ahead, maxCached),
@@ -263,6 +267,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	if cfg.FreshZeroed {
 		p.fresh = acl.FreshZeroed
 	}
+	p.budget.Store(uintptr(cfg.Budget))
 	p.pending.init()
 	p.stats.ChunkSize = int(size)
 	p.stats.Budget = cfg.Budget
@@ -286,9 +291,33 @@ func (p *Pool) Driver() acl.Driver { return p.drv.(traced).Driver }
 // ChunkSize returns the size of every chunk, in bytes.
 func (p *Pool) ChunkSize() int { return int(p.size) }
 
-// Budget returns Config.Budget: the most physical bytes the pool holds; 0
-// when there is no cap.
-func (p *Pool) Budget() int64 { return int64(p.budget) }
+// Budget returns the most physical bytes the pool holds (Config.Budget, or
+// what SetBudget set last); 0 when there is no cap.
+func (p *Pool) Budget() int64 { return int64(p.budget.Load()) }
+
+// SetBudget changes the most physical bytes the pool holds; 0 removes the
+// cap. Raising it wakes the first growth waiting for memory. Lowering it
+// below what the pool holds takes nothing back at once: growths fail, or
+// reclaim, until the pool is under it again, and Trim frees the cache. It
+// fails with acl.ErrInvalidParam for a negative budget, and with ErrClosed
+// after Close.
+func (p *Pool) SetBudget(n int64) error {
+	if n < 0 {
+		return fmt.Errorf("chunk: set budget %d: %w: negative", n, acl.ErrInvalidParam)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return ErrClosed
+	}
+	old := p.budget.Load()
+	p.budget.Store(uintptr(n))
+	p.stats.Budget = n
+	if n == 0 || uintptr(n) > old && old != 0 {
+		p.releasedLocked() // wait.go: room for the first waiter
+	}
+	return nil
+}
 
 // Get returns a chunk for an anonymous tenant: GetFor(0).
 func (p *Pool) Get() (Chunk, error) { return p.GetFor(0) }
@@ -302,44 +331,71 @@ func (p *Pool) GetFor(t Tenant) (Chunk, error) {
 	return cs[0], nil
 }
 
-// Acquire returns n chunks for tenant t, all or none: from the cache first
-// (preferring chunks that hold t's bytes or zeros, so that they need no
-// scrub), then from the driver. When the budget or the device has no room,
-// it relieves the pressure and tries again: it reclaims chunks that the
-// pool's members hold mapped but unused (idle ones first, least recently
-// used first), waits for those the device still reads, and, when the device
-// is out of memory, asks the other pools on the device to free their caches.
-// It fails with an error matching acl.ErrOutOfMemory (and ErrBudget, when the
-// budget refused) when that is not enough, and with ErrClosed after Close.
-// n chunks that exceed the budget by themselves fail at once, before any
-// driver call.
-func (p *Pool) Acquire(t Tenant, n int) ([]Chunk, error) { return p.acquire(t, n, true) }
-
-// TryAcquire is Acquire without relieving pressure: it takes only memory
-// that is free now, and never waits for the device or takes memory from
-// anyone. While an Acquire relieves pressure it takes nothing, and fails
-// with an error matching acl.ErrOutOfMemory: the memory being freed is for
-// that Acquire. The background worker fills headroom with it.
-func (p *Pool) TryAcquire(t Tenant, n int) ([]Chunk, error) {
-	if n > 0 && p.relieving.Load() > 0 {
-		return nil, fmt.Errorf("chunk: acquire %d chunks: %w: another growth is relieving pressure", n, acl.ErrOutOfMemory)
-	}
-	return p.acquire(t, n, false)
+// Acquire returns n chunks for tenant t, all or none:
+// AcquireFor(context.Background(), t, n, nil).
+func (p *Pool) Acquire(t Tenant, n int) ([]Chunk, error) {
+	return p.acquire(context.Background(), t, n, relieve, nil)
 }
+
+// AcquireFor returns n chunks for tenant t, all or none: from the cache
+// first (preferring chunks that hold t's bytes or zeros, so that they need
+// no scrub), then from the driver. When the budget or the device has no
+// room, it relieves the pressure for the growth g (see Growth and Client)
+// and tries again: it takes chunks that the pool's members hold mapped but
+// unused (idle ones first, least recently used first) and chunks waiting for
+// the device, waits for the device to finish with those (and only those,
+// cut short when ctx is done), and, when the device is out of memory, asks
+// the other pools on the device to free their caches. It holds no chunk
+// while it waits. It fails with an error matching acl.ErrOutOfMemory (and
+// ErrBudget, when the budget refused) when that is not enough, and with
+// ErrClosed after Close. n chunks that exceed the budget by themselves fail
+// at once, before any driver call.
+//
+// The caller must hold no lock that a member's Give takes (see Client).
+func (p *Pool) AcquireFor(ctx context.Context, t Tenant, n int, g *Growth) ([]Chunk, error) {
+	return p.acquire(ctx, t, n, relieve, g)
+}
+
+// TakeFree is Acquire without relieving pressure: it takes only memory
+// that is free now (the cache, the budget's room, the device's), never waits
+// and takes nothing from anyone, so a caller may hold a member's lock.
+func (p *Pool) TakeFree(t Tenant, n int) ([]Chunk, error) {
+	return p.acquire(context.Background(), t, n, takeFree, nil)
+}
+
+// TryAcquire is TakeFree for speculative growth (the background worker's
+// refills of headroom): while an Acquire relieves pressure it takes
+// nothing, and fails with an error matching acl.ErrOutOfMemory, since the
+// memory being freed is for that Acquire.
+func (p *Pool) TryAcquire(t Tenant, n int) ([]Chunk, error) {
+	return p.acquire(context.Background(), t, n, standAside, nil)
+}
+
+// The ways an Acquire may get its chunks.
+type acquireMode int
+
+const (
+	relieve    acquireMode = iota // relieve pressure when short
+	takeFree                      // take only what is free now
+	standAside                    // takeFree, and nothing while another Acquire relieves
+)
 
 // reliefRounds bounds how often one Acquire relieves pressure and retries.
 const reliefRounds = 3
 
-func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
+func (p *Pool) acquire(ctx context.Context, t Tenant, n int, mode acquireMode, g *Growth) ([]Chunk, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("chunk: acquire %d chunks: %w", n, acl.ErrInvalidParam)
 	}
-	if p.budget != 0 && uint64(n) > uint64(p.budget/p.size) {
+	if mode == standAside && n > 0 && p.relieving.Load() > 0 {
+		return nil, fmt.Errorf("chunk: acquire %d chunks: %w: another growth is relieving pressure", n, acl.ErrOutOfMemory)
+	}
+	if b := p.budget.Load(); b != 0 && uint64(n) > uint64(b/p.size) {
 		p.mu.Lock()
 		p.stats.Failures++
 		p.mu.Unlock()
 		err := fmt.Errorf("%w: %w: %d chunks of %s asked, more than the whole budget, %s", ErrBudget,
-			acl.ErrOutOfMemory, n, units.IEC(int64(p.size)), units.Bytes(int64(p.budget)))
+			acl.ErrOutOfMemory, n, units.IEC(int64(p.size)), units.Bytes(int64(b)))
 		p.logOOM(n, err)
 		return nil, err
 	}
@@ -348,27 +404,51 @@ func (p *Pool) acquire(t Tenant, n int, relieve bool) ([]Chunk, error) {
 	}
 	p.dev.note(t)
 	got := make([]Chunk, 0, n)
-	for round := 0; ; round++ {
-		short, err := p.take(t, n, &got)
-		if err != nil {
-			return nil, errors.Join(err, p.putAll(got))
-		}
-		if short == nil {
-			return got, nil
-		}
-		if relieve && round == 0 {
-			p.relieving.Add(1)
-			defer p.relieving.Add(-1)
-		}
-		if !relieve || round == reliefRounds || p.relieve(n-len(got), short) == 0 && p.roomNow() == 0 {
-			p.mu.Lock()
-			p.stats.Failures++
-			p.mu.Unlock()
-			err := errors.Join(short, p.putAll(got))
-			p.logOOM(n, err)
-			return nil, err
+	short, err := p.take(t, n, &got)
+	if err == nil && short != nil && mode == relieve {
+		// Hold nothing while relieving: a growth that holds part of what it
+		// needs while it waits could keep another from being served.
+		err = p.putAll(got)
+		got = got[:0]
+		p.relieving.Add(1)
+		defer p.relieving.Add(-1)
+		for round := 0; err == nil && round < reliefRounds; round++ {
+			handed, progressed := p.relieve(ctx, t, n, g, short)
+			if k := len(handed); k > n {
+				err = p.putAll(handed[n:])
+				handed = handed[:n]
+			}
+			got = append(got, handed...)
+			if err != nil {
+				break
+			}
+			short, err = p.take(t, n, &got)
+			if err != nil || short == nil {
+				break
+			}
+			err = p.putAll(got) // and again, between rounds
+			got = got[:0]
+			if cerr := ctx.Err(); cerr != nil {
+				short = fmt.Errorf("%w (%w)", short, cerr)
+				break
+			}
+			if !progressed {
+				break
+			}
 		}
 	}
+	if err != nil {
+		return nil, errors.Join(err, p.putAll(got))
+	}
+	if short != nil {
+		p.mu.Lock()
+		p.stats.Failures++
+		p.mu.Unlock()
+		err := errors.Join(short, p.putAll(got))
+		p.logOOM(n, err)
+		return nil, err
+	}
+	return got, nil
 }
 
 // roomNow is how many chunks a take could have at once without relief: the
@@ -382,8 +462,8 @@ func (p *Pool) roomNow() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := len(p.cache)
-	if p.budget != 0 && p.held < p.budget {
-		n += int((p.budget - p.held) / p.size)
+	if b := p.budget.Load(); b != 0 && p.held < b {
+		n += int((b - p.held) / p.size)
 	}
 	return n
 }
@@ -430,10 +510,11 @@ func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 	}
 	want := n - len(*got)
 	room := want
-	if p.budget != 0 {
+	budget := p.budget.Load()
+	if budget != 0 {
 		free := uintptr(0)
-		if p.held < p.budget {
-			free = (p.budget - p.held) / p.size
+		if p.held < budget {
+			free = (budget - p.held) / p.size
 		}
 		room = min(want, int(free))
 	}
@@ -475,7 +556,7 @@ func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 		return fmt.Errorf("chunk: allocate %s: %w", units.Bytes(int64(p.size)), err), nil
 	case room < want:
 		return fmt.Errorf("%w: %w: %s of %s held (%d chunks cached), %d more chunks of %s asked", ErrBudget,
-			acl.ErrOutOfMemory, units.IEC(int64(held)), units.Bytes(int64(p.budget)), cached, want,
+			acl.ErrOutOfMemory, units.IEC(int64(held)), units.Bytes(int64(budget)), cached, want,
 			units.IEC(int64(p.size))), nil
 	}
 	return nil, nil

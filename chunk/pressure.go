@@ -1,6 +1,7 @@
 package chunk
 
 import (
+	"context"
 	"errors"
 	"reflect"
 	"slices"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // Pressure: who gives memory back when a growth finds no room.
@@ -16,31 +18,74 @@ import (
 // Memory a tenant drops (an arena's Truncate or Reset) stays mapped where it
 // is, so that using it again costs no driver call. A pool takes it back only
 // when someone needs it: when an Acquire finds the budget or the device full.
-// Then it asks its members (the arenas that joined it) to give back the
-// chunks they hold mapped above what they use, idle members first, least
-// recently used first; waits for the device to finish with those chunks; and,
-// if the device itself is out of memory, asks the other pools on the same
-// device to free their caches. Then it tries again.
+// The protocol, with its invariants, is in docs/design.md ("Pressure"); in
+// short:
 //
-// No lock is held while a member is asked, and a member that is busy (its
-// own lock is taken: it may be the one asking) says so and is skipped, so two
-// arenas that reclaim from each other never wait for each other.
+//  1. A growth holds nothing while it waits. An Acquire that falls short puts
+//     back what it took, and the arena that asked releases its own lock
+//     before the pool relieves the pressure for it: so every member can be
+//     asked, with a plain Lock, and none is ever skipped as busy. The holders
+//     of an arena's lock never wait for memory (the worker's refills take
+//     only free memory), so asking one waits for a few driver calls at most.
+//  2. Reliefs choose their chunks one at a time (Pool.reliefMu), and a growth
+//     a relief has chosen for is protected: until it ends, later reliefs
+//     leave its arena the memory it is growing into (Growth). So of two
+//     growths that need each other's idle memory, the first to choose takes
+//     it, and the second cannot take it back: no livelock, and never both
+//     refused when one could be served.
+//  3. A relief first counts what it could take: when the budget is short and
+//     even every idle chunk of every member would not cover the growth, it
+//     takes nothing (disturbing no tenant for a growth that cannot happen).
+//  4. The chunks a relief takes go to its growth directly, never through
+//     the cache where another growth could take them first, and it waits only
+//     for their own events (recorded on the streams of the member that gave
+//     them), preferring chunks whose device work has already ended; it waits
+//     for the whole device only for members without streams, or when an
+//     event call fails.
+//  5. Whatever a growth gives up wakes the first waiter (wait.go): a chunk
+//     put back, released, freed or dropped, a growth that failed (its
+//     protection and promise undone), an arena closing, the budget raised.
 
 // A Client is a pool member: something that holds chunks mapped but unused
 // and can give them back under pressure, and may keep mapped headroom that
 // the pool's worker refills. Arenas are clients.
+//
+// A client's lock (whatever serialises its Give and Refill) must never be
+// held while its holder waits for memory: a relief takes it with a plain
+// Lock, and would otherwise wait for the growth it is relieving.
 type Client interface {
 	// Reclaimable reports, without blocking, how many chunks the client
-	// holds mapped beyond the bytes it uses, and whether it is idle (uses
-	// none).
+	// would give a relief now (Give), and whether it is idle (uses none).
 	Reclaimable() (chunks int, idle bool)
-	// Reclaim gives back up to n of those chunks and returns how many it
-	// gave. It never blocks on a lock another goroutine may hold: a busy
-	// client gives back nothing and says so.
-	Reclaim(n int) (given int, busy bool)
+	// Give detaches up to n chunks from the top of the client's mapped
+	// memory, above what it uses, what it promised and, while its own
+	// growth is Protected, what that growth is growing into. It hands
+	// them over still mapped, lowest address first, with the streams
+	// whose queued work may touch them (none: any work on the device may).
+	// The pool orders their unmaps and owns them from then on.
+	Give(n int) (ms []Mapped, streams []acl.Stream)
 	// Refill maps the headroom the client keeps, with memory that is free
 	// now (TryAcquire): it takes nothing from anyone.
 	Refill()
+}
+
+// A Growth is a client's growth in progress, as the pool sees it under
+// pressure. A client keeps one per growth under way (serialised by the
+// client), passes it to AcquireFor and Resets it when the growth ends,
+// whether or not it succeeded.
+type Growth struct {
+	chosen atomic.Bool // a relief chose chunks for it
+}
+
+// Protected reports whether a relief has chosen chunks for the growth: until
+// it ends, the client keeps what it is growing into out of what it Gives.
+func (g *Growth) Protected() bool { return g != nil && g.chosen.Load() }
+
+// Reset ends the growth's protection.
+func (g *Growth) Reset() {
+	if g != nil {
+		g.chosen.Store(false)
+	}
 }
 
 // A Member is a Client's membership of a pool.
@@ -52,9 +97,9 @@ type Member struct {
 	want atomic.Bool
 }
 
-// Join makes c a member of the pool: it may be asked to reclaim under
-// pressure and, if refill is set, to refill its headroom from the pool's
-// background worker (which Join starts). Leave ends the membership.
+// Join makes c a member of the pool: it may be asked to give chunks back
+// under pressure and, if refill is set, to refill its headroom from the
+// pool's background worker (which Join starts). Leave ends the membership.
 func (p *Pool) Join(c Client, refill bool) (*Member, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -94,82 +139,84 @@ func (m *Member) WantRefill() {
 	m.w.poke()
 }
 
-// relieve tries to free room for need more chunks after an Acquire fell
-// short for the reason short, and returns how many chunks it freed: taken
-// back from members, put back from waiting for the device, or trimmed from
-// peers (a chunk reclaimed and then put back counts twice). It asks again, a
-// few times and briefly, members that were busy (in a growth of their own,
-// say): never long enough for two arenas that ask each other to wait on each
-// other for more than that.
-func (p *Pool) relieve(need int, short error) int {
+// relieve frees room for a growth of need chunks for tenant t, for which an
+// Acquire fell short for the reason short. It returns the chunks it took for
+// the growth (leased to t, unmapped), and whether anything changed that a
+// retry could use (chunks put back in the cache, taken, or freed by peers).
+func (p *Pool) relieve(ctx context.Context, t Tenant, need int, g *Growth, short error) (handed []Chunk, progressed bool) {
 	defer region(RegionRelieve).End()
-	start, reclaimed, peers := time.Now(), 0, 0
-	defer func() { p.logRelieve(need, reclaimed+peers, reclaimed, peers, short, start) }()
-	freed := 0
-	for try, pause := 0, 20*time.Microsecond; ; try, pause = try+1, 2*pause {
-		n, busy := p.reclaimFromMembers(need - freed)
-		freed += n
-		if freed >= need || !busy || try == busyRetries {
-			break
+	sched.At(sched.ReliefBegin, p)
+	start, took, peers := time.Now(), 0, 0
+	defer func() { p.logRelieve(need, len(handed)+peers, took, peers, short, start) }()
+
+	// Chunks whose device work has ended cost no wait: they go first.
+	settled, _ := p.settleReady()
+	room := p.roomNow()
+	if room >= need {
+		return nil, settled > 0 || room > 0
+	}
+	budget := errors.Is(short, ErrBudget)
+	claims, took := p.choose(need-room, g, budget)
+	sched.At(sched.ReliefSelect, p)
+	for _, b := range p.await(ctx, claims) {
+		handed = append(handed, p.handBatch(b, t)...)
+	}
+	if took > 0 {
+		p.mu.Lock()
+		p.stats.Reclaimed += int64(took)
+		p.mu.Unlock()
+	}
+	sched.At(sched.ReliefDone, p)
+	if !budget && len(handed) < need-room {
+		if n := p.dev.trimOthers(p); n > 0 {
+			p.mu.Lock()
+			p.stats.PeerTrimmed += int64(n)
+			p.mu.Unlock()
+			peers = n
 		}
-		time.Sleep(pause)
 	}
-	if freed > 0 {
-		p.mu.Lock()
-		p.stats.Reclaimed += int64(freed)
-		p.mu.Unlock()
-	}
-	reclaimed = freed
-	// Reclaimed chunks the device may still read wait for their events, as
-	// do the chunks members released before: wait for them now, so that the
-	// retry finds them in the cache. Those that stopped waiting meanwhile
-	// count as freed, even when no member gave anything, and whether this
-	// call or the worker put them back.
-	before := p.waitingChunks()
-	err := p.settleAll()
-	freed += max(0, before-p.waitingChunks())
-	if err != nil || errors.Is(short, ErrBudget) {
-		return freed // what settled is in the cache; the rest stays pending
-	}
-	if n := p.dev.trimOthers(p); n > 0 {
-		p.mu.Lock()
-		p.stats.PeerTrimmed += int64(n)
-		p.mu.Unlock()
-		freed += n
-		peers = n
-	}
-	return freed
+	return handed, settled > 0 || room > 0 || len(handed) > 0 || peers > 0
 }
 
-// waitingChunks is how many chunks wait for the device now.
-func (p *Pool) waitingChunks() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.pending.chunks
-}
-
-// busyRetries bounds how often relieve asks busy members again.
-const busyRetries = 4
-
-// reclaimFromMembers asks the members for up to need chunks, idle ones first,
-// least recently used first, and reports how many they gave and whether one
-// that could have given more was busy.
-func (p *Pool) reclaimFromMembers(need int) (freed int, busy bool) {
+// choose picks, one relief at a time, the chunks a relief takes for want
+// more chunks: members' idle chunks (idle members first, then least
+// recently used first), then chunks waiting for the device that nobody has
+// claimed (oldest first). It claims them, in batches that wait for their own
+// events, and returns the batches and how many chunks members gave. Where the
+// budget is what is short and all of that would not cover want, it takes
+// nothing.
+func (p *Pool) choose(want int, g *Growth, budget bool) (claims []*batch, given int) {
 	type cand struct {
 		m      *Member
 		n      int
 		idle   bool
 		stamps uint64
 	}
+	p.reliefMu.Lock()
+	defer p.reliefMu.Unlock()
+	if g != nil {
+		g.chosen.Store(true) // from now on, later reliefs leave this growth alone
+	}
 	p.mu.Lock()
-	cands := make([]cand, 0, len(p.members))
-	for _, m := range p.members {
-		n, idle := m.c.Reclaimable()
-		if n > 0 {
-			cands = append(cands, cand{m, n, idle, m.last.Load()})
+	members := slices.Clone(p.members)
+	unclaimed := 0
+	for _, b := range p.pending.queue {
+		if !b.claimed {
+			unclaimed += b.left
 		}
 	}
 	p.mu.Unlock()
+	cands := make([]cand, 0, len(members))
+	avail := unclaimed
+	for _, m := range members {
+		if n, idle := m.c.Reclaimable(); n > 0 {
+			cands = append(cands, cand{m, n, idle, m.last.Load()})
+			avail += n
+		}
+	}
+	if budget && avail < want {
+		return nil, 0 // it would not fit even with every idle chunk: take none
+	}
 	slices.SortFunc(cands, func(a, b cand) int {
 		switch {
 		case a.idle != b.idle:
@@ -184,15 +231,34 @@ func (p *Pool) reclaimFromMembers(need int) (freed int, busy bool) {
 		}
 		return 0
 	})
+	got := 0
 	for _, c := range cands {
-		if freed >= need {
+		if got >= want {
 			break
 		}
-		n, b := c.m.c.Reclaim(need - freed)
-		freed += n
-		busy = busy || b
+		ms, streams := c.m.c.Give(want - got)
+		if len(ms) == 0 {
+			continue
+		}
+		claims = append(claims, p.enqueue(ms, streams, true))
+		got += len(ms)
+		given += len(ms)
 	}
-	return freed, busy
+	if got < want {
+		p.mu.Lock()
+		for _, b := range p.pending.queue {
+			if got >= want {
+				break
+			}
+			if !b.claimed && b.left > 0 {
+				b.claimed = true
+				claims = append(claims, b)
+				got += b.left
+			}
+		}
+		p.mu.Unlock()
+	}
+	return claims, given
 }
 
 // device is what the pools on one device share: each other, to ask for

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // Stream-ordered release.
@@ -54,12 +55,16 @@ type item struct {
 	done  chan struct{} // closed when settled
 }
 
-// batch is the chunks of one ReleaseAfter and the events they wait for.
+// batch is the chunks of one ReleaseAfter, or of one member's gift to a
+// relief, and the events they wait for.
 type batch struct {
 	evs      []acl.Event
 	items    []*item
 	left     int  // items not settled
-	complete bool // the events were seen complete: only unmaps remain
+	complete bool // the events were seen complete (or the device waited for): only unmaps remain
+	scrubbed bool // cleared before the events were recorded (ScrubOnRelease)
+	sync     bool // no events: ordered by a device-wide wait (a member without streams gave them)
+	claimed  bool // a relief waits for it and takes its chunks: the worker leaves it alone
 }
 
 // pending is the pool's chunks waiting for the device.
@@ -129,20 +134,11 @@ func (p *Pool) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
 			return p.fallback(evs, fmt.Errorf("record on stream %#x: %w", uintptr(s), err))
 		}
 	}
-	b := &batch{evs: evs, left: len(ms)}
 	p.mu.Lock()
-	for i := len(ms) - 1; i >= 0; i-- { // top down
-		it := &item{Mapped: ms[i], b: b, done: make(chan struct{})}
-		b.items = append(b.items, it)
-		p.pending.byAddr[ms[i].At] = it
-	}
-	p.pending.queue = append(p.pending.queue, b)
-	p.pending.chunks += len(ms)
-	p.releasedLocked() // wait.go: a waiter's retry waits for them
 	p.stats.Scrubs += int64(scrubbed)
 	p.stats.ScrubsAsync += int64(scrubbed)
-	p.wakeLocked()
 	p.mu.Unlock()
+	p.enqueueEvents(ms, evs, false, scrubbed > 0)
 	return nil
 }
 
@@ -154,6 +150,53 @@ func (p *Pool) fallback(evs []acl.Event, err error) error {
 	p.mu.Unlock()
 	p.recycle(evs)
 	return fmt.Errorf("%w: %w", errFallback, err)
+}
+
+// enqueue hands chunks a member gave a relief (mapped, lowest address first)
+// to wait for the device: on events recorded now on streams, or, without
+// streams or when an event call fails, a device-wide wait. With claimed set
+// the relief waits for them itself and takes them; the worker leaves them.
+func (p *Pool) enqueue(ms []Mapped, streams []acl.Stream, claimed bool) *batch {
+	var evs []acl.Event
+	for _, s := range streams {
+		ev, err := p.event()
+		if err == nil {
+			evs = append(evs, ev)
+			err = p.drv.RecordEvent(ev, s)
+		}
+		if err != nil {
+			p.mu.Lock()
+			if len(streams) > 0 {
+				p.stats.SyncFallbacks++
+			}
+			p.mu.Unlock()
+			p.recycle(evs)
+			evs = nil
+			break
+		}
+	}
+	return p.enqueueEvents(ms, evs, claimed, false)
+}
+
+// enqueueEvents registers a batch of chunks that wait for evs (none: for a
+// device-wide wait), cleared before the events if scrubbed, and returns it.
+func (p *Pool) enqueueEvents(ms []Mapped, evs []acl.Event, claimed, scrubbed bool) *batch {
+	b := &batch{evs: evs, left: len(ms), sync: len(evs) == 0, claimed: claimed, scrubbed: scrubbed}
+	p.mu.Lock()
+	for i := len(ms) - 1; i >= 0; i-- { // top down
+		it := &item{Mapped: ms[i], b: b, done: make(chan struct{})}
+		b.items = append(b.items, it)
+		p.pending.byAddr[ms[i].At] = it
+	}
+	p.pending.queue = append(p.pending.queue, b)
+	p.pending.chunks += len(ms)
+	p.releasedLocked() // wait.go: a waiter's retry may take them
+	if !claimed {
+		p.wakeLocked()
+	}
+	p.mu.Unlock()
+	sched.At(sched.ReleaseQueued, p)
+	return b
 }
 
 // event returns an event to record: a recycled one, or a new one.
@@ -247,8 +290,8 @@ func (p *Pool) PendingRange(ptr acl.DevicePtr, n int) []bool {
 
 // Reclaim takes back, for its tenant, the chunk waiting for the device at
 // ptr, still mapped there: no driver call. It waits for an unmap that is
-// under way (and then has nothing to give). ok is false when no chunk waits
-// at ptr.
+// under way, or for a relief that claimed the chunk to unmap it (and then has
+// nothing to give). ok is false when no chunk waits at ptr.
 func (p *Pool) Reclaim(ptr acl.DevicePtr) (c Chunk, ok bool) {
 	for {
 		p.mu.Lock()
@@ -257,7 +300,9 @@ func (p *Pool) Reclaim(ptr acl.DevicePtr) (c Chunk, ok bool) {
 			p.mu.Unlock()
 			return Chunk{}, false
 		}
-		if it.state == unmapping {
+		if it.state == unmapping || it.b.claimed {
+			// Being unmapped, or claimed by a relief that will unmap it
+			// once the device is done with it: wait for that.
 			done := it.done
 			p.mu.Unlock()
 			<-done
@@ -316,21 +361,94 @@ func (p *Pool) settleLocked(it *item, closeDone bool) {
 }
 
 // settleReady unmaps the chunks whose events have completed, without
-// waiting. It reports whether it settled anything and whether chunks still
-// wait.
-func (p *Pool) settleReady() (progressed, waiting bool) {
+// waiting, and puts them in the cache; batches a relief has claimed are the
+// relief's. It returns how many it settled and whether chunks still wait.
+func (p *Pool) settleReady() (settled int, waiting bool) {
 	for _, b := range p.batches() {
-		if !p.complete(b, false) {
+		p.mu.Lock()
+		mine := !b.claimed
+		p.mu.Unlock()
+		if !mine || !p.complete(b, false) {
 			continue
 		}
-		if p.unmapBatch(b, false) > 0 {
-			progressed = true
+		if n := p.unmapBatch(b, false); n > 0 {
+			settled += n
 		}
 	}
 	p.mu.Lock()
 	waiting = p.pending.chunks > 0
 	p.mu.Unlock()
-	return progressed, waiting
+	return settled, waiting
+}
+
+// await waits for the device to finish with the batches a relief claimed:
+// for their own events, polling while ctx can be done; for the batches
+// without events, one device-wide wait for them all. It returns the batches
+// whose chunks may now be unmapped, and gives back to the worker (unclaims)
+// those it stopped waiting for because ctx was done or the device could not
+// tell.
+func (p *Pool) await(ctx context.Context, claims []*batch) []*batch {
+	ready := claims[:0:0]
+	synced := false
+	for i, b := range claims {
+		var ok bool
+		switch {
+		case b.sync && !synced:
+			ok = p.SyncDevice() == nil
+			synced = ok
+			if ok {
+				p.mu.Lock()
+				b.complete = true
+				p.mu.Unlock()
+			}
+		case b.sync:
+			ok = true
+			p.mu.Lock()
+			b.complete = true
+			p.mu.Unlock()
+		case ctx.Done() == nil:
+			ok = p.complete(b, true)
+		default:
+			ok = p.completeCtx(ctx, b)
+		}
+		if !ok {
+			p.unclaim(claims[i:])
+			break
+		}
+		ready = append(ready, b)
+	}
+	sched.At(sched.ReliefWaited, p)
+	return ready
+}
+
+// completeCtx is complete(b, true) that polls, so that ctx can cut it short.
+func (p *Pool) completeCtx(ctx context.Context, b *batch) bool {
+	delay := pendingPollMin
+	for !p.complete(b, false) {
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		case <-t.C:
+		}
+		delay = min(2*delay, pendingPollMax)
+	}
+	return true
+}
+
+// unclaim hands batches a relief gave up on to the worker.
+func (p *Pool) unclaim(bs []*batch) {
+	p.mu.Lock()
+	left := false
+	for _, b := range bs {
+		b.claimed = false
+		left = left || b.left > 0
+	}
+	if left {
+		p.wakeLocked()
+	}
+	p.mu.Unlock()
 }
 
 // settleAll waits for every chunk waiting for the device and unmaps it, or
@@ -365,8 +483,19 @@ func (p *Pool) complete(b *batch, wait bool) bool {
 		p.mu.Unlock()
 		return true
 	}
-	evs := b.evs
+	evs, sync := b.evs, b.sync
 	p.mu.Unlock()
+	if sync {
+		// No event says when the device is done with these chunks: only a
+		// device-wide wait does, and only when asked to wait.
+		if !wait || p.SyncDevice() != nil {
+			return false
+		}
+		p.mu.Lock()
+		b.complete = true
+		p.mu.Unlock()
+		return true
+	}
 	ok := true
 	for _, ev := range evs {
 		var err error
@@ -406,6 +535,21 @@ func (p *Pool) complete(b *batch, wait bool) bool {
 // when it returns. It returns how many it settled, or minus how many it
 // failed to unmap.
 func (p *Pool) unmapBatch(b *batch, wait bool) int {
+	return p.unmapItems(b, wait, 0, nil)
+}
+
+// handBatch unmaps the chunks of b a relief claimed, whose device work has
+// ended, and hands them to tenant t instead of putting them back: they stay
+// out of the pool, leased to t. A shared chunk is put back (freed) instead.
+func (p *Pool) handBatch(b *batch, t Tenant) []Chunk {
+	var out []Chunk
+	p.unmapItems(b, true, t, &out)
+	p.unclaim([]*batch{b}) // a chunk whose unmap failed waits again, for the worker
+	return out
+}
+
+// unmapItems is unmapBatch, handing the chunks to t when out is set.
+func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 	defer region(RegionRelease).End()
 	n, failed := 0, 0
 	defer func() { p.logRelease(n, failed) }()
@@ -435,17 +579,25 @@ func (p *Pool) unmapBatch(b *batch, wait bool) int {
 			failed++
 			continue
 		}
-		if p.scrub == ScrubOnRelease {
-			if l, ok := p.out[it.C.Handle]; ok {
-				l.holder = zeroed
-				p.out[it.C.Handle] = l
-			}
+		l, ok := p.out[it.C.Handle]
+		if ok && b.scrubbed {
+			l.holder = zeroed
 		}
 		p.stats.Ordered++
 		p.settleLocked(it, false)
-		p.mu.Unlock()
-		_ = p.Put(it.C) // out of the pool until now, so it cannot be refused
-		close(it.done)  // whoever waits for the unmap finds the chunk back
+		if hand := out != nil && ok && l.shared == nil; hand {
+			l.tenant = t
+			p.out[it.C.Handle] = l
+			p.mu.Unlock()
+			*out = append(*out, it.C)
+		} else {
+			if ok {
+				p.out[it.C.Handle] = l
+			}
+			p.mu.Unlock()
+			_ = p.Put(it.C) // out of the pool until now, so it cannot be refused
+		}
+		close(it.done) // whoever waits for the unmap finds the chunk back
 		n++
 	}
 	if failed > 0 {

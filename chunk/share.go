@@ -155,12 +155,12 @@ func (p *Pool) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 		p.mu.Unlock()
 		return Chunk{}, ErrClosed
 	}
-	if p.budget != 0 && p.held+p.size > p.budget {
+	if b := p.budget.Load(); b != 0 && p.held+p.size > b {
 		held := p.held
 		p.stats.Failures++
 		p.mu.Unlock()
 		return Chunk{}, fmt.Errorf("%w: %w: %d of %d bytes held, importing %d more", ErrBudget, acl.ErrOutOfMemory,
-			held, p.budget, p.size)
+			held, b, p.size)
 	}
 	p.held += p.size
 	p.mu.Unlock()

@@ -4,6 +4,8 @@ import (
 	"context"
 	"slices"
 	"sync/atomic"
+
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // Waiting for memory.
@@ -21,6 +23,11 @@ import (
 //     same device, since device memory is shared;
 //   - a member that dropped bytes it used (Member.Dropped: an arena's
 //     Truncate or Reset), which a retry may now reclaim;
+//   - a growth that failed (Member.Failed): what it was growing into, and
+//     what its arena had promised, are reclaimable again. It does not wake
+//     the head when the head is that growth's own waiter, which would only
+//     retry what just failed;
+//   - the budget raised (SetBudget);
 //   - the pool's Close (every waiter wakes, and its retry fails).
 //
 // Only the head is woken: it tries again, leaves the queue when it succeeds
@@ -48,6 +55,7 @@ type waitq struct {
 // done, then Done.
 type Waiter struct {
 	p    *Pool
+	m    *Member       // whose growth waits; nil for a waiter made by Pool.Enqueue
 	wake chan struct{} // one slot: a wake-up is never lost and never blocks its sender
 }
 
@@ -60,8 +68,14 @@ func (p *Pool) Mark() uint64 { return p.dev.gen.Load() }
 // Enqueue puts a waiter at the tail of the pool's queue and returns it. If
 // the queue was empty and memory came back since mark, the waiter is woken
 // at once. It fails with ErrClosed after Close.
-func (p *Pool) Enqueue(mark uint64) (*Waiter, error) {
-	w := &Waiter{p: p, wake: make(chan struct{}, 1)}
+func (p *Pool) Enqueue(mark uint64) (*Waiter, error) { return p.enqueueWaiter(mark, nil) }
+
+// Enqueue is Pool.Enqueue for a growth of the member: the member's own
+// failed tries (Failed) do not wake it.
+func (m *Member) Enqueue(mark uint64) (*Waiter, error) { return m.p.enqueueWaiter(mark, m) }
+
+func (p *Pool) enqueueWaiter(mark uint64, m *Member) (*Waiter, error) {
+	w := &Waiter{p: p, m: m, wake: make(chan struct{}, 1)}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -75,6 +89,7 @@ func (p *Pool) Enqueue(mark uint64) (*Waiter, error) {
 	if head && p.dev.gen.Load() != mark {
 		w.signal()
 	}
+	sched.At(sched.WaitEnqueued, p)
 	return w, nil
 }
 
@@ -84,6 +99,7 @@ func (p *Pool) Enqueue(mark uint64) (*Waiter, error) {
 func (w *Waiter) Wait(ctx context.Context) error {
 	select {
 	case <-w.wake:
+		sched.At(sched.WaitWoken, w.p)
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -115,6 +131,22 @@ func (p *Pool) Waiters() int { return int(p.wq.n.Load()) }
 // pool may now reclaim for a waiter. It takes the pool's lock only when a
 // growth waits.
 func (m *Member) Dropped() { m.p.released() }
+
+// Failed tells the pool that a growth of the member failed and that what it
+// protected (its Growth, its promise) is reclaimable again: the first waiter
+// may now be served, unless it is the member's own. It takes the pool's lock
+// only when a growth waits.
+func (m *Member) Failed() {
+	p := m.p
+	p.dev.gen.Add(1)
+	if p.wq.n.Load() > 0 {
+		p.mu.Lock()
+		if len(p.wq.q) > 0 && p.wq.q[0].m != m {
+			p.wq.q[0].signal()
+		}
+		p.mu.Unlock()
+	}
+}
 
 func (w *Waiter) signal() {
 	select {

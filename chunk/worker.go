@@ -154,7 +154,7 @@ func (p *Pool) run(w *worker) {
 		switch {
 		case !waiting:
 			pendingDelay = 0
-		case progressed || pendingDelay == 0:
+		case progressed > 0 || pendingDelay == 0:
 			pendingDelay = pendingPollMin
 		default:
 			pendingDelay = min(2*pendingDelay, pendingPollMax)
@@ -215,7 +215,7 @@ func (p *Pool) fill(target, limit int) (int, error) {
 	added := 0
 	for limit < 0 || added < limit {
 		p.mu.Lock()
-		if p.closed || len(p.cache) >= target || (p.budget != 0 && p.budget-min(p.held, p.budget) < p.size) {
+		if b := p.budget.Load(); p.closed || len(p.cache) >= target || (b != 0 && b-min(p.held, b) < p.size) {
 			p.mu.Unlock()
 			return added, nil
 		}

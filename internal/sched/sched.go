@@ -1,0 +1,50 @@
+// Package sched lets tests stop a goroutine at named points of the pool's
+// and the arena's slow paths (each lock taken and each driver call on the
+// growth, relief and wait paths), so that a test can run another growth
+// there and explore the schedules of two or three growths systematically,
+// instead of hoping that a stress run hits them.
+//
+// In production no hook is set and a point costs one atomic load; the
+// points lie on slow paths only (never in Alloc's fast path).
+package sched
+
+import "sync/atomic"
+
+// A Point names a place on a slow path.
+type Point string
+
+// The points. Each is passed with the object it concerns: the growing
+// *arena.Arena for the arena's points, the *chunk.Pool for the pool's.
+const (
+	GrowPromised  Point = "grow.promised"   // Grow's lock-free path raised its promise, before it looks again
+	GrowLocked    Point = "grow.locked"     // a growth holds its arena's lock, before it takes memory
+	GrowTaken     Point = "grow.taken"      // it took the chunks it will map, before the first map call
+	GrowUnlocked  Point = "grow.unlocked"   // it released its arena's lock to relieve pressure
+	GrowRelocked  Point = "grow.relocked"   // it took its arena's lock again after the relief
+	GrowFailed    Point = "grow.failed"     // it failed and undid its promise, before it wakes the waiters
+	ReliefBegin   Point = "relief.begin"    // a relief starts, holding no lock
+	ReliefSelect  Point = "relief.selected" // it chose the chunks it takes, before it waits for their events
+	ReliefWaited  Point = "relief.waited"   // their events completed, before the unmaps
+	ReliefDone    Point = "relief.done"     // it handed the chunks over
+	GiveLocked    Point = "give.locked"     // a member holds its lock while it gives chunks to a relief
+	WaitEnqueued  Point = "wait.enqueued"   // a growth joined the queue of waiters
+	WaitWoken     Point = "wait.woken"      // a waiter woke, before its retry
+	WaitServed    Point = "wait.served"     // a waiting growth succeeded, before it leaves the queue
+	ReleaseQueued Point = "release.queued"  // chunks were handed to wait for the device
+)
+
+var hook atomic.Pointer[func(Point, any)]
+
+// At calls the hook, if a test set one, with p and who.
+func At(p Point, who any) {
+	if f := hook.Load(); f != nil {
+		(*f)(p, who)
+	}
+}
+
+// Set installs f as the hook until the returned function is called. Only
+// tests call it, and only one at a time.
+func Set(f func(p Point, who any)) (restore func()) {
+	hook.Store(&f)
+	return func() { hook.Store(nil) }
+}

@@ -43,7 +43,8 @@ func (d *Driver) shareFns(op string) (*shareFuncs, error) {
 // MemExportToShareableHandle is aclrtMemExportToShareableHandle: the token
 // of h (handleType MemHandleTypeNone), for the processes set with
 // MemSetPidToShareableHandle (flags ExportDefault) or for any process
-// (ExportDisablePIDValidation).
+// (ExportDisablePIDValidation). acl.ExportReadOnly is vmarena's, not ACL's:
+// a token cannot refuse its importer write access, so it is not passed on.
 func (d *Driver) MemExportToShareableHandle(h acl.PhysicalHandle, handleType acl.MemHandleType, flags uint64) (acl.ShareableHandle, error) {
 	const op = "aclrtMemExportToShareableHandle"
 	fns, err := d.shareFns(op)
@@ -54,7 +55,7 @@ func (d *Driver) MemExportToShareableHandle(h acl.PhysicalHandle, handleType acl
 	err = d.on(op, func() error {
 		d.dev.vmm.Lock()
 		defer d.dev.vmm.Unlock()
-		return d.check(op, fns.export(h, handleType, flags, &token))
+		return d.check(op, fns.export(h, handleType, flags&^acl.ExportReadOnly, &token))
 	})
 	if err != nil {
 		return acl.ShareableHandle{}, err

@@ -26,6 +26,12 @@
 // matching acl.ErrNotSupported.
 package ipc
 
+import "errors"
+
+// ErrNoProcess is matched by the errors of OpenProcess and Process.Alive
+// when the process does not run.
+var ErrNoProcess = errors.New("ipc: no such process")
+
 // MaxFDs is the most descriptors one message carries (SCM_MAX_FD).
 const MaxFDs = 253
 

@@ -572,12 +572,16 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 		return nil, fmt.Errorf("%s: %w", op, remote("producer", o.status, o.code, o.text))
 	}
 	step("import:offer")
-	if err := lim.check(o); err != nil {
+	if fits, err := lim.check(o); err != nil {
+		if fits {
+			drainHandles(conn, o, 0)
+		}
 		return fail(err)
 	}
 	cs := o.chunkSize
 	pool, own, err := importPool(drv, cfg, cs)
 	if err != nil {
+		drainHandles(conn, o, 0)
 		return fail(err)
 	}
 	tenant := cfg.Tenant
@@ -647,7 +651,9 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (
 			for i := range hs {
 				hs[i] = acl.ShareableHandle{Type: acl.MemHandleTypeNone, Value: le.Uint64(b[8*i:])}
 			}
+			got := len(cs) + k
 			if cs, err = importAll(pool, t, hs, cs); err != nil {
+				drainHandles(c, o, got)
 				return cs, err
 			}
 		}
@@ -662,10 +668,12 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (
 		for i, fd := range fds {
 			hs[i] = acl.ShareableHandle{Type: acl.MemHandleTypePOSIX, Value: uint64(fd)}
 		}
+		got := len(cs) + len(fds)
 		cs, err = importAll(pool, t, hs, cs)
 		// The driver keeps what it needs of each descriptor.
 		err = errors.Join(err, ipc.CloseAll(fds))
 		if err != nil {
+			drainHandles(c, o, got)
 			return cs, err
 		}
 	}
@@ -683,6 +691,33 @@ func importAll(pool *chunk.Pool, t chunk.Tenant, hs []acl.ShareableHandle, cs []
 		cs = append(cs, ch)
 	}
 	return cs, nil
+}
+
+// drainHandles reads the handles of an offer whose shape was checked
+// (limits.shape) off the connection, after the first got, a slice at a time,
+// and closes any descriptors among them, so that the connection is left at
+// a message's start. It stops at the first failure.
+func drainHandles(c *net.UnixConn, o offer, got int) {
+	left := int(o.chunks) - got
+	if o.sharing == acl.SharingToken {
+		b := make([]byte, 8*min(max(left, 0), tokenSlice))
+		for left > 0 {
+			k := min(left, tokenSlice)
+			if _, _, err := ipc.Recv(c, b[:8*k], 0); err != nil {
+				return
+			}
+			left -= k
+		}
+		return
+	}
+	for left > 0 {
+		fds, err := recvBatch(c, left)
+		if err != nil {
+			return
+		}
+		_ = ipc.CloseAll(fds)
+		left -= len(fds)
+	}
 }
 
 // recvBatch receives one batch of at most left descriptors.

@@ -36,7 +36,7 @@ const (
 	fdBatch     = 64   // descriptors per message, below ipc.MaxFDs
 	tokenSlice  = 512  // tokens read per message piece: 4 KiB
 	maxText     = 1024 // the longest failure text either side sends or reads
-	maxReason   = 200  // the most of a peer's text an error keeps
+	maxReason   = 512  // the most of a peer's text an error keeps
 )
 
 var (
@@ -192,7 +192,25 @@ type limits struct {
 
 // check checks a share's offer against the consumer's limits, before
 // anything is allocated or read for it, and names the check that failed.
-func (lim limits) check(o offer) error {
+// An offer whose shape is sound but does not fit (another chunk size than
+// the pool's, past the budget) fails with fits set: its handles may be read
+// off the connection and dropped.
+func (lim limits) check(o offer) (fits bool, err error) {
+	if err := lim.shape(o); err != nil {
+		return false, err
+	}
+	cs := o.chunkSize
+	switch {
+	case lim.chunkSize != 0 && cs != lim.chunkSize:
+		return true, fmt.Errorf("%w: check chunk size: the producer's chunks are %d bytes, the pool's %d", ErrInvalid, cs, lim.chunkSize)
+	case lim.budget != 0 && o.chunks*cs > lim.budget:
+		return true, fmt.Errorf("%w: %w: check budget: the producer shares %d bytes, the budget is %d", chunk.ErrBudget, ErrOutOfMemory, o.chunks*cs, lim.budget)
+	}
+	return true, nil
+}
+
+// shape checks the sizes and counts of an offer.
+func (lim limits) shape(o offer) error {
 	cs := o.chunkSize
 	switch {
 	case o.sharing != lim.sharing:
@@ -201,16 +219,12 @@ func (lim limits) check(o offer) error {
 		return fmt.Errorf("%w: check chunk size: %d bytes is not a multiple of the device's granularity %d", ErrRefused, cs, lim.gran)
 	case cs > lim.maxReserve:
 		return fmt.Errorf("%w: check chunk size: %d bytes, more than the largest reservation %d", ErrRefused, cs, lim.maxReserve)
-	case lim.chunkSize != 0 && cs != lim.chunkSize:
-		return fmt.Errorf("%w: check chunk size: the producer's chunks are %d bytes, the pool's %d", ErrInvalid, cs, lim.chunkSize)
 	case o.chunks == 0 || o.chunks > lim.maxReserve/cs:
 		return fmt.Errorf("%w: check chunk count: %d chunks of %d bytes do not fit the largest reservation %d", ErrRefused, o.chunks, cs, lim.maxReserve)
 	case o.n == 0 || o.off >= cs || o.n > o.chunks*cs-o.off:
 		return fmt.Errorf("%w: check buffer: [%d, +%d) does not lie in %d chunks of %d bytes from the first", ErrRefused, o.off, o.n, o.chunks, cs)
 	case o.off+o.n <= (o.chunks-1)*cs:
 		return fmt.Errorf("%w: check buffer: [%d, +%d) leaves the last of %d chunks of %d bytes empty", ErrRefused, o.off, o.n, o.chunks, cs)
-	case lim.budget != 0 && o.chunks*cs > lim.budget:
-		return fmt.Errorf("%w: %w: check budget: the producer shares %d bytes, the budget is %d", chunk.ErrBudget, ErrOutOfMemory, o.chunks*cs, lim.budget)
 	}
 	return nil
 }
@@ -349,7 +363,7 @@ type PeerError struct {
 	// Code is the ACL code the peer gave for its failure, or 0.
 	Code int32
 	// Reason is the peer's text, sanitised: printable characters, at most
-	// 200 bytes.
+	// 512 bytes.
 	Reason string
 }
 

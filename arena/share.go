@@ -535,8 +535,20 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	want := expect{who: "producer", pid: cfg.ProducerPID, user: cfg.ProducerUser, check: cfg.ProducerCheck}
-	notRunning := want.begin()
+	if err := want.begin(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
 	defer want.close()
+	// A peer that connected is known before it speaks: an impostor is
+	// refused before it learns anything of this process. Over a socket this
+	// process made, the producer's offer says who it is.
+	if early, err := ipc.Identify(conn, nil); err == nil {
+		verr := want.verify(early)
+		_ = early.Close()
+		if verr != nil {
+			return nil, fmt.Errorf("%s: %w", op, verr)
+		}
+	}
 	if err := ipc.EnableCredentials(conn); err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
@@ -555,11 +567,8 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 		_ = ipc.Send(conn, ack{status: status, code: code, text: text}.encode(), nil, false)
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	switch {
-	case peer == nil:
+	if peer == nil {
 		return nil, fmt.Errorf("%s: read the producer's offer: %w", op, err)
-	case notRunning != nil:
-		return fail(notRunning)
 	}
 	// Who sent the offer comes before what it says.
 	if verr := want.verify(peer); verr != nil {

@@ -871,3 +871,34 @@ func TestShareRefusals(t *testing.T) {
 	_, err = chunk.New(newSparseNoShare(), chunk.Config{Shareable: true})
 	require.ErrorIs(t, err, acl.ErrNotSupported)
 }
+
+// The consumer checks the producer as the kernel reports it: the process
+// that made the socketpair here (SO_PEERCRED, pinned by SO_PEERPIDFD), which
+// must be the one ImportConfig.ProducerPID names. Another is refused before
+// the consumer says a word.
+func TestImportChecksProducer(t *testing.T) {
+	t.Run("named", func(t *testing.T) {
+		d := newShareHost(t)
+		a, err := arena.New(arena.Config{Driver: d, Reserve: 32 << 20, Chunk: chunk.Config{Shareable: true}})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, a.Close()) }()
+		b, err := a.Alloc(shareChunk, shareChunk)
+		require.NoError(t, err)
+		p := spawn(t, peerSpec{Role: "consumer", Producer: -1})
+		require.NoError(t, a.Share(p.conn, b, arena.ShareOptions{PID: p.pid()}))
+		r := p.reply()
+		require.Empty(t, r.Err)
+		p.send('q')
+		assert.False(t, p.wait())
+	})
+	t.Run("another", func(t *testing.T) {
+		p := spawn(t, peerSpec{Role: "consumer", Producer: 1})
+		r := p.reply()
+		assert.True(t, r.Refused, r.Err)
+		assert.Contains(t, r.Err, "check pid")
+		assert.Contains(t, r.Err, "SO_PEERCRED")
+		assert.True(t, r.Live.Zero())
+		p.send('q')
+		assert.False(t, p.wait())
+	})
+}

@@ -519,6 +519,12 @@ func consumerCases(t *testing.T) []consumerCase {
 		}},
 		{name: "silence", check: "i/o timeout", is: os.ErrDeadlineExceeded, play: func(c *net.UnixConn, k *hostileKit) { time.Sleep(time.Second) }},
 		{name: "an offer in place of the ack", check: "bad magic", is: arena.ErrRefused, play: then(good(1).bytes())},
+		{name: "a second hello in place of the ack", check: "bad magic", is: arena.ErrRefused, play: then(hello)},
+		{name: "a flood", check: "bad magic", is: arena.ErrRefused, play: func(c *net.UnixConn, k *hostileKit) {
+			_ = ipc.Send(c, bytes.Repeat([]byte{0xa5}, 1<<20), nil, true)
+		}},
+		{name: "forged invalid argument", check: "the consumer failed", is: arena.ErrPeer,
+			play: then(ackFrame("VMAACK02", 2, acl.ErrCodeInvalidParam, 12, 0, "bad argument"))},
 		{name: "hello byte by byte", ok: true, play: func(c *net.UnixConn, k *hostileKit) {
 			for i := range hello {
 				send(c, hello[i:i+1])
@@ -571,6 +577,8 @@ func TestHostileConsumer(t *testing.T) {
 					assert.NotErrorIs(t, err, arena.ErrOutOfMemory, "the consumer's word is not this process's out-of-memory")
 					assert.NotErrorIs(t, err, arena.ErrRefused, "nor its refusal")
 					assert.NotErrorIs(t, err, acl.ErrOutOfMemory)
+					assert.NotErrorIs(t, err, acl.ErrInvalidParam)
+					assert.NotErrorIs(t, err, arena.ErrInvalid)
 					assert.True(t, sanitised(err.Error()), "%q", err.Error())
 				}
 			}

@@ -856,6 +856,14 @@ func TestShareRefusals(t *testing.T) {
 	require.ErrorIs(t, err, arena.ErrInvalid)
 	_, err = arena.Import(c, arena.ImportConfig{Budget: -1})
 	require.ErrorIs(t, err, arena.ErrInvalid)
+	require.ErrorIs(t, a.Share(c, b, arena.ShareOptions{PID: 1, User: arena.UserID(-1)}), arena.ErrInvalid, "no such user")
+	_, err = arena.Import(c, arena.ImportConfig{ProducerPID: -1})
+	require.ErrorIs(t, err, arena.ErrInvalid)
+	_, err = arena.Import(c, arena.ImportConfig{ProducerUser: arena.UserID(-3)})
+	require.ErrorIs(t, err, arena.ErrInvalid)
+	assert.Equal(t, "uid 0", arena.UserID(0).String(), "root can be named")
+	assert.Equal(t, "same user", arena.SameUser.String())
+	assert.Equal(t, "any user", arena.AnyUser.String())
 
 	// Chunks not made exportable: the host driver refuses the export, and
 	// the consumer hears why.
@@ -864,6 +872,7 @@ func TestShareRefusals(t *testing.T) {
 	require.ErrorIs(t, err, acl.ErrInvalidParam)
 	r := p.reply()
 	assert.Contains(t, r.Err, "not exportable")
+	assert.True(t, r.Peer && !r.Refused, "the producer's word: %s", r.Err)
 	p.send('q')
 	assert.False(t, p.wait())
 

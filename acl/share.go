@@ -79,6 +79,14 @@ const (
 	// ACL_RT_VMM_EXPORT_FLAG_DISABLE_PID_VALIDATION: any process may import
 	// the token. Drivers that share descriptors accept it and ignore it.
 	ExportDisablePIDValidation uint64 = 0x1
+	// ExportReadOnly is vmarena's own flag, not ACL's: the shareable form
+	// lets the importer read the memory and not write it, where the driver
+	// can enforce that against the importer. The host driver seals the
+	// memory file against writes through any new mapping or descriptor (its
+	// own mapping, made before, stays writable); ACL and CUDA cannot refuse
+	// an importer write access, and ignore it (the bindings never pass it
+	// to the runtime).
+	ExportReadOnly uint64 = 0x100
 )
 
 // Sharing says how a driver's physical memory crosses processes.

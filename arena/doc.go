@@ -110,7 +110,10 @@
 // fixed size (Alloc, Grow, Truncate, Reset and Shrink fail with
 // ErrImported; a read-only import's writes with ErrReadOnly). Only the process
 // ShareOptions names, as the kernel vouches for it, may import (ErrRefused
-// otherwise); on ACL the device enforces it too, with an allow-list.
+// otherwise); on ACL the device enforces it too, with an allow-list. Import
+// checks its producer the same way (ImportConfig.ProducerPID, ProducerUser,
+// ProducerCheck), bounds every offer before it allocates, and reports a
+// failure the other process sent as a *PeerError (ErrPeer).
 //
 // The memory lives while either process holds it: a producer that shrinks,
 // closes or dies pulls nothing from under the import (its pool frees shared

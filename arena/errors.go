@@ -22,9 +22,10 @@ var (
 	ErrImported = errors.New("imported memory has a fixed size")
 	// ErrReadOnly: a write into a read-only import.
 	ErrReadOnly = errors.New("read-only import")
-	// ErrRefused: Share or Import found the wrong process on the other end
-	// of the connection (its PID or UID is not the one named), or the
-	// other end refused this one.
+	// ErrRefused: Share or Import refused the other end of the connection:
+	// not the process named (its PID, user, pidfd or check), or a message
+	// that breaks the protocol or does not fit this process's limits. That
+	// the other end refused this one is its word: a *PeerError (ErrPeer).
 	ErrRefused = errors.New("share refused")
 
 	// ErrOutOfMemory is acl.ErrOutOfMemory: the device, or the pool's budget,

@@ -19,11 +19,121 @@ type ShareOptions struct {
 	// PID is the consumer: the process id, as this process sees it, of the
 	// one process allowed to import. Required.
 	PID int
-	// UID is the user the consumer must run as. The zero value means this
-	// process's own user (os.Getuid()).
-	UID int
-	// ReadOnly gives the consumer a read-only view.
+	// User is the user the consumer must run as: SameUser (the zero value,
+	// this process's own user), UserID(uid) (UserID(0) is root), or
+	// AnyUser.
+	User User
+	// Check, when set, is a further check of the consumer as the kernel
+	// reports it; an error refuses it.
+	Check func(ipc.Cred) error
+	// ReadOnly gives the consumer a read-only view. Where the driver can
+	// enforce it against the consumer (the host driver: the memory is
+	// sealed against writes through the consumer's mappings), the shared
+	// chunks can then only be shared read-only again.
 	ReadOnly bool
+}
+
+// A User names the user a peer of Share or Import must run as. The zero
+// value is SameUser.
+type User struct {
+	uid  int
+	kind uint8 // sameUser, oneUser, anyUser
+}
+
+const (
+	sameUser = iota
+	oneUser
+	anyUser
+)
+
+var (
+	// SameUser is this process's own user (os.Getuid()): the zero User.
+	SameUser = User{}
+	// AnyUser accepts a peer of any user: name the process another way
+	// (its PID, a check).
+	AnyUser = User{kind: anyUser}
+)
+
+// UserID names the user uid; UserID(0) is root.
+func UserID(uid int) User { return User{uid: uid, kind: oneUser} }
+
+// check checks that uid is the user u names.
+func (u User) check(uid int) error {
+	want := u.uid
+	switch u.kind {
+	case anyUser:
+		return nil
+	case sameUser:
+		want = os.Getuid()
+	}
+	if uid != want {
+		return fmt.Errorf("runs as uid %d, not uid %d (%v)", uid, want, u)
+	}
+	return nil
+}
+
+// String returns "same user", "any user" or "uid N".
+func (u User) String() string {
+	switch u.kind {
+	case sameUser:
+		return "same user"
+	case anyUser:
+		return "any user"
+	}
+	return fmt.Sprintf("uid %d", u.uid)
+}
+
+// expect is who a side of the hand-over expects on the other end.
+type expect struct {
+	who   string // "consumer" or "producer"
+	pid   int    // 0: any
+	user  User
+	check func(ipc.Cred) error
+	pin   *ipc.Process // the process pid named, when Share or Import began
+}
+
+// begin pins the expected process, when one is named. A kernel without
+// pidfds leaves it unpinned; a process that does not run is refused later,
+// once the peer has spoken.
+func (e *expect) begin() error {
+	if e.pid == 0 {
+		return nil
+	}
+	p, err := ipc.OpenProcess(e.pid)
+	if err != nil {
+		if errors.Is(err, ipc.ErrNoProcess) {
+			return fmt.Errorf("%w: check pid: the %s named, process %d, does not run", ErrRefused, e.who, e.pid)
+		}
+		return nil // no pidfds: the PID alone
+	}
+	e.pin = p
+	return nil
+}
+
+func (e *expect) close() { _ = e.pin.Close() }
+
+// verify checks the peer, as the kernel reports it, against e, and names
+// the check that failed.
+func (e *expect) verify(p *ipc.Peer) error {
+	if e.pid != 0 && p.PID != e.pid {
+		return fmt.Errorf("%w: check pid: the %s is %v, not process %d", ErrRefused, e.who, p, e.pid)
+	}
+	if err := e.user.check(p.UID); err != nil {
+		return fmt.Errorf("%w: check user: the %s %v %v", ErrRefused, e.who, p, err)
+	}
+	if e.pin != nil && p.Proc != nil {
+		// The PID is the one named, and both pidfds hold a live process:
+		// the peer is the process named, not a later holder of its PID.
+		if same, err := ipc.Same(e.pin, p.Proc); err != nil || !same {
+			return fmt.Errorf("%w: check pidfd: the %s %v is not the process named, or has exited (%v)", ErrRefused, e.who, p, err)
+		}
+	}
+	if e.check != nil {
+		if err := e.check(p.Cred); err != nil {
+			return fmt.Errorf("%w: check function: the %s %v: %w", ErrRefused, e.who, p, err)
+		}
+	}
+	return nil
 }
 
 // ImportConfig configures Import.
@@ -47,6 +157,15 @@ type ImportConfig struct {
 	ReadOnly bool
 	// Tenant is who may read the import's bytes (see Config.Tenant).
 	Tenant chunk.Tenant
+	// ProducerPID is the producer's process id, as this process sees it.
+	// 0 accepts any process that passes ProducerUser and ProducerCheck.
+	ProducerPID int
+	// ProducerUser is the user the producer must run as: SameUser (the
+	// zero value, this process's own user), UserID(uid), or AnyUser.
+	ProducerUser User
+	// ProducerCheck, when set, is a further check of the producer as the
+	// kernel reports it; an error refuses it.
+	ProducerCheck func(ipc.Cred) error
 }
 
 // An Imported is memory another process shared with this one (Import): the
@@ -145,13 +264,19 @@ func (v *Imported) CloseContext(ctx context.Context) error {
 // that it has mapped the memory.
 //
 // Who may import: the process on the other end must be opt.PID, running as
-// opt.UID, as the kernel vouches for it (SCM_CREDENTIALS); anyone else is
-// refused (ErrRefused), and gets nothing. Where the device shares tokens
-// (ACL), the chunks are exported with an allow-list holding only the
-// consumer; where it shares descriptors (CUDA, the host driver), the
-// descriptors are sent to the consumer alone. The arena must draw from a
-// pool whose chunks are exportable (Config.Chunk.Shareable, or a
-// chunk.Config.Shareable pool) where the device shares descriptors.
+// opt.User, and pass opt.Check, as the kernel reports it: the process that
+// connected (SO_PEERCRED), or, over a socket this process made (a
+// socketpair), the sender of the consumer's hello (SCM_CREDENTIALS, which
+// only a privileged process can forge). Where the kernel has pidfds, the
+// process named is pinned when Share begins, and the consumer must be that
+// very process, not a later holder of its PID. Anyone else is refused
+// (ErrRefused, with the check that failed), before anything is exported,
+// and gets nothing. Where the device shares tokens (ACL), the chunks are
+// exported with an allow-list holding only the consumer; where it shares
+// descriptors (CUDA, the host driver), the descriptors are sent to the
+// consumer alone. The arena must draw from a pool whose chunks are
+// exportable (Config.Chunk.Shareable, or a chunk.Config.Shareable pool)
+// where the device shares descriptors.
 //
 // Sharing is at chunk granularity: the consumer can read the rest of the
 // chunks that hold b too, so allocate what you share chunk-aligned and
@@ -161,8 +286,10 @@ func (v *Imported) CloseContext(ctx context.Context) error {
 // consumer as long as it maps it. The producer's pool counts them until
 // then. Keep b's bytes in use until Share returns.
 //
-// Share honours conn's deadlines. An error leaves the arena as it was
-// (chunks exported before the failure stay marked shared).
+// A failure the consumer reports is a *PeerError (matching ErrPeer, and
+// none of this process's sentinels). Share honours conn's deadlines. An
+// error leaves the arena as it was (chunks exported before the failure stay
+// marked shared).
 func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 	const op = "arena: share"
 	switch {
@@ -174,6 +301,8 @@ func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 		return fmt.Errorf("%s: %w: no connection", op, ErrInvalid)
 	case opt.PID <= 0:
 		return fmt.Errorf("%s: %w: ShareOptions.PID must name the consumer's process", op, ErrInvalid)
+	case opt.User.kind > anyUser || (opt.User.kind == oneUser && opt.User.uid < 0):
+		return fmt.Errorf("%s: %w: ShareOptions.User %v", op, ErrInvalid, opt.User)
 	case b.a != a:
 		return fmt.Errorf("%s %v: %w: the buffer belongs to another arena", op, b, ErrInvalid)
 	case b.n == 0:
@@ -188,35 +317,36 @@ func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 	if sharing == acl.SharingNone {
 		return fmt.Errorf("%s: %w: %s does not share memory between processes", op, acl.ErrNotSupported, a.drv.Name())
 	}
-	uid := opt.UID
-	if uid == 0 {
-		uid = os.Getuid()
-	}
+	want := expect{who: "consumer", pid: opt.PID, user: opt.User, check: opt.Check}
+	notRunning := want.begin()
+	defer want.close()
 
 	// Who is on the other end?
 	if err := ipc.EnableCredentials(conn); err != nil {
 		return fmt.Errorf("%s: %w", op, err)
 	}
 	hb := make([]byte, helloLen)
-	_, cred, err := ipc.Recv(conn, hb, 0)
+	peer, err := ipc.RecvPeer(conn, hb)
 	if err != nil {
 		return fmt.Errorf("%s: read the consumer's hello: %w", op, err)
 	}
+	defer peer.Close()
 	step("share:hello")
 	refuse := func(err error) error {
 		status, code, text := failure(err)
-		_ = ipc.Send(conn, offer{status: status, code: code, text: text}.encode(), nil, false)
+		_ = ipc.Send(conn, offer{status: status, code: code, text: text}.encode(), nil, true)
 		return fmt.Errorf("%s: %w", op, err)
+	}
+	if notRunning != nil {
+		return refuse(notRunning)
+	}
+	if err := want.verify(peer); err != nil {
+		return refuse(err)
 	}
 	h, err := decodeHello(hb)
 	switch {
 	case err != nil:
 		return refuse(err)
-	case cred == nil:
-		return refuse(fmt.Errorf("%w: the consumer's credentials did not come with its hello", ErrRefused))
-	case cred.PID != opt.PID || cred.UID != uid:
-		return refuse(fmt.Errorf("%w: process %d (uid %d) is not the consumer named: process %d, uid %d",
-			ErrRefused, cred.PID, cred.UID, opt.PID, uid))
 	case h.sharing != sharing:
 		return refuse(fmt.Errorf("%w: the consumer shares memory as %v, this driver as %v", acl.ErrNotSupported, h.sharing, sharing))
 	}
@@ -225,7 +355,7 @@ func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 	if err := a.pool.WaitStreams(context.Background(), a.streams); err != nil {
 		return refuse(err)
 	}
-	first, handles, err := a.export(b, h.tgid)
+	first, handles, err := a.export(b, h.tgid, opt.ReadOnly)
 	if err != nil {
 		return refuse(err)
 	}
@@ -252,7 +382,7 @@ func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 
 // export exports the chunks that hold b for the process tgid, and returns
 // the index of the first and their shareable handles.
-func (a *Arena) export(b Buffer, tgid int32) (int, []acl.ShareableHandle, error) {
+func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (int, []acl.ShareableHandle, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := b.check("share"); err != nil { // the arena may have changed meanwhile
@@ -261,8 +391,12 @@ func (a *Arena) export(b Buffer, tgid int32) (int, []acl.ShareableHandle, error)
 	first := int(uint64(b.off) / a.chunkSize)
 	last := int((uint64(b.off) + uint64(b.n) - 1) / a.chunkSize)
 	hs := make([]acl.ShareableHandle, 0, last-first+1)
+	export := a.pool.Export
+	if readOnly {
+		export = a.pool.ExportReadOnly
+	}
 	for _, c := range a.chunks[first : last+1] {
-		s, err := a.pool.Export(c, tgid)
+		s, err := export(c, tgid)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -271,17 +405,25 @@ func (a *Arena) export(b Buffer, tgid int32) (int, []acl.ShareableHandle, error)
 	return first, hs, nil
 }
 
-// sendHandles sends the offer and the shareable handles after it.
+// sendHandles sends the offer, with this process's credentials, and the
+// shareable handles after it.
 func sendHandles(c *net.UnixConn, o offer, hs []acl.ShareableHandle) error {
-	if err := ipc.Send(c, o.encode(), nil, false); err != nil {
+	if err := ipc.Send(c, o.encode(), nil, true); err != nil {
 		return err
 	}
 	if o.sharing == acl.SharingToken {
-		b := make([]byte, 8*len(hs))
-		for i, s := range hs {
-			le.PutUint64(b[8*i:], s.Value)
+		for len(hs) > 0 {
+			n := min(len(hs), tokenSlice)
+			b := make([]byte, 8*n)
+			for i, s := range hs[:n] {
+				le.PutUint64(b[8*i:], s.Value)
+			}
+			if err := ipc.Send(c, b, nil, false); err != nil {
+				return err
+			}
+			hs = hs[n:]
 		}
-		return ipc.Send(c, b, nil, false)
+		return nil
 	}
 	for len(hs) > 0 {
 		n := min(len(hs), fdBatch)
@@ -289,9 +431,7 @@ func sendHandles(c *net.UnixConn, o offer, hs []acl.ShareableHandle) error {
 		for i, s := range hs[:n] {
 			fds[i] = int(s.Value)
 		}
-		b := make([]byte, batchLen)
-		le.PutUint32(b, uint32(n))
-		if err := ipc.Send(c, b, fds, false); err != nil {
+		if err := ipc.Send(c, encodeBatch(n), fds, false); err != nil {
 			return err
 		}
 		hs = hs[n:]
@@ -299,18 +439,65 @@ func sendHandles(c *net.UnixConn, o offer, hs []acl.ShareableHandle) error {
 	return nil
 }
 
+// readOffer reads an offer and its text, and the producer as the kernel
+// reports it; the caller closes the peer.
+func readOffer(c *net.UnixConn) (offer, *ipc.Peer, error) {
+	b := make([]byte, offerLen)
+	peer, err := ipc.RecvPeer(c, b)
+	if err != nil {
+		return offer{}, nil, err
+	}
+	o, n, err := decodeOffer(b)
+	if err == nil {
+		o.text, err = readText(c, n)
+	}
+	return o, peer, err
+}
+
+// readAck reads an ack and its text.
+func readAck(c *net.UnixConn) (ack, error) {
+	b := make([]byte, ackLen)
+	if _, _, err := ipc.Recv(c, b, 0); err != nil {
+		return ack{}, err
+	}
+	a, n, err := decodeAck(b)
+	if err != nil {
+		return ack{}, err
+	}
+	a.text, err = readText(c, n)
+	return a, err
+}
+
+// readText reads a text of n bytes, which decodeOffer or decodeAck bounded.
+func readText(c *net.UnixConn, n uint32) (string, error) {
+	if n == 0 {
+		return "", nil
+	}
+	b := make([]byte, n)
+	if _, _, err := ipc.Recv(c, b, 0); err != nil {
+		return "", err
+	}
+	return string(b), nil
+}
+
 // Import maps the memory the producer on the other end of conn shares with
 // Arena.Share, and returns it as an Imported. It tells the producer who it is
 // (its credentials, checked by the kernel, and for an ACL allow-list the id
-// DeviceGetBareTgid gives), reserves address space for exactly the shared
-// chunks, imports and maps them, and tells the producer it is done.
+// DeviceGetBareTgid gives), checks who the producer is (cfg.ProducerPID,
+// ProducerUser and ProducerCheck, as the kernel reports it, as Share checks
+// the consumer), checks the offer against the device's granularity, the
+// largest reservation and the budget before it allocates or reads anything
+// for it, reserves address space for exactly the shared chunks, imports and
+// maps them, and tells the producer it is done.
 //
-// It fails with an error matching ErrRefused when the producer refused this
-// process (or does not speak the protocol), acl.ErrNotSupported when the
-// driver cannot share or shares in another form than the producer's,
-// ErrOutOfMemory (chunk.ErrBudget) past the budget, and the driver's errors.
-// A failed Import holds nothing; the connection is then of no further use.
-// Import honours conn's deadlines.
+// It fails with an error matching ErrRefused when this process refused the
+// producer or its offer (the error names the check that failed),
+// acl.ErrNotSupported when the driver cannot share or shares in another
+// form than the producer's, ErrOutOfMemory (chunk.ErrBudget) past the
+// budget, the driver's errors, and a *PeerError (ErrPeer) when the producer
+// reported a failure or refused this process. A failed Import holds
+// nothing; the connection is then of no further use. Import honours conn's
+// deadlines.
 func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 	const op = "arena: import"
 	if conn == nil {
@@ -318,6 +505,9 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 	}
 	if cfg.Budget < 0 || (cfg.Pool != nil && cfg.Budget != 0) {
 		return nil, fmt.Errorf("%s: %w: budget %d (with a pool, the pool's budget counts)", op, ErrInvalid, cfg.Budget)
+	}
+	if cfg.ProducerPID < 0 || cfg.ProducerUser.kind > anyUser || (cfg.ProducerUser.kind == oneUser && cfg.ProducerUser.uid < 0) {
+		return nil, fmt.Errorf("%s: %w: ImportConfig.ProducerPID %d, ProducerUser %v", op, ErrInvalid, cfg.ProducerPID, cfg.ProducerUser)
 	}
 	drv := cfg.Driver
 	switch {
@@ -336,8 +526,30 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 	if sharing == acl.SharingNone {
 		return nil, fmt.Errorf("%s: %w: %s does not share memory between processes", op, acl.ErrNotSupported, drv.Name())
 	}
+	lim, err := importLimits(drv, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
 	tgid, err := drv.DeviceGetBareTgid()
 	if err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	want := expect{who: "producer", pid: cfg.ProducerPID, user: cfg.ProducerUser, check: cfg.ProducerCheck}
+	if err := want.begin(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	defer want.close()
+	// A peer that connected is known before it speaks: an impostor is
+	// refused before it learns anything of this process. Over a socket this
+	// process made, the producer's offer says who it is.
+	if early, err := ipc.Identify(conn, nil); err == nil {
+		verr := want.verify(early)
+		_ = early.Close()
+		if verr != nil {
+			return nil, fmt.Errorf("%s: %w", op, verr)
+		}
+	}
+	if err := ipc.EnableCredentials(conn); err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	h := hello{sharing: sharing, tgid: tgid, device: drv.Device()}
@@ -348,37 +560,37 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	step("import:hello")
-	o, err := readOffer(conn)
-	if err != nil {
-		return nil, fmt.Errorf("%s: read the producer's offer: %w", op, err)
-	}
-	if o.status != statusOK {
-		return nil, fmt.Errorf("%s: %w", op, remote("producer", o.status, o.code, o.text))
-	}
-	step("import:offer")
+	o, peer, err := readOffer(conn)
+	defer peer.Close()
 	fail := func(err error) (*Imported, error) {
 		status, code, text := failure(err)
 		_ = ipc.Send(conn, ack{status: status, code: code, text: text}.encode(), nil, false)
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	cs := o.chunkSize
-	switch {
-	case o.sharing != sharing:
-		return fail(fmt.Errorf("%w: the producer shares memory as %v, this driver as %v", acl.ErrNotSupported, o.sharing, sharing))
-	case cs == 0 || cs > MaxReserve || o.chunks == 0 || o.chunks > MaxReserve/cs:
-		return fail(fmt.Errorf("%w: the producer offers %d chunks of %d bytes", ErrRefused, o.chunks, cs))
-	case o.n == 0 || o.off >= cs || o.n > o.chunks*cs-o.off:
-		return fail(fmt.Errorf("%w: the producer offers [%d, +%d) of %d chunks of %d bytes", ErrRefused, o.off, o.n, o.chunks, cs))
-	case cfg.Pool != nil && uint64(cfg.Pool.ChunkSize()) != cs:
-		drainHandles(conn, o)
-		return fail(fmt.Errorf("%w: the producer's chunks are %d bytes, the pool's %d", ErrInvalid, cs, cfg.Pool.ChunkSize()))
-	case cfg.Budget != 0 && o.chunks*cs > uint64(cfg.Budget):
-		drainHandles(conn, o)
-		return fail(fmt.Errorf("%w: %w: the producer shares %d bytes, the budget is %d", chunk.ErrBudget, ErrOutOfMemory, o.chunks*cs, cfg.Budget))
+	if peer == nil {
+		return nil, fmt.Errorf("%s: read the producer's offer: %w", op, err)
 	}
+	// Who sent the offer comes before what it says.
+	if verr := want.verify(peer); verr != nil {
+		return fail(verr)
+	}
+	if err != nil {
+		return fail(fmt.Errorf("read the producer's offer: %w", err))
+	}
+	if o.status != statusOK {
+		return nil, fmt.Errorf("%s: %w", op, remote("producer", o.status, o.code, o.text))
+	}
+	step("import:offer")
+	if fits, err := lim.check(o); err != nil {
+		if fits {
+			drainHandles(conn, o, 0)
+		}
+		return fail(err)
+	}
+	cs := o.chunkSize
 	pool, own, err := importPool(drv, cfg, cs)
 	if err != nil {
-		drainHandles(conn, o)
+		drainHandles(conn, o, 0)
 		return fail(err)
 	}
 	tenant := cfg.Tenant
@@ -408,9 +620,25 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 	return v, nil
 }
 
-// importHandles receives the offer's handles and imports them into pool for
-// tenant. On failure it gives back what it imported, and closes every
-// descriptor it received (reading the rest of them off the connection).
+// importLimits returns what an offer must fit: the driver's granularity,
+// the largest reservation, the budget and the pool's chunk size.
+func importLimits(drv acl.Driver, cfg ImportConfig) (limits, error) {
+	prop := acl.DeviceProp(drv.Device(), 0)
+	prop.HandleType = drv.Caps().Sharing.HandleType()
+	gran, err := drv.MemGetAllocationGranularity(&prop, acl.GranularityMinimum)
+	if err != nil {
+		return limits{}, err
+	}
+	lim := limits{sharing: drv.Caps().Sharing, gran: uint64(gran), maxReserve: MaxReserve, budget: uint64(cfg.Budget)}
+	if cfg.Pool != nil {
+		lim.chunkSize = uint64(cfg.Pool.ChunkSize())
+	}
+	return lim, nil
+}
+
+// importHandles receives the offer's handles, checked by limits.check, and
+// imports them into pool for tenant, a slice at a time. On failure it gives
+// back what it imported, and closes every descriptor it received.
 func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (cs []chunk.Chunk, err error) {
 	defer func() {
 		if err != nil {
@@ -422,15 +650,23 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (
 	}()
 	n := int(o.chunks)
 	if o.sharing == acl.SharingToken {
-		b := make([]byte, 8*n)
-		if _, _, err := ipc.Recv(c, b, 0); err != nil {
-			return nil, err
+		b := make([]byte, 8*min(n, tokenSlice))
+		for len(cs) < n {
+			k := min(n-len(cs), tokenSlice)
+			if _, _, err := ipc.Recv(c, b[:8*k], 0); err != nil {
+				return cs, err
+			}
+			hs := make([]acl.ShareableHandle, k)
+			for i := range hs {
+				hs[i] = acl.ShareableHandle{Type: acl.MemHandleTypeNone, Value: le.Uint64(b[8*i:])}
+			}
+			got := len(cs) + k
+			if cs, err = importAll(pool, t, hs, cs); err != nil {
+				drainHandles(c, o, got)
+				return cs, err
+			}
 		}
-		hs := make([]acl.ShareableHandle, n)
-		for i := range hs {
-			hs[i] = acl.ShareableHandle{Type: acl.MemHandleTypeNone, Value: le.Uint64(b[8*i:])}
-		}
-		return importAll(pool, t, hs, cs)
+		return cs, nil
 	}
 	for len(cs) < n {
 		fds, err := recvBatch(c, n-len(cs))
@@ -441,12 +677,12 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (
 		for i, fd := range fds {
 			hs[i] = acl.ShareableHandle{Type: acl.MemHandleTypePOSIX, Value: uint64(fd)}
 		}
-		k := len(cs)
+		got := len(cs) + len(fds)
 		cs, err = importAll(pool, t, hs, cs)
 		// The driver keeps what it needs of each descriptor.
 		err = errors.Join(err, ipc.CloseAll(fds))
 		if err != nil {
-			drainFDs(c, n-k-len(fds))
+			drainHandles(c, o, got)
 			return cs, err
 		}
 	}
@@ -459,11 +695,38 @@ func importAll(pool *chunk.Pool, t chunk.Tenant, hs []acl.ShareableHandle, cs []
 	for _, s := range hs {
 		ch, err := pool.Import(t, s)
 		if err != nil {
-			return cs, err
+			return cs, fmt.Errorf("import handle %d (%v): %w", len(cs), s, err)
 		}
 		cs = append(cs, ch)
 	}
 	return cs, nil
+}
+
+// drainHandles reads the handles of an offer whose shape was checked
+// (limits.shape) off the connection, after the first got, a slice at a time,
+// and closes any descriptors among them, so that the connection is left at
+// a message's start. It stops at the first failure.
+func drainHandles(c *net.UnixConn, o offer, got int) {
+	left := int(o.chunks) - got
+	if o.sharing == acl.SharingToken {
+		b := make([]byte, 8*min(max(left, 0), tokenSlice))
+		for left > 0 {
+			k := min(left, tokenSlice)
+			if _, _, err := ipc.Recv(c, b[:8*k], 0); err != nil {
+				return
+			}
+			left -= k
+		}
+		return
+	}
+	for left > 0 {
+		fds, err := recvBatch(c, left)
+		if err != nil {
+			return
+		}
+		_ = ipc.CloseAll(fds)
+		left -= len(fds)
+	}
 }
 
 // recvBatch receives one batch of at most left descriptors.
@@ -473,33 +736,10 @@ func recvBatch(c *net.UnixConn, left int) ([]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n := int(le.Uint32(b)); n != len(fds) || n == 0 || n > left {
-		return nil, errors.Join(fmt.Errorf("%w: a batch of %d descriptors says %d, %d expected at most", ErrRefused, len(fds), n, left),
-			ipc.CloseAll(fds))
+	if _, err := decodeBatch(b, len(fds), left); err != nil {
+		return nil, errors.Join(err, ipc.CloseAll(fds))
 	}
 	return fds, nil
-}
-
-// drainHandles reads the offer's handles off the connection and closes any
-// descriptors among them.
-func drainHandles(c *net.UnixConn, o offer) {
-	if o.sharing == acl.SharingToken {
-		_, _, _ = ipc.Recv(c, make([]byte, 8*o.chunks), 0)
-		return
-	}
-	drainFDs(c, int(o.chunks))
-}
-
-// drainFDs receives left more descriptors and closes them.
-func drainFDs(c *net.UnixConn, left int) {
-	for left > 0 {
-		fds, err := recvBatch(c, left)
-		if err != nil {
-			return
-		}
-		_ = ipc.CloseAll(fds)
-		left -= len(fds)
-	}
 }
 
 // importPool returns the pool an Imported's chunks come into: cfg.Pool, or a

@@ -55,7 +55,8 @@ type peerSpec struct {
 	Chunks    int    // producer: chunks the shared buffer spans
 	ReadOnly  bool   // producer: ShareOptions.ReadOnly; consumer: ImportConfig.ReadOnly
 	PID       int    // producer: ShareOptions.PID (0: the parent's)
-	UID       int    // producer: ShareOptions.UID
+	UID       *int   // producer: ShareOptions.User (nil: the same user)
+	Producer  int    // consumer: ImportConfig.ProducerPID (-1: the parent's)
 	DieAt     string // the step of Share or Import at which to be killed
 	Twice     bool   // share, or import, twice
 	OnePool   bool   // consumer: both imports count against one pool
@@ -69,8 +70,11 @@ type peerSpec struct {
 // peerReply is what the other process says.
 type peerReply struct {
 	Err      string
-	Refused  bool
+	Refused  bool // this side refused (ErrRefused)
 	OOM      bool
+	Peer     bool // the other side failed (ErrPeer)
+	PeerSaid bool // and said it refused this side
+	PeerCode int32
 	Data     []byte
 	ReadOnly bool
 	Live     acl.LiveCounts
@@ -176,7 +180,12 @@ func result(err error) peerReply {
 	if err == nil {
 		return peerReply{}
 	}
-	return peerReply{Err: err.Error(), Refused: errors.Is(err, arena.ErrRefused), OOM: errors.Is(err, arena.ErrOutOfMemory)}
+	r := peerReply{Err: err.Error(), Refused: errors.Is(err, arena.ErrRefused), OOM: errors.Is(err, arena.ErrOutOfMemory),
+		Peer: errors.Is(err, arena.ErrPeer)}
+	if pe, ok := errors.AsType[*arena.PeerError](err); ok {
+		r.PeerSaid, r.PeerCode = pe.Refused, pe.Code
+	}
+	return r
 }
 
 // The other process.
@@ -251,7 +260,10 @@ func producer(spec peerSpec, conn *net.UnixConn, d *host.Driver, fd *faultdriver
 	if pid == 0 {
 		pid = os.Getppid()
 	}
-	opt := arena.ShareOptions{PID: pid, UID: spec.UID, ReadOnly: spec.ReadOnly}
+	opt := arena.ShareOptions{PID: pid, ReadOnly: spec.ReadOnly}
+	if spec.UID != nil {
+		opt.User = arena.UserID(*spec.UID)
+	}
 	for range 1 + btoi(spec.Twice) {
 		before := copies(fd)
 		r := result(a.Share(conn, b, opt))
@@ -310,7 +322,10 @@ func btoi(b bool) int {
 }
 
 func consumer(spec peerSpec, conn *net.UnixConn, d *host.Driver, fd *faultdriver.Driver) error {
-	cfg := arena.ImportConfig{Driver: fd, ReadOnly: spec.ReadOnly, Budget: spec.Budget}
+	cfg := arena.ImportConfig{Driver: fd, ReadOnly: spec.ReadOnly, Budget: spec.Budget, ProducerPID: spec.Producer}
+	if spec.Producer < 0 {
+		cfg.ProducerPID = os.Getppid()
+	}
 	var views []*arena.Imported
 	for range 1 + btoi(spec.Twice) {
 		before := copies(fd)
@@ -508,15 +523,27 @@ func TestShareConsumerDies(t *testing.T) {
 	require.NoError(t, a.Close())
 }
 
-// Only the process named may import: another PID or UID is refused, and
-// gets nothing.
+// Only the process named may import: another PID, UID, or a process the
+// check refuses, is refused, and gets nothing; the error names the check.
 func TestShareRefusesOthers(t *testing.T) {
+	other := os.Getuid() + 4242
+	if os.Getuid() != 0 {
+		other = 0 // root can be named, and is not this user
+	}
 	for _, tc := range []struct {
-		name string
-		opt  func(pid int) arena.ShareOptions
+		name, check string
+		opt         func(pid int) arena.ShareOptions
 	}{
-		{"pid", func(pid int) arena.ShareOptions { return arena.ShareOptions{PID: pid + 100000} }},
-		{"uid", func(pid int) arena.ShareOptions { return arena.ShareOptions{PID: pid, UID: os.Getuid() + 4242} }},
+		{"pid", "check pid", func(pid int) arena.ShareOptions { return arena.ShareOptions{PID: pid + 100000} }},
+		{"uid", "check user", func(pid int) arena.ShareOptions { return arena.ShareOptions{PID: pid, User: arena.UserID(other)} }},
+		{"check", "check function", func(pid int) arena.ShareOptions {
+			return arena.ShareOptions{PID: pid, Check: func(c ipc.Cred) error {
+				if c.PID != pid {
+					return errors.New("the kernel reported another process")
+				}
+				return errors.New("not this one")
+			}}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newShareHost(t)
@@ -528,8 +555,10 @@ func TestShareRefusesOthers(t *testing.T) {
 			p := spawn(t, peerSpec{Role: "consumer"})
 			err = a.Share(p.conn, b, tc.opt(p.pid()))
 			require.ErrorIs(t, err, arena.ErrRefused)
+			assert.ErrorContains(t, err, tc.check)
 			r := p.reply()
-			assert.True(t, r.Refused, "the consumer hears it was refused: %s", r.Err)
+			assert.True(t, r.PeerSaid && r.Peer, "the consumer hears it was refused: %s", r.Err)
+			assert.False(t, r.Refused, "as the producer's word, not its own refusal: %s", r.Err)
 			assert.True(t, r.Live.Zero(), "and holds nothing: %+v", r.Live)
 			assert.Zero(t, a.Pool().Stats().Exported, "nothing was exported")
 			p.send('q')
@@ -622,7 +651,9 @@ func TestShareReadOnly(t *testing.T) {
 }
 
 // The consumer's budget: a share larger than it is refused before any
-// import, and both ends say out of memory.
+// import; the consumer says out of memory, and the producer hears the
+// consumer's word for it (ErrPeer, with its code), which matches none of its
+// own sentinels.
 func TestShareBudget(t *testing.T) {
 	d := newShareHost(t)
 	a, err := arena.New(arena.Config{Driver: d, Reserve: 32 << 20, Chunk: chunk.Config{Shareable: true}})
@@ -632,7 +663,12 @@ func TestShareBudget(t *testing.T) {
 	require.NoError(t, err)
 	p := spawn(t, peerSpec{Role: "consumer", Budget: 2 * shareChunk})
 	err = a.Share(p.conn, b, arena.ShareOptions{PID: p.pid()})
-	require.ErrorIs(t, err, arena.ErrOutOfMemory, "the consumer's out-of-memory reaches the producer")
+	require.ErrorIs(t, err, arena.ErrPeer, "the consumer's out-of-memory reaches the producer")
+	require.NotErrorIs(t, err, arena.ErrOutOfMemory, "as the consumer's word")
+	pe, ok := errors.AsType[*arena.PeerError](err)
+	require.True(t, ok)
+	assert.Equal(t, acl.ErrCodeRTMemoryAllocation, pe.Code)
+	assert.Contains(t, pe.Reason, "check budget")
 	r := p.reply()
 	assert.True(t, r.OOM, r.Err)
 	assert.True(t, r.Live.Zero(), "%+v", r.Live)
@@ -820,6 +856,14 @@ func TestShareRefusals(t *testing.T) {
 	require.ErrorIs(t, err, arena.ErrInvalid)
 	_, err = arena.Import(c, arena.ImportConfig{Budget: -1})
 	require.ErrorIs(t, err, arena.ErrInvalid)
+	require.ErrorIs(t, a.Share(c, b, arena.ShareOptions{PID: 1, User: arena.UserID(-1)}), arena.ErrInvalid, "no such user")
+	_, err = arena.Import(c, arena.ImportConfig{ProducerPID: -1})
+	require.ErrorIs(t, err, arena.ErrInvalid)
+	_, err = arena.Import(c, arena.ImportConfig{ProducerUser: arena.UserID(-3)})
+	require.ErrorIs(t, err, arena.ErrInvalid)
+	assert.Equal(t, "uid 0", arena.UserID(0).String(), "root can be named")
+	assert.Equal(t, "same user", arena.SameUser.String())
+	assert.Equal(t, "any user", arena.AnyUser.String())
 
 	// Chunks not made exportable: the host driver refuses the export, and
 	// the consumer hears why.
@@ -828,10 +872,42 @@ func TestShareRefusals(t *testing.T) {
 	require.ErrorIs(t, err, acl.ErrInvalidParam)
 	r := p.reply()
 	assert.Contains(t, r.Err, "not exportable")
+	assert.True(t, r.Peer && !r.Refused, "the producer's word: %s", r.Err)
 	p.send('q')
 	assert.False(t, p.wait())
 
 	// A driver that cannot share.
 	_, err = chunk.New(newSparseNoShare(), chunk.Config{Shareable: true})
 	require.ErrorIs(t, err, acl.ErrNotSupported)
+}
+
+// The consumer checks the producer as the kernel reports it: the process
+// that made the socketpair here (SO_PEERCRED, pinned by SO_PEERPIDFD), which
+// must be the one ImportConfig.ProducerPID names. Another is refused before
+// the consumer says a word.
+func TestImportChecksProducer(t *testing.T) {
+	t.Run("named", func(t *testing.T) {
+		d := newShareHost(t)
+		a, err := arena.New(arena.Config{Driver: d, Reserve: 32 << 20, Chunk: chunk.Config{Shareable: true}})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, a.Close()) }()
+		b, err := a.Alloc(shareChunk, shareChunk)
+		require.NoError(t, err)
+		p := spawn(t, peerSpec{Role: "consumer", Producer: -1})
+		require.NoError(t, a.Share(p.conn, b, arena.ShareOptions{PID: p.pid()}))
+		r := p.reply()
+		require.Empty(t, r.Err)
+		p.send('q')
+		assert.False(t, p.wait())
+	})
+	t.Run("another", func(t *testing.T) {
+		p := spawn(t, peerSpec{Role: "consumer", Producer: 1})
+		r := p.reply()
+		assert.True(t, r.Refused, r.Err)
+		assert.Contains(t, r.Err, "check pid")
+		assert.Contains(t, r.Err, "SO_PEERCRED")
+		assert.True(t, r.Live.Zero())
+		p.send('q')
+		assert.False(t, p.wait())
+	})
 }

@@ -4,47 +4,64 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
+	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/vmarena/vmarena/acl"
-	"github.com/vmarena/vmarena/acl/ipc"
+	"github.com/vmarena/vmarena/chunk"
 )
 
 // The messages of Share and Import. Every field has a fixed size and
 // offset, little-endian, with no padding left to chance, so that both ends
-// read the same bytes whatever their Go versions.
+// read the same bytes whatever their Go versions. Reserved fields are zero,
+// and a message with an unknown flag, status or form is refused.
 //
 //	consumer → producer  hello (32 bytes), with the consumer's credentials
-//	producer → consumer  offer (64 bytes), then the refusal's text, or the
-//	                     shareable handles: tokens as uint64s, or descriptors
-//	                     in batches (an 8-byte header carrying up to fdBatch)
+//	producer → consumer  offer (64 bytes), with the producer's credentials,
+//	                     then the refusal's text, or the shareable handles:
+//	                     tokens as uint64s, or descriptors in batches (an
+//	                     8-byte header carrying up to fdBatch)
 //	consumer → producer  ack (24 bytes), then the failure's text
+//
+// The parsers below are pure functions of the bytes (and of the limits the
+// reader sets), so that they can be fuzzed on their own.
 
 const (
-	wireVersion = 1
+	wireVersion = 2
 	helloLen    = 32
 	offerLen    = 64
 	ackLen      = 24
 	batchLen    = 8
 	fdBatch     = 64   // descriptors per message, below ipc.MaxFDs
-	maxText     = 4096 // the longest failure text either side sends
+	tokenSlice  = 512  // tokens read per message piece: 4 KiB
+	maxText     = 1024 // the longest failure text either side sends or reads
+	maxReason   = 512  // the most of a peer's text an error keeps
 )
 
 var (
-	helloMagic = [8]byte{'V', 'M', 'A', 'H', 'E', 'L', 'O', '1'}
-	offerMagic = [8]byte{'V', 'M', 'A', 'O', 'F', 'F', 'R', '1'}
-	ackMagic   = [8]byte{'V', 'M', 'A', 'A', 'C', 'K', '0', '1'}
+	helloMagic = [8]byte{'V', 'M', 'A', 'H', 'E', 'L', 'O', '2'}
+	offerMagic = [8]byte{'V', 'M', 'A', 'O', 'F', 'F', 'R', '2'}
+	ackMagic   = [8]byte{'V', 'M', 'A', 'A', 'C', 'K', '0', '2'}
 )
 
 // Status of an offer or ack.
 const (
 	statusOK      = 0
-	statusRefused = 1 // the peer is not the one named: ErrRefused
+	statusRefused = 1 // the peer is not the one named
 	statusFailed  = 2 // the sender failed: the text (and ACL code) say why
 )
 
 // Flags of a hello and an offer.
-const flagReadOnly = 1
+const (
+	flagReadOnly = 1
+	knownFlags   = flagReadOnly
+)
+
+// errProtocol is the refusal of a message that breaks the protocol.
+func errProtocol(what string, args ...any) error {
+	return fmt.Errorf("%w: the peer broke the protocol: %s", ErrRefused, fmt.Sprintf(what, args...))
+}
 
 // hello is the consumer's first message.
 type hello struct {
@@ -65,16 +82,41 @@ func (h hello) encode() []byte {
 	return b
 }
 
+// decodeHello parses a hello.
 func decodeHello(b []byte) (hello, error) {
-	if [8]byte(b[:8]) != helloMagic || le.Uint32(b[8:]) != wireVersion {
-		return hello{}, fmt.Errorf("%w: the peer does not speak this protocol (version %d)", ErrRefused, wireVersion)
+	if err := checkHead(b, helloLen, helloMagic, "hello"); err != nil {
+		return hello{}, err
 	}
-	return hello{
+	h := hello{
 		sharing: acl.Sharing(le.Uint32(b[12:])),
 		tgid:    int32(le.Uint32(b[16:])),
 		device:  int32(le.Uint32(b[20:])),
 		flags:   le.Uint32(b[24:]),
-	}, nil
+	}
+	switch {
+	case h.sharing != acl.SharingToken && h.sharing != acl.SharingFD:
+		return hello{}, errProtocol("hello: sharing form %d is none this side knows", uint32(h.sharing))
+	case h.flags&^knownFlags != 0:
+		return hello{}, errProtocol("hello: unknown flags %#x", h.flags)
+	case le.Uint32(b[28:]) != 0:
+		return hello{}, errProtocol("hello: reserved field %#x is not zero", le.Uint32(b[28:]))
+	case h.tgid < 0 || h.device < 0:
+		return hello{}, errProtocol("hello: process id %d, device %d", h.tgid, h.device)
+	}
+	return h, nil
+}
+
+// checkHead checks a fixed-size message's length, magic and version.
+func checkHead(b []byte, n int, magic [8]byte, what string) error {
+	switch {
+	case len(b) != n:
+		return errProtocol("%s of %d bytes, want %d", what, len(b), n)
+	case [8]byte(b[:8]) != magic:
+		return errProtocol("%s: bad magic %q: not this protocol", what, b[:8])
+	case le.Uint32(b[8:]) != wireVersion:
+		return errProtocol("%s: version %d, this side speaks %d", what, le.Uint32(b[8:]), wireVersion)
+	}
+	return nil
 }
 
 // offer is the producer's answer: what it shares, or why not.
@@ -107,14 +149,11 @@ func (o offer) encode() []byte {
 	return b
 }
 
-// readOffer reads an offer and its text.
-func readOffer(c *net.UnixConn) (offer, error) {
-	b := make([]byte, offerLen)
-	if _, _, err := ipc.Recv(c, b, 0); err != nil {
-		return offer{}, err
-	}
-	if [8]byte(b[:8]) != offerMagic || le.Uint32(b[8:]) != wireVersion {
-		return offer{}, fmt.Errorf("%w: the peer does not speak this protocol (version %d)", ErrRefused, wireVersion)
+// decodeOffer parses an offer's fixed part, and returns the length of the
+// text that follows it.
+func decodeOffer(b []byte) (offer, uint32, error) {
+	if err := checkHead(b, offerLen, offerMagic, "offer"); err != nil {
+		return offer{}, 0, err
 	}
 	o := offer{
 		status:    le.Uint32(b[12:]),
@@ -126,9 +165,94 @@ func readOffer(c *net.UnixConn) (offer, error) {
 		n:         le.Uint64(b[48:]),
 		code:      int32(le.Uint32(b[56:])),
 	}
-	text, err := readText(c, le.Uint32(b[60:]))
-	o.text = text
-	return o, err
+	text := le.Uint32(b[60:])
+	switch {
+	case o.status > statusFailed:
+		return offer{}, 0, errProtocol("offer: unknown status %d", o.status)
+	case text > maxText:
+		return offer{}, 0, errProtocol("offer: a text of %d bytes, at most %d", text, maxText)
+	case o.flags&^knownFlags != 0:
+		return offer{}, 0, errProtocol("offer: unknown flags %#x", o.flags)
+	case o.status == statusOK && text != 0:
+		return offer{}, 0, errProtocol("offer: a text of %d bytes with a share", text)
+	case o.status != statusOK && (o.chunks != 0 || o.chunkSize != 0 || o.off != 0 || o.n != 0):
+		return offer{}, 0, errProtocol("offer: a refusal offering %d chunks", o.chunks)
+	}
+	return o, text, nil
+}
+
+// limits is what an offer must fit in the consumer.
+type limits struct {
+	sharing    acl.Sharing
+	gran       uint64 // the driver's allocation granularity
+	maxReserve uint64 // the largest reservation
+	budget     uint64 // the most bytes the import may take, or 0
+	chunkSize  uint64 // the pool's chunk size, or 0 for any
+}
+
+// check checks a share's offer against the consumer's limits, before
+// anything is allocated or read for it, and names the check that failed.
+// An offer whose shape is sound but does not fit (another chunk size than
+// the pool's, past the budget) fails with fits set: its handles may be read
+// off the connection and dropped.
+func (lim limits) check(o offer) (fits bool, err error) {
+	if err := lim.shape(o); err != nil {
+		return false, err
+	}
+	cs := o.chunkSize
+	switch {
+	case lim.chunkSize != 0 && cs != lim.chunkSize:
+		return true, fmt.Errorf("%w: check chunk size: the producer's chunks are %d bytes, the pool's %d", ErrInvalid, cs, lim.chunkSize)
+	case lim.budget != 0 && o.chunks*cs > lim.budget:
+		return true, fmt.Errorf("%w: %w: check budget: the producer shares %d bytes, the budget is %d", chunk.ErrBudget, ErrOutOfMemory, o.chunks*cs, lim.budget)
+	}
+	return true, nil
+}
+
+// shape checks the sizes and counts of an offer.
+func (lim limits) shape(o offer) error {
+	cs := o.chunkSize
+	switch {
+	case o.sharing != lim.sharing:
+		return fmt.Errorf("%w: the producer shares memory as %v, this driver as %v", acl.ErrNotSupported, o.sharing, lim.sharing)
+	case cs == 0 || lim.gran == 0 || cs%lim.gran != 0:
+		return fmt.Errorf("%w: check chunk size: %d bytes is not a multiple of the device's granularity %d", ErrRefused, cs, lim.gran)
+	case cs > lim.maxReserve:
+		return fmt.Errorf("%w: check chunk size: %d bytes, more than the largest reservation %d", ErrRefused, cs, lim.maxReserve)
+	case o.chunks == 0 || o.chunks > lim.maxReserve/cs:
+		return fmt.Errorf("%w: check chunk count: %d chunks of %d bytes do not fit the largest reservation %d", ErrRefused, o.chunks, cs, lim.maxReserve)
+	case o.n == 0 || o.off >= cs || o.n > o.chunks*cs-o.off:
+		return fmt.Errorf("%w: check buffer: [%d, +%d) does not lie in %d chunks of %d bytes from the first", ErrRefused, o.off, o.n, o.chunks, cs)
+	case o.off+o.n <= (o.chunks-1)*cs:
+		return fmt.Errorf("%w: check buffer: [%d, +%d) leaves the last of %d chunks of %d bytes empty", ErrRefused, o.off, o.n, o.chunks, cs)
+	}
+	return nil
+}
+
+// decodeBatch parses a batch's header, which came with nfds descriptors,
+// when at most left more are expected, and returns its count.
+func decodeBatch(b []byte, nfds, left int) (int, error) {
+	if len(b) != batchLen {
+		return 0, errProtocol("batch of %d bytes, want %d", len(b), batchLen)
+	}
+	n := le.Uint32(b)
+	switch {
+	case le.Uint32(b[4:]) != 0:
+		return 0, errProtocol("batch: reserved field %#x is not zero", le.Uint32(b[4:]))
+	case n == 0 || n > fdBatch:
+		return 0, errProtocol("batch: %d descriptors, want 1 to %d", n, fdBatch)
+	case int64(n) > int64(left):
+		return 0, errProtocol("batch: %d descriptors, only %d more expected", n, left)
+	case int(n) != nfds:
+		return 0, errProtocol("batch: says %d descriptors, %d came", n, nfds)
+	}
+	return int(n), nil
+}
+
+func encodeBatch(n int) []byte {
+	b := make([]byte, batchLen)
+	le.PutUint32(b, uint32(n))
+	return b
 }
 
 // ack is the consumer's last message: whether it mapped the memory.
@@ -145,36 +269,31 @@ func (a ack) encode() []byte {
 	le.PutUint32(b[8:], a.status)
 	le.PutUint32(b[12:], uint32(a.code))
 	le.PutUint32(b[16:], uint32(len(t)))
-	copy(b[ackLen:], t)
-	return b
+	return append(b[:ackLen], t...)
 }
 
-func readAck(c *net.UnixConn) (ack, error) {
-	b := make([]byte, ackLen)
-	if _, _, err := ipc.Recv(c, b, 0); err != nil {
-		return ack{}, err
-	}
-	if [8]byte(b[:8]) != ackMagic {
-		return ack{}, fmt.Errorf("%w: the peer does not speak this protocol (version %d)", ErrRefused, wireVersion)
+// decodeAck parses an ack's fixed part, and returns the length of the text
+// that follows it.
+func decodeAck(b []byte) (ack, uint32, error) {
+	switch {
+	case len(b) != ackLen:
+		return ack{}, 0, errProtocol("ack of %d bytes, want %d", len(b), ackLen)
+	case [8]byte(b[:8]) != ackMagic:
+		return ack{}, 0, errProtocol("ack: bad magic %q: not this protocol", b[:8])
 	}
 	a := ack{status: le.Uint32(b[8:]), code: int32(le.Uint32(b[12:]))}
-	text, err := readText(c, le.Uint32(b[16:]))
-	a.text = text
-	return a, err
-}
-
-func readText(c *net.UnixConn, n uint32) (string, error) {
-	if n == 0 {
-		return "", nil
+	text := le.Uint32(b[16:])
+	switch {
+	case a.status > statusFailed:
+		return ack{}, 0, errProtocol("ack: unknown status %d", a.status)
+	case text > maxText:
+		return ack{}, 0, errProtocol("ack: a text of %d bytes, at most %d", text, maxText)
+	case a.status == statusOK && (text != 0 || a.code != 0):
+		return ack{}, 0, errProtocol("ack: success with code %d and a text of %d bytes", a.code, text)
+	case le.Uint32(b[20:]) != 0:
+		return ack{}, 0, errProtocol("ack: reserved field %#x is not zero", le.Uint32(b[20:]))
 	}
-	if n > maxText {
-		return "", fmt.Errorf("%w: a message of %d bytes", ErrRefused, n)
-	}
-	b := make([]byte, n)
-	if _, _, err := ipc.Recv(c, b, 0); err != nil {
-		return "", err
-	}
-	return string(b), nil
+	return a, text, nil
 }
 
 func clip(s string) string {
@@ -182,6 +301,28 @@ func clip(s string) string {
 		return s[:maxText]
 	}
 	return s
+}
+
+// sanitize makes a peer's text safe to show: printable characters only
+// (others become '?', invalid UTF-8 too), cut to maxReason bytes.
+func sanitize(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if r == utf8.RuneError {
+			if _, n := utf8.DecodeRuneInString(s[i:]); n <= 1 {
+				r = '?'
+			}
+		}
+		if !unicode.IsPrint(r) {
+			r = '?'
+		}
+		if b.Len()+utf8.RuneLen(r) > maxReason {
+			b.WriteString("…")
+			break
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // failure turns an error into the status, ACL code and text that tell the
@@ -205,17 +346,47 @@ func failure(err error) (status uint32, code int32, text string) {
 	return status, code, err.Error()
 }
 
-// remote turns the status, ACL code and text the peer sent into an error
-// that matches the sentinels it matched there.
+// ErrPeer is matched by every error the other process of a Share or Import
+// reported about itself (a *PeerError): what it says is its own account,
+// and never matches this process's sentinels (ErrOutOfMemory, ErrRefused,
+// the acl errors).
+var ErrPeer = errors.New("arena: the other process failed")
+
+// A PeerError is a failure the other process of a Share or Import reported.
+// Its fields are what the peer said: the peer may say anything, so they
+// only inform (and Reason is cut and stripped of unprintable characters).
+type PeerError struct {
+	// Who is "producer" or "consumer".
+	Who string
+	// Refused is set when the peer said it refused this process.
+	Refused bool
+	// Code is the ACL code the peer gave for its failure, or 0.
+	Code int32
+	// Reason is the peer's text, sanitised: printable characters, at most
+	// 512 bytes.
+	Reason string
+}
+
+// Error says who failed, and what it said.
+func (e *PeerError) Error() string {
+	what := "failed"
+	if e.Refused {
+		what = "refused"
+	}
+	s := fmt.Sprintf("the %s %s: %q", e.Who, what, e.Reason)
+	if e.Code != 0 {
+		s += fmt.Sprintf(" (ACL code %d)", e.Code)
+	}
+	return s
+}
+
+// Is matches ErrPeer.
+func (e *PeerError) Is(target error) bool { return target == ErrPeer }
+
+// remote turns the status, ACL code and text the peer sent into a
+// *PeerError.
 func remote(who string, status uint32, code int32, text string) error {
-	var cause error = errors.New(text)
-	if code != 0 {
-		cause = &acl.Error{Op: who, Code: code, Msg: text}
-	}
-	if status == statusRefused {
-		return fmt.Errorf("%w by the %s: %w", ErrRefused, who, cause)
-	}
-	return fmt.Errorf("the %s failed: %w", who, cause)
+	return &PeerError{Who: who, Refused: status == statusRefused, Code: code, Reason: sanitize(text)}
 }
 
 var le = binary.LittleEndian

@@ -31,6 +31,7 @@ type shared struct {
 	imported bool
 	holders  int                 // imported: how many Imports handed it out and have not put it back
 	export   acl.ShareableHandle // exported: its shareable form
+	readOnly bool                // exported with acl.ExportReadOnly
 	pids     []int32             // exported as a token: the processes allowed to import it
 }
 
@@ -101,8 +102,23 @@ func (p *Pool) putSharedLocked(c Chunk, l lease) error {
 // added to the chunk's allow-list; where it shares descriptors, the
 // descriptor is the capability and pid is not used (send it only to pid).
 // An exported chunk is freed, not cached, when it is put back. The pool must
-// be Config.Shareable where the driver shares descriptors.
+// be Config.Shareable where the driver shares descriptors. A chunk exported
+// read-only (ExportReadOnly) cannot be exported read-write, nor the other
+// way round.
 func (p *Pool) Export(c Chunk, pid int32) (acl.ShareableHandle, error) {
+	return p.export(c, pid, false)
+}
+
+// ExportReadOnly is Export of a shareable form the importer can only read,
+// where the driver can enforce it (acl.ExportReadOnly: the host driver
+// seals the memory against writes through the importer's mappings; ACL
+// and CUDA cannot, and the importer's own API enforces it). This process's
+// mapping of c stays writable.
+func (p *Pool) ExportReadOnly(c Chunk, pid int32) (acl.ShareableHandle, error) {
+	return p.export(c, pid, true)
+}
+
+func (p *Pool) export(c Chunk, pid int32, readOnly bool) (acl.ShareableHandle, error) {
 	p.shareMu.Lock()
 	defer p.shareMu.Unlock()
 	l, err := p.leaseOf("export", 0, c)
@@ -111,13 +127,17 @@ func (p *Pool) Export(c Chunk, pid int32) (acl.ShareableHandle, error) {
 	}
 	sharing := p.drv.Caps().Sharing
 	if l.shared == nil {
-		s, err := p.drv.MemExportToShareableHandle(c.Handle, sharing.HandleType(), acl.ExportDefault)
+		flags := acl.ExportDefault
+		if readOnly {
+			flags |= acl.ExportReadOnly
+		}
+		s, err := p.drv.MemExportToShareableHandle(c.Handle, sharing.HandleType(), flags)
 		if err != nil {
 			return acl.ShareableHandle{}, fmt.Errorf("chunk: export chunk %#x: %w", uintptr(c.Handle), err)
 		}
 		p.mu.Lock()
 		l = p.out[c.Handle]
-		l.shared = &shared{export: s}
+		l.shared = &shared{export: s, readOnly: readOnly}
 		p.out[c.Handle] = l
 		p.stats.Exported++
 		p.mu.Unlock()
@@ -125,6 +145,11 @@ func (p *Pool) Export(c Chunk, pid int32) (acl.ShareableHandle, error) {
 	if l.shared.imported {
 		return acl.ShareableHandle{}, fmt.Errorf("chunk: export chunk %#x: %w: it was imported; only its exporter can share it",
 			uintptr(c.Handle), acl.ErrInvalidParam)
+	}
+	if l.shared.readOnly != readOnly {
+		was := map[bool]string{false: "read-write", true: "read-only"}
+		return acl.ShareableHandle{}, fmt.Errorf("chunk: export chunk %#x %s: %w: it was exported %s (once per chunk)",
+			uintptr(c.Handle), was[readOnly], acl.ErrInvalidParam, was[l.shared.readOnly])
 	}
 	if sharing == acl.SharingToken && pid != 0 && !slices.Contains(l.shared.pids, pid) {
 		pids := append(slices.Clone(l.shared.pids), pid)

@@ -194,3 +194,40 @@ func TestSharedFreeFails(t *testing.T) {
 	require.NoError(t, p.Trim())
 	assert.Zero(t, p.Stats().HeldBytes)
 }
+
+// A chunk is exported read-only or read-write, once: asking the other way
+// later is refused. The exporter's own mapping stays writable.
+func TestExportReadOnly(t *testing.T) {
+	const g = acl.HugePageSize
+	d := newDriver(t, 64<<20)
+	p, err := chunk.New(d, chunk.Config{Shareable: true})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.ReleaseMemAddress(base)) }()
+	cs, err := p.Acquire(0, 2)
+	require.NoError(t, err)
+	for i, c := range cs {
+		require.NoError(t, p.Map(base.Add(uintptr(i)*g), c))
+	}
+	_, err = p.Export(cs[0], 1)
+	require.NoError(t, err)
+	_, err = p.ExportReadOnly(cs[0], 1)
+	require.ErrorIs(t, err, acl.ErrInvalidParam)
+	assert.ErrorContains(t, err, "exported read-write")
+	ro, err := p.ExportReadOnly(cs[1], 1)
+	require.NoError(t, err)
+	_, err = p.Export(cs[1], 1)
+	require.ErrorIs(t, err, acl.ErrInvalidParam)
+	assert.ErrorContains(t, err, "exported read-only")
+	again, err := p.ExportReadOnly(cs[1], 1)
+	require.NoError(t, err)
+	assert.Equal(t, ro, again, "exported once")
+	require.NoError(t, d.MemcpyHtoD(base.Add(g), []byte("still written")), "the exporter's mapping stays writable")
+	for i, c := range cs {
+		require.NoError(t, p.Release(base.Add(uintptr(i)*g), c))
+		require.NoError(t, p.Put(c))
+	}
+	assert.Zero(t, p.Stats().HeldBytes, "shared chunks are freed")
+}

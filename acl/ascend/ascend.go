@@ -245,6 +245,9 @@ func (d *Driver) ReleaseMemAddress(base acl.DevicePtr) error {
 // is not needed for it.
 func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, h acl.PhysicalHandle, flags uint64) error {
 	const op = "aclrtMapMem"
+	if err := d.books.checkImportMap(op, h, size); err != nil {
+		return err
+	}
 	return d.on(op, func() error {
 		d.dev.vmm.Lock()
 		defer d.dev.vmm.Unlock()

@@ -52,8 +52,9 @@ type handle struct {
 	size     uintptr
 	maps     int
 	freed    bool
-	owners   int  // references to free: one, plus one per further import of the same memory
-	imported bool // its size is learned from its first map (share.go)
+	owners   int     // references to free: one, plus one per further import of the same memory
+	imported bool    // its size is learned from its first map (share.go)
+	page     uintptr // imported: its page size, where the runtime says
 }
 
 func (b *books) init() {

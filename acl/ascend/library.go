@@ -99,6 +99,7 @@ type library struct {
 	events      lazySet[eventFuncs, *eventFuncs]
 	share       lazySet[shareFuncs, *shareFuncs]
 	bareTgid    lazy[bareTgidFunc]
+	props       lazy[propsFromHandleFunc]
 
 	mu      sync.Mutex // guards init and devices
 	init    initState

@@ -43,7 +43,8 @@ func (d *Driver) shareFns(op string) (*shareFuncs, error) {
 // MemExportToShareableHandle is aclrtMemExportToShareableHandle: the token
 // of h (handleType MemHandleTypeNone), for the processes set with
 // MemSetPidToShareableHandle (flags ExportDefault) or for any process
-// (ExportDisablePIDValidation).
+// (ExportDisablePIDValidation). acl.ExportReadOnly is vmarena's, not ACL's:
+// a token cannot refuse its importer write access, so it is not passed on.
 func (d *Driver) MemExportToShareableHandle(h acl.PhysicalHandle, handleType acl.MemHandleType, flags uint64) (acl.ShareableHandle, error) {
 	const op = "aclrtMemExportToShareableHandle"
 	fns, err := d.shareFns(op)
@@ -54,7 +55,7 @@ func (d *Driver) MemExportToShareableHandle(h acl.PhysicalHandle, handleType acl
 	err = d.on(op, func() error {
 		d.dev.vmm.Lock()
 		defer d.dev.vmm.Unlock()
-		return d.check(op, fns.export(h, handleType, flags, &token))
+		return d.check(op, fns.export(h, handleType, flags&^acl.ExportReadOnly, &token))
 	})
 	if err != nil {
 		return acl.ShareableHandle{}, err
@@ -87,7 +88,12 @@ func (d *Driver) MemSetPidToShareableHandle(s acl.ShareableHandle, pids []int32)
 
 // MemImportFromShareableHandle is aclrtMemImportFromShareableHandle of the
 // token s on this driver's device (device must be it): a handle for another
-// process's memory, freed with FreePhysical.
+// process's memory, freed with FreePhysical. Where the runtime has
+// aclrtMemGetAllocationPropertiesFromHandle, the memory is checked before
+// anything maps it: pinned memory of this device (107017 otherwise, and the
+// import's reference is dropped), whose page size every MapMem of it must be
+// a multiple of. ACL does not say an import's size: its first MapMem does,
+// and the runtime refuses one larger than the memory.
 func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int32) (acl.PhysicalHandle, error) {
 	const op = "aclrtMemImportFromShareableHandle"
 	fns, err := d.shareFns(op)
@@ -107,7 +113,12 @@ func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int3
 		if err := d.check(op, fns.imp(s.Value, device, &h)); err != nil {
 			return err
 		}
-		d.books.imported(h)
+		page, err := d.importedPage(op, h)
+		if err != nil {
+			_ = d.lib.fns.freePhysical(h) // this import's reference
+			return err
+		}
+		d.books.imported(h, page)
 		return nil
 	})
 	if err != nil {
@@ -137,16 +148,53 @@ func (d *Driver) DeviceGetBareTgid() (int32, error) {
 	return pid, nil
 }
 
-// imported enters a handle the runtime just imported: a new one, or one
-// more reference to memory this process imported already.
-func (b *books) imported(h acl.PhysicalHandle) {
+// importedPage checks that the imported memory h lives on this driver's
+// device, and returns its page size, where the runtime says
+// (aclrtMemGetAllocationPropertiesFromHandle, CANN 9); 0 where it does not.
+func (d *Driver) importedPage(op string, h acl.PhysicalHandle) (uintptr, error) {
+	fn, err := d.lib.props.get(d.lib, "aclrtMemGetAllocationPropertiesFromHandle")
+	if err != nil {
+		return 0, nil // an older runtime: the map checks the size alone
+	}
+	var prop acl.PhysicalMemProp
+	if err := d.check(op, fn(h, &prop)); err != nil {
+		return 0, err
+	}
+	if prop.Location.Type != acl.MemLocationTypeDevice || int32(prop.Location.ID) != d.cfg.Device ||
+		prop.AllocationType != acl.MemAllocationTypePinned {
+		return 0, acl.Errorf(op, acl.ErrCodeRTInvalidHandle,
+			"the imported memory is allocation type %d at location type %d, id %d: not pinned memory of device %d",
+			prop.AllocationType, prop.Location.Type, prop.Location.ID, d.cfg.Device)
+	}
+	var page uintptr
+	if err := d.check(op, d.lib.fns.memGetAllocationGranularity(&prop, acl.GranularityMinimum, &page)); err != nil {
+		return 0, err
+	}
+	return page, nil
+}
+
+// checkImportMap checks a map of size bytes of h against what the runtime
+// said of it, if h is imported memory not mapped yet: a multiple of its page.
+func (b *books) checkImportMap(op string, h acl.PhysicalHandle, size uintptr) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r, ok := b.handles[h]; ok && r.imported && r.size == 0 && r.page != 0 && size%r.page != 0 {
+		return acl.Errorf(op, acl.ErrCodeRTParamInvalid, "size %d is not a multiple of the imported memory's page size %d", size, r.page)
+	}
+	return nil
+}
+
+// imported enters a handle the runtime just imported, whose pages are page
+// bytes (0: unknown): a new one, or one more reference to memory this
+// process imported already.
+func (b *books) imported(h acl.PhysicalHandle, page uintptr) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if r, ok := b.handles[h]; ok && !r.freed {
 		r.owners++
 		return
 	}
-	b.handles[h] = &handle{owners: 1, imported: true}
+	b.handles[h] = &handle{owners: 1, imported: true, page: page}
 	b.live.Handles++
 	b.live.Imported++
 }

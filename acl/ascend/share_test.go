@@ -135,3 +135,55 @@ func TestShareNotInRuntime(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int32(os.Getpid()), pid, "os.Getpid() where the runtime cannot say")
 }
+
+// An import is checked before anything maps it, where the runtime says what
+// it is (aclrtMemGetAllocationPropertiesFromHandle): memory of another
+// device is refused and its reference dropped, and a map must be a multiple
+// of its page size. vmarena's read-only flag never reaches the runtime,
+// which refuses export flags above 1.
+func TestImportChecksTheMemory(t *testing.T) {
+	const g = acl.HugePageSize
+	path := freshCopy(t, "full", "", "libascendcl.so")
+	dbl := control(t, path)
+	dbl.setDeviceCount(2)
+	a, _ := openDouble(t, path, 0, ascend.Config{Device: 1})
+	b, _ := openDouble(t, path, 0, ascend.Config{})
+	defer dbl.setPid(int32(os.Getpid()))
+	dbl.setPid(3001)
+	p := acl.DeviceProp(1, 0)
+	h, err := a.MallocPhysical(g, &p, 0)
+	require.NoError(t, err)
+	s, err := a.MemExportToShareableHandle(h, acl.MemHandleTypeNone, acl.ExportDisablePIDValidation|acl.ExportReadOnly)
+	require.NoError(t, err)
+
+	dbl.setPid(3002)
+	_, err = b.MemImportFromShareableHandle(s, 0)
+	require.ErrorIs(t, err, acl.ErrInvalidHandle)
+	assert.ErrorContains(t, err, "not pinned memory of device 0")
+	assert.True(t, b.Live().Zero(), "%+v", b.Live())
+
+	dbl.setPid(3001)
+	p0 := acl.DeviceProp(0, 0)
+	h0, err := b.MallocPhysical(g, &p0, 0)
+	require.NoError(t, err)
+	s0, err := b.MemExportToShareableHandle(h0, acl.MemHandleTypeNone, acl.ExportDisablePIDValidation)
+	require.NoError(t, err)
+	dbl.setPid(3002)
+	imp, err := b.MemImportFromShareableHandle(s0, 0)
+	require.NoError(t, err)
+	base, err := b.ReserveMemAddress(2*g, 0, 0, 0)
+	require.NoError(t, err)
+	err = b.MapMem(base, 2*g-4096, 0, imp, 0)
+	require.ErrorIs(t, err, acl.ErrInvalidParam)
+	assert.ErrorContains(t, err, "page size")
+	require.NoError(t, b.MapMem(base, g, 0, imp, 0))
+	require.NoError(t, b.UnmapMem(base))
+	require.NoError(t, b.FreePhysical(imp))
+	require.NoError(t, b.ReleaseMemAddress(base))
+	dbl.setPid(3001)
+	require.NoError(t, b.FreePhysical(h0))
+	require.NoError(t, a.FreePhysical(h))
+	assert.True(t, a.Live().Zero())
+	assert.True(t, b.Live().Zero())
+	assert.True(t, dbl.Live().Zero(), "%+v", dbl.Live())
+}

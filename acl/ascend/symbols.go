@@ -85,6 +85,8 @@ type (
 	finalizeFunc     = func() int32
 	socNameFunc      = func() string
 	memsetAsyncFunc  = func(devPtr acl.DevicePtr, maxCount uintptr, value int32, count uintptr, stream acl.Stream) int32
+	// propsFromHandleFunc is aclrtMemGetAllocationPropertiesFromHandle.
+	propsFromHandleFunc = func(handle acl.PhysicalHandle, prop *acl.PhysicalMemProp) int32
 	// streamQueryFunc is aclrtStreamQuery; status is an aclrtStreamStatus.
 	streamQueryFunc = func(stream acl.Stream, status *int32) int32
 )

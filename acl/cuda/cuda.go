@@ -580,6 +580,9 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	}
 	hsize := h.size
 	if hsize == 0 { // imported: CUDA does not say its size; the first map does
+		if size%h.page != 0 {
+			return fail(op, acl.ErrCodeRTParamInvalid, "size %d is not a multiple of the imported memory's granularity %d", size, h.page)
+		}
 		hsize = size
 	}
 	if err := rules.MapFits(op, ptr, size, hsize, h.page); err != nil {

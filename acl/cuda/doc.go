@@ -53,7 +53,7 @@
 //	UnmapMem(ptr)                      cuMemUnmap(ptr, remembered size): no wait
 //	MemSetAccess                       cuMemSetAccess (DEVICE, PROT_READWRITE or PROT_READ), one call per run of mappings
 //	MemExportToShareableHandle         cuMemExportToShareableHandle (POSIX descriptor, kept by the driver)
-//	MemImportFromShareableHandle       cuMemImportFromShareableHandle ((void*)fd); size learned at the first MapMem
+//	MemImportFromShareableHandle       cuMemImportFromShareableHandle ((void*)fd); device and granularity checked (cuMemGetAllocationPropertiesFromHandle); size learned at the first MapMem
 //	MemSetPidToShareableHandle         207000: a descriptor has no allow-list
 //	DeviceGetBareTgid                  getpid()
 //	MemcpyHtoD, MemcpyDtoH             cuMemcpyHtoD_v2, cuMemcpyDtoH_v2 (synchronous, legacy default stream)

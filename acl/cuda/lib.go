@@ -112,6 +112,9 @@ type library struct {
 	// takes the descriptor itself as its void* osHandle.
 	cuMemExportToShareableHandle   func(shareable *int32, h uint64, handleType int32, flags uint64) Result
 	cuMemImportFromShareableHandle func(h *uint64, osHandle uintptr, handleType int32) Result
+	// cuMemGetAllocationPropertiesFromHandle says where an imported
+	// allocation lives, and so its granularity.
+	cuMemGetAllocationPropertiesFromHandle func(prop *memAllocationProp, h uint64) Result
 }
 
 // symbols lists every symbol the binding resolves, with the field it fills.
@@ -138,6 +141,7 @@ func (l *library) symbols() []symbol {
 		{"cuMemSetAccess", &l.cuMemSetAccess},
 		{"cuMemExportToShareableHandle", &l.cuMemExportToShareableHandle},
 		{"cuMemImportFromShareableHandle", &l.cuMemImportFromShareableHandle},
+		{"cuMemGetAllocationPropertiesFromHandle", &l.cuMemGetAllocationPropertiesFromHandle},
 		{"cuMemcpyHtoD_v2", &l.cuMemcpyHtoD},
 		{"cuMemcpyDtoH_v2", &l.cuMemcpyDtoH},
 		{"cuMemcpyDtoDAsync_v2", &l.cuMemcpyDtoDAsync},

@@ -27,6 +27,11 @@ import (
 // not one handle with two references as on ACL. CUDA does not tell an
 // importer the size of the memory either: the first MapMem of an imported
 // handle says it (and cuMemMap refuses a size larger than the allocation).
+// What CUDA does say is checked before anything is mapped: the import must
+// be pinned memory on this driver's device
+// (cuMemGetAllocationPropertiesFromHandle), and its mappings must be sized
+// and aligned to that memory's granularity (cuMemGetAllocationGranularity of
+// those properties), not only to the device's default one.
 
 // share is what a handle knows about sharing.
 type share struct {
@@ -140,8 +145,10 @@ func (d *Driver) MemSetPidToShareableHandle(s acl.ShareableHandle, pids []int32)
 // descriptor another process exported. CUDA does not take the descriptor:
 // the caller closes it when it likes. Each import is a handle of its own,
 // freed with FreePhysical (cuMemRelease); its size is learned from its first
-// MapMem. A descriptor that is not open is refused with 107017, one this
-// process exported with 507899.
+// MapMem, which must be a multiple of the allocation's own granularity. A
+// descriptor that is not open is refused with 107017, one this process
+// exported with 507899, and memory that is not pinned memory of this
+// driver's device with 107017 (the import is released).
 func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int32) (acl.PhysicalHandle, error) {
 	const op = "aclrtMemImportFromShareableHandle"
 	if err := rules.Import(op, s, device, d.Device(), d.sharing().HandleType()); err != nil {
@@ -170,18 +177,49 @@ func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int3
 	}
 	var cu uint64
 	r := d.lib.cuMemImportFromShareableHandle(&cu, uintptr(fd), cuMemHandleTypePosixFD)
-	d.unbind(b)
 	if r != ResultSuccess {
+		d.unbind(b)
 		return 0, d.lib.newError("cuMemImportFromShareableHandle", r)
 	}
+	page, err := d.importedGranularity(op, cu)
+	if err != nil {
+		_ = d.lib.cuMemRelease(cu)
+		d.unbind(b)
+		return 0, err
+	}
+	d.unbind(b)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.nextID++
-	h := &handle{id: d.nextID, cu: cu, page: d.gran, refs: 1, share: share{imported: true, fd: -1}}
+	h := &handle{id: d.nextID, cu: cu, page: page, refs: 1, share: share{imported: true, fd: -1}}
 	d.handles[h.id] = h
 	d.live.Handles++
 	d.live.Imported++
 	return h.id, nil
+}
+
+// importedGranularity checks that the imported allocation cu is pinned
+// memory of this driver's device, and returns its granularity. Call it
+// bound.
+func (d *Driver) importedGranularity(op string, cu uint64) (uintptr, error) {
+	var prop memAllocationProp
+	if r := d.lib.cuMemGetAllocationPropertiesFromHandle(&prop, cu); r != ResultSuccess {
+		return 0, d.lib.newError("cuMemGetAllocationPropertiesFromHandle", r)
+	}
+	want := d.cuProp()
+	if prop.Type != want.Type || prop.Location != want.Location {
+		return 0, acl.Errorf(op, acl.ErrCodeRTInvalidHandle,
+			"the imported memory is allocation type %d at location type %d, id %d: not pinned memory of device %d",
+			prop.Type, prop.Location.Type, prop.Location.ID, d.cfg.Device)
+	}
+	var gran uintptr
+	if r := d.lib.cuMemGetAllocationGranularity(&gran, &prop, cuGranularityMinimum); r != ResultSuccess {
+		return 0, d.lib.newError("cuMemGetAllocationGranularity", r)
+	}
+	if gran == 0 || gran%d.gran != 0 {
+		return 0, acl.Errorf(op, acl.ErrCodeRTInvalidHandle, "the imported memory's granularity %d is not a multiple of the device's %d", gran, d.gran)
+	}
+	return gran, nil
 }
 
 // DeviceGetBareTgid returns os.Getpid(): CUDA has no other id for a process.

@@ -137,3 +137,43 @@ func TestShareUnsupported(t *testing.T) {
 	_, err = d.MemImportFromShareableHandle(acl.ShareableHandle{Type: acl.MemHandleTypePOSIX}, 0)
 	require.ErrorIs(t, err, acl.ErrNotSupported)
 }
+
+// An import is checked before it is mapped: memory that does not live on
+// this driver's device is refused, and released, and a first map must be a
+// multiple of the memory's own granularity. vmarena's read-only export flag
+// never reaches CUDA.
+func TestImportChecksTheMemory(t *testing.T) {
+	const g = 2 << 20
+	a, _ := openFake(t, 0, Config{})
+	b, fb := openFake(t, 0, Config{})
+	h, err := a.MallocPhysical(g, exportableProp(), 0)
+	require.NoError(t, err)
+	s, err := a.MemExportToShareableHandle(h, acl.MemHandleTypePOSIX, acl.ExportReadOnly)
+	require.NoError(t, err, "ExportReadOnly is not passed to cuMemExportToShareableHandle, whose flags must be 0")
+	fd, _ := s.FD()
+	other, err := ipc.Dup(fd) // as another process receives it
+	require.NoError(t, err)
+	defer ipc.Close(other)
+	s = acl.ShareableHandle{Type: acl.MemHandleTypePOSIX, Value: uint64(other)}
+
+	fb.set(t, "import_device", 1+3) // the memory says it lives on device 3
+	_, err = b.MemImportFromShareableHandle(s, 0)
+	require.ErrorIs(t, err, acl.ErrInvalidHandle)
+	assert.ErrorContains(t, err, "not pinned memory of device 0")
+	assert.Equal(t, int64(1), fb.calls(t, "cuMemRelease"), "the import is released")
+	assert.True(t, b.Live().Zero(), "%+v", b.Live())
+
+	fb.set(t, "import_device", 0)
+	imp, err := b.MemImportFromShareableHandle(s, 0)
+	require.NoError(t, err)
+	base, err := b.ReserveMemAddress(2*g, 0, 0, 0)
+	require.NoError(t, err)
+	require.Error(t, b.MapMem(base, g+4096, 0, imp, 0), "not a multiple of the granularity")
+	require.NoError(t, b.MapMem(base, g, 0, imp, 0))
+	require.NoError(t, b.UnmapMem(base))
+	require.NoError(t, b.FreePhysical(imp))
+	require.NoError(t, b.ReleaseMemAddress(base))
+	require.NoError(t, a.FreePhysical(h))
+	assert.True(t, b.Live().Zero())
+	assert.True(t, a.Live().Zero())
+}

@@ -14,9 +14,9 @@
 //	UnmapMem                  mmap PROT_NONE anonymous MAP_FIXED over it: still reserved, inaccessible
 //	FreePhysical              drop the owner's reference; punch the hole when no mapping is left
 //	ReleaseMemAddress         munmap the whole reservation
-//	MallocPhysical (POSIX)    its own memory file (memfd + fallocate), so that it can be exported
-//	MemExportTo…Handle        that file's descriptor (the driver's, until the allocation is freed)
-//	MemImportFrom…Handle      a duplicate of another process's descriptor, mapped by MapMem
+//	MallocPhysical (POSIX)    its own memory file (memfd + fallocate, size sealed), so that it can be exported
+//	MemExportTo…Handle        that file's descriptor, its seals sealed (and writes, with ExportReadOnly)
+//	MemImportFrom…Handle      a duplicate of another process's descriptor, once its seals are checked
 //
 // A device pointer is a host address, so [Driver.Bytes] exposes mapped device
 // memory to Go code, and touching a range after UnmapMem faults.
@@ -34,7 +34,11 @@
 // Capacity (LiveCounts.Imported and ImportedBytes say how much): each
 // process simulates its own device, and cannot see when the other lets go.
 // MemSetAccess with MemAccessRead maps read-only (mprotect PROT_READ), and a
-// copy into such a mapping is refused. See docs/sharing.md.
+// copy into such a mapping is refused. An exported file's size is sealed, so
+// that neither process can cut the memory under the other's mapping (which
+// would kill it with SIGBUS); an import refuses a file whose size and seals
+// are not sealed, and imports memory sealed against writes read-only. See
+// docs/sharing.md.
 //
 // # Strictness
 //

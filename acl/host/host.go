@@ -488,13 +488,14 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	if err != nil {
 		return err
 	}
-	m := &mapping{Addr: uintptr(ptr), Size: size, H: h, Access: d.cfg.NoSetAccess}
+	// Memory imported read-only is mapped readable, never writable.
+	m := &mapping{Addr: uintptr(ptr), Size: size, H: h, Access: d.cfg.NoSetAccess, ReadOnly: d.cfg.NoSetAccess && h.readOnly}
 	p, q := neighbours(r, i, false)
 	delta := seam(r, p, m) + seam(r, m, q) - seam(r, p, q)
 	if d.vmas+delta > d.cfg.MapLimit {
 		return fail(op, acl.ErrCodeRTResourceAllocFail, "%d memory areas in use, limit %d (vm.max_map_count)", d.vmas, d.cfg.MapLimit)
 	}
-	if err := sysMap(at(r, uintptr(ptr)), size, h.fd, h.off, m.Access); err != nil {
+	if err := sysMap(at(r, uintptr(ptr)), size, h.fd, h.off, m.Access, m.ReadOnly); err != nil {
 		return fail(op, acl.ErrCodeRTResourceAllocFail, "mmap: %v", err)
 	}
 	r.Insert(i, m)
@@ -574,6 +575,11 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 	}
 	if end != uintptr(ptr)+size {
 		return fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) ends inside the mapping at %#x", ptr, size, r.Maps[j-1].Addr)
+	}
+	for k := i; k < j; k++ {
+		if m := r.Maps[k]; m.H.readOnly && !ro {
+			return fail(op, acl.ErrCodeRTParamInvalid, "the mapping at %#x is of memory imported read-only: it cannot be made writable", m.Addr)
+		}
 	}
 	for k := i; k < j; k++ {
 		m := r.Maps[k]

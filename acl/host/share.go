@@ -53,6 +53,7 @@ type share struct {
 	own      bool       // fd is the allocation's own memory file
 	imported bool       // made by MemImportFromShareableHandle
 	exported bool       // MemExportToShareableHandle handed out fd
+	readOnly bool       // imported memory that can only be read: mapped readable
 	file     ipc.FileID // the identity of the own memory file
 }
 
@@ -73,14 +74,10 @@ func (d *Driver) mallocOwn(size, page uintptr) (acl.PhysicalHandle, error) {
 	d.phys += size
 	d.mu.Unlock()
 
-	fd, err := sysMemfile(size)
+	fd, err := sysShareMemfile(size)
 	var id ipc.FileID
 	if err == nil {
-		err = sysCommit(fd, 0, size)
-		if err == nil {
-			id, _, err = ipc.Stat(fd)
-		}
-		if err != nil {
+		if id, _, err = ipc.Stat(fd); err != nil {
 			_ = sysClose(fd)
 		}
 	}
@@ -135,10 +132,15 @@ func (d *Driver) forgetOwnLocked(h *handle) error {
 // MemExportToShareableHandle returns the descriptor of h's memory file, for
 // another process to import. h must have been allocated with HandleType
 // MemHandleTypePOSIX (107000 otherwise), and not exported before or imported
-// (507899). The descriptor belongs to the driver: it stays open until h is
-// freed, and the caller must not close it. Both flags are accepted; a
-// descriptor carries no allow-list (whoever holds it may import), so send it
-// only to the process you mean.
+// (507899). The file's size is sealed since its allocation, and the export
+// seals its seals (so that no process holding it can resize it under
+// another's mapping); with acl.ExportReadOnly it is sealed against writes
+// through any new mapping or descriptor too, so that the importer can only
+// read it (this process's own mappings, made before, stay writable; map h
+// no more once it is exported read-only). The descriptor belongs to the
+// driver: it stays open until h is freed, and the caller must not close it.
+// Both ACL flags are accepted; a descriptor carries no allow-list (whoever
+// holds it may import), so send it only to the process you mean.
 func (d *Driver) MemExportToShareableHandle(id acl.PhysicalHandle, handleType acl.MemHandleType, flags uint64) (acl.ShareableHandle, error) {
 	const op = "aclrtMemExportToShareableHandle"
 	if err := rules.Export(op, id, handleType, flags, sharing.HandleType()); err != nil {
@@ -161,6 +163,9 @@ func (d *Driver) MemExportToShareableHandle(id acl.PhysicalHandle, handleType ac
 		return acl.ShareableHandle{}, fail(op, acl.ErrCodeRTParamInvalid,
 			"handle %#x was allocated without PhysicalMemProp.HandleType = ACL_MEM_HANDLE_TYPE_POSIX: not exportable", uintptr(id))
 	}
+	if err := sysSealExport(h.fd, flags&acl.ExportReadOnly != 0); err != nil {
+		return acl.ShareableHandle{}, fail(op, acl.ErrCodeRTFailure, "seal the memory file of handle %#x: %v", uintptr(id), err)
+	}
 	h.exported = true
 	exports.Store(h.file, struct{}{})
 	return acl.ShareableHandle{Type: acl.MemHandleTypePOSIX, Value: uint64(h.fd)}, nil
@@ -174,10 +179,16 @@ func (d *Driver) MemSetPidToShareableHandle(s acl.ShareableHandle, pids []int32)
 
 // MemImportFromShareableHandle maps nothing yet: it keeps a duplicate of the
 // descriptor (the caller may close its own) and returns a handle to map. The
-// descriptor must be a memory file a host driver of another process exported
-// (107017 for anything else; 507899 for one this process exported). A second
-// import of the same memory returns the same handle with one more reference.
-// The memory counts against Capacity (207001 past it).
+// descriptor must be a memory file of whole 2 MiB pages sealed as the host
+// driver's exports are: its size and its seals sealed (F_SEAL_SHRINK,
+// F_SEAL_GROW, F_SEAL_SEAL), so that the exporter cannot cut the memory
+// under this process's mappings (107017 for anything else, naming the
+// check that failed; 507899 for one this process exported). Its name is
+// not trusted: who sent it is the caller's to check. Memory sealed against
+// writes, or a descriptor open read-only, is imported read-only: MapMem
+// maps it readable, and MemSetAccess refuses write access to it (107000).
+// A second import of the same memory returns the same handle with one more
+// reference. The memory counts against Capacity (207001 past it).
 func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int32) (acl.PhysicalHandle, error) {
 	const op = "aclrtMemImportFromShareableHandle"
 	if err := rules.Import(op, s, device, d.cfg.Device, sharing.HandleType()); err != nil {
@@ -187,9 +198,13 @@ func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int3
 		return 0, fail(op, acl.ErrCodeRTInvalidHandle, "%v is not an open file descriptor", s)
 	}
 	fd := int(s.Value)
+	readOnly, err := sysImportable(fd)
+	if err != nil {
+		return 0, fail(op, acl.ErrCodeRTInvalidHandle, "%v: %v", s, err)
+	}
 	file, size, err := ipc.Stat(fd)
-	if err != nil || !sysIsMemfile(fd) {
-		return 0, fail(op, acl.ErrCodeRTInvalidHandle, "%v is not a memory file a host driver exported", s)
+	if err != nil {
+		return 0, fail(op, acl.ErrCodeRTInvalidHandle, "%v is not an open file descriptor: %v", s, err)
 	}
 	if _, mine := exports.Load(file); mine {
 		return 0, fail(op, acl.ErrCodeRTDrvInternal, "%v was exported by this process: ACL imports only in another process", s)
@@ -237,7 +252,7 @@ func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int3
 	}
 	d.nextID++
 	h := &handle{id: d.nextID, fd: dup, size: n, page: acl.HugePageSize, refs: 1,
-		share: share{owners: 1, own: true, imported: true, file: file}}
+		share: share{owners: 1, own: true, imported: true, readOnly: readOnly, file: file}}
 	d.handles[h.id] = h
 	d.imports[file] = h
 	d.live.Handles++

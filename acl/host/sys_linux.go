@@ -48,11 +48,15 @@ func sysReserve(size, align uintptr) (unsafe.Pointer, error) {
 func sysRelease(p unsafe.Pointer, size uintptr) error { return unix.MunmapPtr(p, size) }
 
 // sysMap maps size bytes of the memory file at off over p (which lies inside a
-// reservation), replacing the inaccessible pages there.
-func sysMap(p unsafe.Pointer, size uintptr, fd int, off uintptr, access bool) error {
+// reservation), replacing the inaccessible pages there: accessible when access
+// is set, read-only when readOnly is set too.
+func sysMap(p unsafe.Pointer, size uintptr, fd int, off uintptr, access, readOnly bool) error {
 	prot := unix.PROT_NONE
 	if access {
 		prot = unix.PROT_READ | unix.PROT_WRITE
+		if readOnly {
+			prot = unix.PROT_READ
+		}
 	}
 	_, err := unix.MmapPtr(fd, int64(off), p, size, prot, unix.MAP_SHARED|unix.MAP_FIXED)
 	return err
@@ -147,12 +151,6 @@ func maxMapCount() int {
 		}
 	}
 	return 65530
-}
-
-// sysIsMemfile reports whether fd is a memory file a host driver made.
-func sysIsMemfile(fd int) bool {
-	link, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
-	return err == nil && bytes.HasPrefix([]byte(link), []byte("/memfd:"+memfileName))
 }
 
 // isFDLimit reports whether err says the process or system is out of

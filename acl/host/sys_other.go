@@ -13,7 +13,7 @@ var errNotLinux = errors.New("the host driver needs Linux")
 
 func sysReserve(size, align uintptr) (unsafe.Pointer, error) { return nil, errNotLinux }
 func sysRelease(p unsafe.Pointer, size uintptr) error        { return errNotLinux }
-func sysMap(p unsafe.Pointer, size uintptr, fd int, off uintptr, access bool) error {
+func sysMap(p unsafe.Pointer, size uintptr, fd int, off uintptr, access, readOnly bool) error {
 	return errNotLinux
 }
 func sysUnmap(p unsafe.Pointer, size uintptr) error                  { return errNotLinux }
@@ -24,5 +24,4 @@ func sysCommit(fd int, off, size uintptr) error                      { return er
 func sysDecommit(fd int, off, size uintptr) error                    { return errNotLinux }
 func memAvailable() uintptr                                          { return 0 }
 func maxMapCount() int                                               { return 65530 }
-func sysIsMemfile(fd int) bool                                       { return false }
 func isFDLimit(err error) bool                                       { return false }

@@ -6,15 +6,19 @@
 //
 // # Who is on the other end
 //
-// A receiver that enables credentials (EnableCredentials) gets, with each
-// message, the PID, UID and GID of the process that sent it. The kernel
-// fills them in, or checks those the sender claims (a process may claim only
-// its own, unless it holds CAP_SYS_ADMIN or CAP_SETUID), so a peer cannot
-// pretend to be another. This is used instead of the socket's SO_PEERCRED,
-// which records who called connect(2) or socketpair(2): over a socketpair
-// made by the producer before starting the consumer, SO_PEERCRED would name
-// the producer itself. PIDs are those of the receiver's PID namespace (0
-// when the sender's is not visible from it).
+// Identify and RecvPeer say who the peer is as the kernel reports it, never
+// as the peer claims. A peer that connected (connect(2)) is the process the
+// kernel recorded then (SO_PEERCRED). Over a socket this process made itself
+// (a socketpair handed to a process it starts), SO_PEERCRED names this
+// process, so the peer is the sender of the message read: its credentials
+// (SCM_CREDENTIALS, which the kernel checks when they are sent: a process
+// may claim only its own, unless it holds CAP_SYS_ADMIN or CAP_SETUID), for
+// which the receiver enables credentials (EnableCredentials) before the
+// message is read. Where the kernel offers pidfds, the peer is pinned by
+// one (SO_PEERPIDFD, SCM_PIDFD, Linux 6.5; else pidfd_open, Linux 5.3), so
+// that it cannot be confused with a later process given its PID (Same).
+// PIDs are those of the receiver's PID namespace (0 when the sender's is not
+// visible from it).
 //
 // # Descriptors
 //
@@ -25,6 +29,12 @@
 // Sharing is Linux-only: elsewhere every function fails with an error
 // matching acl.ErrNotSupported.
 package ipc
+
+import "errors"
+
+// ErrNoProcess is matched by the errors of OpenProcess and Process.Alive
+// when the process does not run.
+var ErrNoProcess = errors.New("ipc: no such process")
 
 // MaxFDs is the most descriptors one message carries (SCM_MAX_FD).
 const MaxFDs = 253

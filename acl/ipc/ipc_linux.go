@@ -3,6 +3,7 @@
 package ipc
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -13,9 +14,19 @@ import (
 )
 
 // EnableCredentials makes c receive the sender's credentials with each
-// message (SO_PASSCRED). Call it before the message is read.
+// message (SO_PASSCRED), and where the kernel offers it (Linux 6.5) a pidfd
+// of the sender (SO_PASSPIDFD), which Identify keeps and Recv closes. Call
+// it before the message is read.
 func EnableCredentials(c *net.UnixConn) error {
-	return control(c, func(fd int) error { return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PASSCRED, 1) })
+	return control(c, func(fd int) error {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PASSCRED, 1); err != nil {
+			return err
+		}
+		// Older kernels do not know the option: Identify then opens a pidfd
+		// itself.
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PASSPIDFD, 1)
+		return nil
+	})
 }
 
 func control(c *net.UnixConn, fn func(fd int) error) error {
@@ -77,60 +88,84 @@ func Send(c *net.UnixConn, b []byte, fds []int, cred bool) error {
 // fit), and so does one cut short by the peer (io.ErrUnexpectedEOF, or
 // io.EOF before the first byte); on failure no descriptor stays open.
 func Recv(c *net.UnixConn, b []byte, maxFDs int) (fds []int, cred *Cred, err error) {
-	if maxFDs < 0 || maxFDs > MaxFDs {
-		return nil, nil, fmt.Errorf("ipc: receive: maxFDs %d out of [0, %d]", maxFDs, MaxFDs)
+	fds, cred, pidfd, err := recv(c, b, maxFDs)
+	if pidfd >= 0 {
+		_ = unix.Close(pidfd)
 	}
-	oob := make([]byte, unix.CmsgSpace(maxFDs*4)+unix.CmsgSpace(unix.SizeofUcred))
+	return fds, cred, err
+}
+
+// recv is Recv that also returns the pidfd of the sender of the message's
+// first byte (SCM_PIDFD), or -1.
+func recv(c *net.UnixConn, b []byte, maxFDs int) (fds []int, cred *Cred, pidfd int, err error) {
+	pidfd = -1
+	if maxFDs < 0 || maxFDs > MaxFDs {
+		return nil, nil, -1, fmt.Errorf("ipc: receive: maxFDs %d out of [0, %d]", maxFDs, MaxFDs)
+	}
+	oob := make([]byte, unix.CmsgSpace(maxFDs*4)+unix.CmsgSpace(unix.SizeofUcred)+unix.CmsgSpace(4))
 	defer func() {
 		if err != nil {
 			closeAll(fds)
 			fds = nil
+			if pidfd >= 0 {
+				_ = unix.Close(pidfd)
+				pidfd = -1
+			}
 		}
 	}()
 	got := 0
 	for got < len(b) {
 		n, oobn, flags, _, rerr := c.ReadMsgUnix(b[got:], oob)
 		if oobn > 0 {
-			f, cr, perr := parse(oob[:oobn])
+			f, cr, pfd, perr := parse(oob[:oobn])
 			fds = append(fds, f...)
-			if cr != nil {
+			switch {
+			case pfd >= 0 && (pidfd >= 0 || got > 0):
+				_ = unix.Close(pfd) // a later piece's sender: the first byte's counts
+			case pfd >= 0:
+				pidfd = pfd
+			}
+			if cr != nil && got == 0 {
 				cred = cr
 			}
 			if perr != nil {
-				return fds, nil, perr
+				return fds, nil, pidfd, perr
 			}
 		}
 		if flags&unix.MSG_CTRUNC != 0 {
-			return fds, nil, fmt.Errorf("ipc: receive: more than %d descriptors: the message's control data was cut", maxFDs)
+			return fds, nil, pidfd, fmt.Errorf("ipc: receive: more than %d descriptors: the message's control data was cut", maxFDs)
 		}
 		got += n
 		if rerr != nil {
 			if got > 0 && errors.Is(rerr, io.EOF) {
 				rerr = io.ErrUnexpectedEOF
 			}
-			return fds, nil, fmt.Errorf("ipc: receive: %w", rerr)
+			return fds, nil, pidfd, fmt.Errorf("ipc: receive: %w", rerr)
 		}
 		if n == 0 {
 			if got == 0 {
-				return fds, nil, fmt.Errorf("ipc: receive: %w", io.EOF)
+				return fds, nil, pidfd, fmt.Errorf("ipc: receive: %w", io.EOF)
 			}
-			return fds, nil, fmt.Errorf("ipc: receive: %w", io.ErrUnexpectedEOF)
+			return fds, nil, pidfd, fmt.Errorf("ipc: receive: %w", io.ErrUnexpectedEOF)
 		}
 	}
 	if len(fds) > maxFDs {
-		return fds, nil, fmt.Errorf("ipc: receive: %d descriptors, want at most %d", len(fds), maxFDs)
+		return fds, nil, pidfd, fmt.Errorf("ipc: receive: %d descriptors, want at most %d", len(fds), maxFDs)
 	}
-	return fds, cred, nil
+	return fds, cred, pidfd, nil
 }
 
-// parse returns the descriptors and credentials in a control message.
-func parse(oob []byte) ([]int, *Cred, error) {
+// parse returns the descriptors, credentials and sender's pidfd (or -1) in a
+// control message. Every descriptor it met is returned, even on failure, so
+// that the caller closes them.
+func parse(oob []byte) ([]int, *Cred, int, error) {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
-		return nil, nil, fmt.Errorf("ipc: receive: control data: %w", err)
+		return nil, nil, -1, fmt.Errorf("ipc: receive: control data: %w", err)
 	}
 	var fds []int
 	var cred *Cred
+	pidfd := -1
 	for i := range msgs {
 		m := &msgs[i]
 		if m.Header.Level != unix.SOL_SOCKET {
@@ -140,18 +175,22 @@ func parse(oob []byte) ([]int, *Cred, error) {
 		case unix.SCM_RIGHTS:
 			f, err := unix.ParseUnixRights(m)
 			if err != nil {
-				return fds, nil, fmt.Errorf("ipc: receive: descriptors: %w", err)
+				return fds, nil, pidfd, fmt.Errorf("ipc: receive: descriptors: %w", err)
 			}
 			fds = append(fds, f...)
 		case unix.SCM_CREDENTIALS:
 			u, err := unix.ParseUnixCredentials(m)
 			if err != nil {
-				return fds, nil, fmt.Errorf("ipc: receive: credentials: %w", err)
+				return fds, nil, pidfd, fmt.Errorf("ipc: receive: credentials: %w", err)
 			}
 			cred = &Cred{PID: int(u.Pid), UID: int(u.Uid), GID: int(u.Gid)}
+		case unix.SCM_PIDFD:
+			if len(m.Data) == 4 && pidfd < 0 {
+				pidfd = int(int32(binary.NativeEndian.Uint32(m.Data)))
+			}
 		}
 	}
-	return fds, cred, nil
+	return fds, cred, pidfd, nil
 }
 
 // Close closes a descriptor received with Recv.

@@ -38,3 +38,18 @@ func Socketpair() (*net.UnixConn, *os.File, error) { return nil, nil, errNotLinu
 
 // FileConn fails: sharing needs Linux.
 func FileConn(f *os.File) (*net.UnixConn, error) { return nil, errNotLinux }
+
+// RecvPeer fails: sharing needs Linux.
+func RecvPeer(c *net.UnixConn, b []byte) (*Peer, error) { return nil, errNotLinux }
+
+// Identify fails: sharing needs Linux.
+func Identify(c *net.UnixConn, sent *Cred) (*Peer, error) { return nil, errNotLinux }
+
+// OpenProcess fails: sharing needs Linux.
+func OpenProcess(pid int) (*Process, error) { return nil, errNotLinux }
+
+// Alive fails: sharing needs Linux.
+func (p *Process) Alive() error { return errNotLinux }
+
+// Close does nothing: sharing needs Linux.
+func (p *Process) Close() error { return nil }

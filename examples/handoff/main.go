@@ -203,7 +203,9 @@ func decodeMain() (err error) {
 		}
 	}()
 	for range 2 * *layers {
-		v, err := arena.Import(conn, arena.ImportConfig{Driver: drv})
+		// The producer started this process: it is the parent, as the kernel
+		// says (it made the socketpair).
+		v, err := arena.Import(conn, arena.ImportConfig{Driver: drv, ProducerPID: os.Getppid()})
 		if err != nil {
 			return err
 		}

@@ -1387,6 +1387,22 @@ API aclError aclrtMemSetPidToShareableHandle(uint64_t shareableHandle, int32_t *
     RET(ACL_SUCCESS);
 }
 
+// aclrtMemGetAllocationPropertiesFromHandle rebuilds the properties of a
+// handle from its page size and device, as the runtime does from the page and
+// memory types: HBM, 2 MiB or 1 GiB pages.
+API aclError aclrtMemGetAllocationPropertiesFromHandle(aclrtDrvMemHandle handle, aclrtPhysicalMemProp *prop) {
+    ENTER();
+    if (prop == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "prop is NULL");
+    struct handle *h = find_handle(handle);
+    if (h == NULL || h->freed) FAIL(ACL_ERROR_RT_INVALID_HANDLE, "handle %p is not a live physical allocation", handle);
+    memset(prop, 0, sizeof *prop);
+    prop->allocationType = ACL_MEM_ALLOCATION_TYPE_PINNED;
+    prop->memAttr = h->page == PAGE_1G ? ACL_HBM_MEM_HUGE1G : ACL_HBM_MEM_HUGE;
+    prop->location.type = ACL_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = (uint32_t)h->dev;
+    RET(ACL_SUCCESS);
+}
+
 API aclError aclrtMemImportFromShareableHandle(uint64_t shareableHandle, int32_t deviceId, aclrtDrvMemHandle *handle) {
     ENTER();
     if (handle == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "handle is NULL");

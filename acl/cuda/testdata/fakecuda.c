@@ -191,6 +191,7 @@ struct alloc {
 	int maps;     // live mappings
 	int fd;       // its memory file when exportable or imported, else -1
 	int imported; // made by cuMemImportFromShareableHandle
+	int device;   // its location's device
 	struct alloc *next;
 };
 
@@ -270,6 +271,7 @@ static struct fstream *streams; // every stream, the legacy ones included
 static struct fevent *events;
 static long live_allocs, live_maps, live_resv, live_streams, live_events;
 static uintptr_t next_handle = 0x1000; // stream and event handles
+static size_t import_device;          // knob: 0, or 1 + the device an import reports it lives on
 static int reuse_streams;              // knob: a new stream takes the handle of the stream destroyed last
 static uintptr_t last_destroyed;       // that handle, or 0
 static uint64_t next_gseq;
@@ -295,6 +297,7 @@ static struct fn_stat stats[] = {
 	{"cuMemAddressReserve", 0, 0, 0}, {"cuMemAddressFree", 0, 0, 0}, {"cuMemMap", 0, 0, 0}, {"cuMemUnmap", 0, 0, 0},
 	{"cuMemSetAccess", 0, 0, 0}, {"cuMemcpyHtoD_v2", 0, 0, 0}, {"cuMemcpyDtoH_v2", 0, 0, 0},
 	{"cuMemExportToShareableHandle", 0, 0, 0}, {"cuMemImportFromShareableHandle", 0, 0, 0},
+	{"cuMemGetAllocationPropertiesFromHandle", 0, 0, 0},
 	{"cuMemcpyDtoDAsync_v2", 0, 0, 0}, {"cuMemsetD8Async", 0, 0, 0}, {"cuMemGetInfo_v2", 0, 0, 0},
 	{"cuStreamCreate", 0, 0, 0}, {"cuStreamDestroy_v2", 0, 0, 0}, {"cuStreamQuery", 0, 0, 0},
 	{"cuStreamSynchronize", 0, 0, 0}, {"cuEventCreate", 0, 0, 0}, {"cuEventRecord", 0, 0, 0},
@@ -1026,6 +1029,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
 	a->handle = new_handle();
 	a->size = size;
 	a->mem = mem;
+	a->device = prop->location.id;
 	a->next = allocs;
 	allocs = a;
 	used += size;
@@ -1078,10 +1082,27 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
 	a->mem = mem;
 	a->fd = own;
 	a->imported = 1;
+	a->device = import_device > 0 ? (int)import_device - 1 : current->device;
 	a->next = allocs;
 	allocs = a;
 	live_allocs++;
 	*h = a->handle;
+	END(CUDA_SUCCESS);
+}
+
+// cuMemGetAllocationPropertiesFromHandle writes the properties h was made
+// with: pinned memory on its device, exportable as a descriptor when it lives
+// in a memory file.
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+	BEGIN("cuMemGetAllocationPropertiesFromHandle", need_ctx());
+	struct alloc *a = find_alloc(h);
+	if (prop == NULL || a == NULL || a->released)
+		END(CUDA_ERROR_INVALID_VALUE);
+	memset(prop, 0, sizeof *prop);
+	prop->type = 1;
+	prop->requestedHandleTypes = a->fd >= 0 ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
+	prop->location.type = 1;
+	prop->location.id = a->device;
 	END(CUDA_SUCCESS);
 }
 
@@ -1425,7 +1446,8 @@ EXPORT void fakecuda_live(long *allocations, long *maps, long *resv, size_t *byt
 }
 
 // fakecuda_set sets a knob: "capacity", "devices", "granularity", "vmm", "posix_fd",
-// "version", "stub", "va_limit", "reuse_streams". It returns -1 for an
+// "version", "stub", "va_limit", "reuse_streams", "import_device" (1 + the device
+// an imported allocation says it lives on; 0, the default: the importer's). It returns -1 for an
 // unknown knob.
 EXPORT int fakecuda_set(const char *knob, size_t value) {
 	int rc = 0;
@@ -1448,6 +1470,8 @@ EXPORT int fakecuda_set(const char *knob, size_t value) {
 		va_limit = value;
 	else if (strcmp(knob, "reuse_streams") == 0)
 		reuse_streams = value != 0;
+	else if (strcmp(knob, "import_device") == 0)
+		import_device = value;
 	else
 		rc = -1;
 	pthread_mutex_unlock(&mu);

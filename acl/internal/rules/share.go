@@ -16,7 +16,8 @@ func ExportableProp(op string, prop *acl.PhysicalMemProp, device int32, who stri
 
 // Export checks the arguments of aclrtMemExportToShareableHandle that need
 // no state, for a driver whose shareable form is want: a known handle type
-// (100000), want itself (207000 otherwise), and flags 0 or 1 (107000).
+// (100000), want itself (207000 otherwise), and flags 0 or 1 (107000), with
+// or without vmarena's acl.ExportReadOnly.
 func Export(op string, h acl.PhysicalHandle, handleType acl.MemHandleType, flags uint64, want acl.MemHandleType) error {
 	switch {
 	case h == 0:
@@ -25,7 +26,7 @@ func Export(op string, h acl.PhysicalHandle, handleType acl.MemHandleType, flags
 		return fail(op, acl.ErrCodeInvalidParam, "handleType %d", handleType)
 	case handleType != want:
 		return fail(op, acl.ErrCodeRTFeatureNotSupport, "handleType %d: this driver shares memory as handle type %d", handleType, want)
-	case flags > acl.ExportDisablePIDValidation:
+	case flags&^acl.ExportReadOnly > acl.ExportDisablePIDValidation:
 		return fail(op, acl.ErrCodeRTParamInvalid, "flags %#x: must be 0 or 1", flags)
 	}
 	return nil

@@ -536,6 +536,7 @@ func (a *Arena) mapped(n uint64) bool {
 	if s&frozen != 0 || want > a.cap.Load() || want > a.reserved {
 		return false
 	}
+	sched.At(sched.GrowFastPath, a)
 	raised, prev := false, uint64(0)
 	for f := a.floor.Load(); f < want; f = a.floor.Load() {
 		if a.floor.CompareAndSwap(f, want) {
@@ -543,7 +544,6 @@ func (a *Arena) mapped(n uint64) bool {
 			break
 		}
 	}
-	sched.At(sched.GrowPromised, a)
 	// A reclaim that froze the arena before the promise was raised may have
 	// taken memory below it: look again, and if so, undo the promise (unless
 	// someone changed it since), so that nothing stays pinned by a growth

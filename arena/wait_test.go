@@ -17,6 +17,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/logtest"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 const wg = acl.HugePageSize
@@ -187,15 +188,22 @@ func TestGrowContextFirstComeFirstServed(t *testing.T) {
 	e := newTenants(t, nil, d, arena.Config{})
 	big := isoArena(t, arena.Config{Pool: e.pool, Reserve: 16 << 20})
 	small := isoArena(t, arena.Config{Pool: e.pool, Reserve: 16 << 20})
+	// The order is recorded where the pool serves a waiter, before it leaves
+	// the queue and the next waiter's turn comes.
 	var mu sync.Mutex
 	var order []string
+	names := map[any]string{big: "big", small: "small"}
+	defer sched.Set(func(p sched.Point, who any) {
+		if p == sched.WaitServed {
+			mu.Lock()
+			order = append(order, names[who])
+			mu.Unlock()
+		}
+	})()
 	var wgr sync.WaitGroup
 	grow := func(name string, a *arena.Arena, n int) {
 		defer wgr.Done()
-		assert.NoError(t, a.GrowContext(context.Background(), n))
-		mu.Lock()
-		order = append(order, name)
-		mu.Unlock()
+		assert.NoError(t, a.GrowContext(context.Background(), n), name)
 	}
 	wgr.Add(2)
 	go grow("big", big, 3*wg)

@@ -16,7 +16,7 @@ type Point string
 // The points. Each is passed with the object it concerns: the growing
 // *arena.Arena for the arena's points, the *chunk.Pool for the pool's.
 const (
-	GrowPromised  Point = "grow.promised"   // Grow's lock-free path raised its promise, before it looks again
+	GrowFastPath  Point = "grow.fast"       // Grow's lock-free path found the memory mapped, before it raises its promise
 	GrowLocked    Point = "grow.locked"     // a growth holds its arena's lock, before it takes memory
 	GrowTaken     Point = "grow.taken"      // it took the chunks it will map, before the first map call
 	GrowUnlocked  Point = "grow.unlocked"   // it released its arena's lock to relieve pressure

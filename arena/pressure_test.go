@@ -1,0 +1,502 @@
+package arena_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/sched"
+)
+
+// The pressure protocol's promises, tested by forcing interleavings: a test
+// stops one growth at a chosen point of its path (each lock it takes, each
+// step of the relief and of the wait), runs the others there, then lets it
+// go, for every point in turn. See docs/design.md, "Pressure".
+
+// newStream makes a stream on d, destroyed at the end of the test.
+func newStream(t *testing.T, d interface {
+	CreateStream() (acl.Stream, error)
+	DestroyStream(acl.Stream) error
+}) acl.Stream {
+	t.Helper()
+	s, err := d.CreateStream()
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, d.DestroyStream(s)) })
+	return s
+}
+
+// A gate stops the goroutine that reaches point at, for who, the nth time.
+type gate struct {
+	at   sched.Point
+	who  any
+	nth  int
+	seen int
+	hit  chan struct{} // closed when a goroutine stopped at the gate
+	open chan struct{} // closed to let it go
+}
+
+func (g *gate) String() string { return fmt.Sprintf("%s#%d", g.at, g.nth) }
+
+// gates is the hook the tests install: every armed gate stops the nth
+// passage of its point.
+type gates struct {
+	mu   sync.Mutex
+	list []*gate
+}
+
+func newGates(t *testing.T) *gates {
+	gs := &gates{}
+	t.Cleanup(sched.Set(gs.pass))
+	t.Cleanup(gs.reset) // first: a failed test lets its stopped growths go
+	return gs
+}
+
+func (gs *gates) arm(at sched.Point, who any, nth int) *gate {
+	g := &gate{at: at, who: who, nth: nth, hit: make(chan struct{}), open: make(chan struct{})}
+	gs.mu.Lock()
+	gs.list = append(gs.list, g)
+	gs.mu.Unlock()
+	return g
+}
+
+func (gs *gates) reset() {
+	gs.mu.Lock()
+	for _, g := range gs.list {
+		select {
+		case <-g.open:
+		default:
+			close(g.open)
+		}
+	}
+	gs.list = nil
+	gs.mu.Unlock()
+}
+
+func (gs *gates) pass(p sched.Point, who any) {
+	gs.mu.Lock()
+	var stop *gate
+	for _, g := range gs.list {
+		if g.at == p && g.who == who && g.seen < g.nth {
+			g.seen++
+			if g.seen == g.nth {
+				stop = g
+			}
+		}
+	}
+	gs.mu.Unlock()
+	if stop != nil {
+		close(stop.hit)
+		<-stop.open
+	}
+}
+
+// contest is a pool and arenas that have each grown and then dropped
+// everything: every arena holds its chunks mapped and idle.
+type contest struct {
+	pool   *chunk.Pool
+	arenas []*arena.Arena
+}
+
+func newContest(t *testing.T, budget, idle int, n int) *contest {
+	t.Helper()
+	d := isoDriver(t, 64<<20)
+	pool, err := chunk.New(d, chunk.Config{Budget: int64(budget * wg)})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
+	c := &contest{pool: pool}
+	for range n {
+		a := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+		require.NoError(t, a.Grow(idle*wg))
+		require.NoError(t, a.Reset())
+		c.arenas = append(c.arenas, a)
+	}
+	return c
+}
+
+// candidates are the points at which a test stops the growth of x, whose
+// relief may take from y: x's own points, the pool's, and y's lock taken
+// by x's relief.
+func candidates(c *contest, x, y *arena.Arena) []*gate {
+	var out []*gate
+	for nth := 1; nth <= 2; nth++ {
+		for _, p := range []sched.Point{sched.GrowLocked, sched.GrowTaken, sched.GrowUnlocked, sched.GrowRelocked, sched.GrowFailed} {
+			out = append(out, &gate{at: p, who: x, nth: nth})
+		}
+		for _, p := range []sched.Point{sched.ReliefBegin, sched.ReliefSelect, sched.ReliefWaited, sched.ReliefDone, sched.ReleaseQueued} {
+			out = append(out, &gate{at: p, who: c.pool, nth: nth})
+		}
+		out = append(out, &gate{at: sched.GiveLocked, who: y, nth: nth})
+	}
+	return out
+}
+
+type outcome struct {
+	who int
+	err error
+}
+
+// run starts grow(i) for each i in order, stopping each but the last at
+// its gate (if it reaches it), runs the last to its end (or until it blocks
+// for 200 ms behind a stopped one), then lets the stopped ones go, last
+// stopped first. It returns every growth's error, and which gates were
+// reached.
+func run(t *testing.T, gs *gates, stops []*gate, grow func(i int) error) (errs []error, reached []bool) {
+	t.Helper()
+	n := len(stops) + 1
+	done := make(chan outcome, n)
+	errs, reached = make([]error, n), make([]bool, len(stops))
+	finished := make([]bool, n)
+	collect := func(r outcome) { errs[r.who], finished[r.who] = r.err, true }
+	for i := range n {
+		var g *gate
+		if i < len(stops) {
+			g = gs.arm(stops[i].at, stops[i].who, stops[i].nth)
+		}
+		go func() { done <- outcome{i, grow(i)} }()
+		if g == nil {
+			break
+		}
+		// The first growth runs alone, so it reaches its gate or ends; a
+		// later one may block behind a stopped one instead, and then the
+		// next starts anyway.
+		patience := 10 * time.Second
+		if i > 0 {
+			patience = 200 * time.Millisecond
+		}
+		timeout := time.After(patience)
+	wait:
+		for {
+			select {
+			case <-g.hit:
+				reached[i] = true
+				break wait
+			case r := <-done:
+				collect(r)
+				if r.who == i {
+					break wait // ended before its gate
+				}
+			case <-timeout:
+				if i == 0 {
+					t.Fatalf("growth %d neither ended nor reached %v", i, g)
+				}
+				break wait
+			}
+		}
+	}
+	// Run the last growth to its end, unless it blocks behind a stopped one.
+	last := time.After(200 * time.Millisecond)
+	for !finished[n-1] {
+		select {
+		case r := <-done:
+			collect(r)
+			continue
+		case <-last:
+		}
+		break
+	}
+	gs.reset() // lets every stopped growth go
+	deadline := time.After(20 * time.Second)
+	for slices.Contains(finished, false) {
+		select {
+		case r := <-done:
+			collect(r)
+		case <-deadline:
+			t.Fatalf("growths stuck after their gates opened: finished %v", finished)
+		}
+	}
+	return errs, reached
+}
+
+// checkPool asserts that the pool and the arenas agree, and that no growth
+// is left protected or waiting: what the arenas do not use is reclaimable.
+func checkPool(t *testing.T, c *contest) {
+	t.Helper()
+	s := c.pool.Stats()
+	mapped := 0
+	for _, a := range c.arenas {
+		st := a.Stats()
+		mapped += st.Mapped
+		assert.Equal(t, st.Mapped-max(st.Used, 0), st.Reclaimable+promised(a), "arena protects nothing after its growths")
+	}
+	assert.Zero(t, c.pool.Waiters())
+	assert.LessOrEqual(t, s.HeldBytes, s.Budget)
+	assert.Equal(t, mapped/wg+s.Pending, s.InUse, "every chunk out of the pool is mapped in an arena or waits for the device")
+}
+
+// promised is the part of an arena's Cap above Len that a Grow promised.
+func promised(a *arena.Arena) int {
+	st := a.Stats()
+	return st.Mapped - st.Used - st.Reclaimable
+}
+
+// Two growths that cannot both fit, each needing the other's idle memory:
+// whatever the interleaving, exactly one succeeds; the other fails with
+// ErrOutOfMemory and leaves nothing pinned, so that it succeeds once the
+// winner drops its memory. Two that can both fit both succeed.
+func TestPressureTwoGrowthsEverySchedule(t *testing.T) {
+	gs := newGates(t)
+	for _, tc := range []struct {
+		name           string
+		budget, arenas int
+		served         int
+	}{
+		{"one fits", 4, 2, 1}, // each needs the other's idle chunks
+		{"both fit", 6, 3, 2}, // a third arena's idle chunks serve both
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			probe := newContest(t, tc.budget, 2, tc.arenas)
+			stops := candidates(probe, probe.arenas[0], probe.arenas[1])
+			reachedAny := 0
+			for k := range stops {
+				t.Run(stops[k].String(), func(t *testing.T) {
+					c := newContest(t, tc.budget, 2, tc.arenas)
+					g := *candidates(c, c.arenas[0], c.arenas[1])[k]
+					errs, reached := run(t, gs, []*gate{&g}, func(i int) error { return c.arenas[i].Grow(3 * wg) })
+					if reached[0] {
+						reachedAny++
+					}
+					ok := 0
+					for i, err := range errs {
+						if err == nil {
+							ok++
+							assert.GreaterOrEqual(t, c.arenas[i].Cap(), 3*wg)
+							continue
+						}
+						assert.ErrorIs(t, err, arena.ErrOutOfMemory)
+					}
+					assert.Equal(t, tc.served, ok, "served: %v", errs)
+					checkPool(t, c)
+					// Nothing stays pinned: once the winners give their
+					// memory back, a loser is served.
+					for i, err := range errs {
+						if err == nil {
+							require.NoError(t, c.arenas[i].Shrink())
+						}
+					}
+					for i, err := range errs {
+						if err != nil {
+							require.NoError(t, c.arenas[i].Grow(3*wg), "loser %d after the winner shrank", i)
+						}
+					}
+				})
+			}
+			t.Logf("%d of %d gates reached", reachedAny, len(stops))
+			assert.GreaterOrEqual(t, reachedAny, 9, "the gates are on the path")
+		})
+	}
+}
+
+// The same contest with GrowContext: the loser waits instead of failing,
+// and is served as soon as the winner drops its memory, whatever the
+// interleaving.
+func TestPressureTwoWaitersEverySchedule(t *testing.T) {
+	gs := newGates(t)
+	probe := newContest(t, 4, 2, 2)
+	stops := candidates(probe, probe.arenas[0], probe.arenas[1])
+	for _, p := range []sched.Point{sched.WaitEnqueued, sched.WaitWoken, sched.WaitServed} {
+		stops = append(stops, &gate{at: p, who: probe.pool, nth: 1})
+	}
+	stops[len(stops)-1].who = probe.arenas[0] // WaitServed names the arena
+	for k := range stops {
+		t.Run(stops[k].String(), func(t *testing.T) {
+			c := newContest(t, 4, 2, 2)
+			all := candidates(c, c.arenas[0], c.arenas[1])
+			for _, p := range []sched.Point{sched.WaitEnqueued, sched.WaitWoken, sched.WaitServed} {
+				all = append(all, &gate{at: p, who: c.pool, nth: 1})
+			}
+			all[len(all)-1].who = c.arenas[0]
+			g := *all[k]
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			// Each drops its memory as soon as it has it; the other, waiting,
+			// must then be served before the deadline.
+			errs, _ := run(t, gs, []*gate{&g}, func(i int) error {
+				if err := c.arenas[i].GrowContext(ctx, 3*wg); err != nil {
+					return err
+				}
+				return c.arenas[i].Shrink()
+			})
+			for i, err := range errs {
+				assert.NoError(t, err, "growth %d", i)
+			}
+			checkPool(t, c)
+		})
+	}
+}
+
+// Three growths, each stopped in turn at every pair of points: of three
+// that each need three of six chunks, two are served and the third fails;
+// nothing is left pinned.
+func TestPressureThreeGrowthsEverySchedule(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long: every pair of points")
+	}
+	gs := newGates(t)
+	probe := newContest(t, 6, 2, 3)
+	first := candidates(probe, probe.arenas[0], probe.arenas[1])
+	second := candidates(probe, probe.arenas[1], probe.arenas[2])
+	schedules := 0
+	for i := range first {
+		if first[i].nth != 1 {
+			continue
+		}
+		for j := range second {
+			if second[j].nth != 1 {
+				continue
+			}
+			c := newContest(t, 6, 2, 3)
+			g1 := *candidates(c, c.arenas[0], c.arenas[1])[i]
+			g2 := *candidates(c, c.arenas[1], c.arenas[2])[j]
+			if g1.at == g2.at && g1.who == g2.who {
+				continue // one gate stops one growth
+			}
+			errs, _ := run(t, gs, []*gate{&g1, &g2}, func(k int) error { return c.arenas[k].Grow(3 * wg) })
+			ok := 0
+			for _, err := range errs {
+				if err == nil {
+					ok++
+				} else {
+					assert.ErrorIs(t, err, arena.ErrOutOfMemory)
+				}
+			}
+			assert.Equal(t, 2, ok, "stops %v, %v: %v", &g1, &g2, errs)
+			checkPool(t, c)
+			schedules++
+		}
+	}
+	t.Logf("%d schedules", schedules)
+}
+
+// A relief waits for the device work on the streams of the chunks it takes,
+// never for work on other streams: a kernel that runs on another arena's
+// stream, over chunks that arena gave back, does not delay a growth that
+// the idle memory of a quiet arena can serve.
+func TestReliefWaitsOnlyForItsChunks(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	pool, err := chunk.New(d, chunk.Config{Budget: 4 * wg})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
+	busy, quiet := newStream(t, d), newStream(t, d)
+	b := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20, Streams: []acl.Stream{busy}})
+	q := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20, Streams: []acl.Stream{quiet}})
+	// b gives back two chunks while a kernel still reads them.
+	buf, err := b.Alloc(2*wg, 1)
+	require.NoError(t, err)
+	kernel := make(chan struct{})
+	finish := sync.OnceFunc(func() { close(kernel) })
+	defer finish()
+	require.NoError(t, d.Launch(busy, buf.Ptr(), 2*wg, kernel))
+	require.NoError(t, b.Reset())
+	require.NoError(t, b.Shrink()) // two chunks wait for the kernel
+	// q holds two idle chunks, its stream quiet.
+	require.NoError(t, q.Grow(2*wg))
+	require.NoError(t, q.Reset())
+
+	g := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+	done := make(chan error, 1)
+	go func() { done <- g.Grow(2 * wg) }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the growth waited for a kernel on a stream that does not touch the chunks it took")
+	}
+	assert.Equal(t, 0, q.Cap(), "the quiet arena's idle chunks served it")
+	assert.Equal(t, 2, pool.Stats().Pending, "the kernel's chunks still wait")
+	assert.Zero(t, pool.Stats().DeviceSyncs)
+	finish()
+}
+
+// A growth that fails wakes the first waiter: what it had protected, and the
+// idle memory of its arena, may serve the waiter now.
+func TestFailedGrowthWakesTheWaiter(t *testing.T) {
+	gs := newGates(t)
+	c := newContest(t, 4, 2, 2)
+	x, y := c.arenas[0], c.arenas[1]
+	// y grows by four chunks (the whole budget): it reclaims x's two, then
+	// stops before it maps; meanwhile x waits for three.
+	stop := gs.arm(sched.GrowRelocked, y, 1)
+	yerr := make(chan error, 1)
+	go func() { yerr <- y.Grow(4 * wg) }()
+	<-stop.hit
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	xerr := make(chan error, 1)
+	go func() { xerr <- x.GrowContext(ctx, 3*wg) }()
+	require.Eventually(t, func() bool { return c.pool.Waiters() == 1 }, 5*time.Second, 100*time.Microsecond)
+	gs.reset()
+	require.NoError(t, <-yerr)
+	require.NoError(t, y.Reset())
+	require.NoError(t, y.Shrink()) // nothing stays promised: the waiter is served
+	require.NoError(t, <-xerr)
+	assert.Equal(t, 3*wg, x.Cap())
+}
+
+// Grow's lock-free path raises its promise before it looks again; when it
+// then finds that a relief took the memory meanwhile, it undoes the promise,
+// so nothing stays pinned by a growth that did not happen there.
+func TestLockFreeGrowUndoesItsPromise(t *testing.T) {
+	gs := newGates(t)
+	c := newContest(t, 4, 3, 1) // x holds three idle chunks; one more is free
+	x := c.arenas[0]
+	y := isoArena(t, arena.Config{Pool: c.pool, Reserve: 16 << 20})
+	stop := gs.arm(sched.GrowFastPath, x, 1)
+	xerr := make(chan error, 1)
+	go func() { xerr <- x.Grow(3 * wg) }() // mapped already: the lock-free path
+	<-stop.hit
+	require.NoError(t, y.Grow(2*wg)) // the free chunk, and one of x's
+	require.Equal(t, 2*wg, x.Cap())
+	gs.reset()
+	assert.ErrorIs(t, <-xerr, arena.ErrOutOfMemory, "x's slow path finds no room")
+	assert.Equal(t, 2*wg, x.Stats().Reclaimable, "x's two chunks are not pinned by the promise it undid")
+}
+
+// Copies that race Close either complete or fail with ErrClosed, never with
+// a driver error about memory that Close unmapped under them.
+func TestCopiesRaceClose(t *testing.T) {
+	for round := range 20 {
+		d := isoDriver(t, 64<<20)
+		a, err := arena.New(arena.Config{Driver: d, Reserve: 16 << 20})
+		require.NoError(t, err)
+		b, err := a.Alloc(4<<10, 64)
+		require.NoError(t, err)
+		src := make([]byte, 4<<10)
+		var wgr sync.WaitGroup
+		start := make(chan struct{})
+		for i := range 8 {
+			wgr.Add(1)
+			go func() {
+				defer wgr.Done()
+				<-start
+				for {
+					var err error
+					if i%2 == 0 {
+						err = arena.CopyIn(b, src)
+					} else {
+						err = arena.CopyOut(src[:1024], b)
+					}
+					if errors.Is(err, arena.ErrClosed) {
+						return
+					}
+					if !assert.NoError(t, err, "round %d", round) {
+						return
+					}
+				}
+			}()
+		}
+		close(start)
+		time.Sleep(time.Duration(round%4) * 100 * time.Microsecond)
+		require.NoError(t, a.Close())
+		wgr.Wait()
+	}
+}

@@ -12,7 +12,7 @@ import (
 )
 
 // Config configures a model driver. The zero value models the h200 profile
-// with its capacity, without data.
+// with its capacity, keeping the bytes written.
 type Config struct {
 	// Profile is the device to model; nil means the shipped "h200". The
 	// driver keeps its own copy.
@@ -24,11 +24,18 @@ type Config struct {
 	MaxReserve uintptr
 	// Device is the device id the driver answers to.
 	Device int32
-	// Data keeps the bytes written to device memory, sparsely in 4 KiB
-	// pages per physical allocation, so that copies read back what was
-	// written (the conformance suite needs it). Without it copies move no
-	// bytes and MemcpyDtoH fills its destination with zeros, and the model's
-	// memory is proportional to its books, not to the device bytes.
+	// NoData drops the device's bytes: writes, memsets and device-side
+	// copies move nothing, and MemcpyDtoH fails with acl.ErrNotSupported
+	// (207000) instead of returning bytes nobody wrote. The model's memory
+	// is then proportional to its books alone, whatever is written: for
+	// measuring at server sizes. By default the model keeps every byte
+	// written, on host memory made lazily per physical allocation (see the
+	// package documentation), and a read returns what was written.
+	NoData bool
+	// Data is what the model does by default; it is kept so that code
+	// written when bytes had to be asked for still compiles.
+	//
+	// Deprecated: the model keeps bytes unless NoData is set.
 	Data bool
 	// Untimed charges nothing: the books, the rules and the order of
 	// stream work without the modelled time, for tests of logic alone.
@@ -36,8 +43,9 @@ type Config struct {
 }
 
 // Driver is the device model: the acl.Driver contract with the books and
-// rules of the host driver, no device memory, and every call charged the
-// time the profile's device takes for it. See the package documentation.
+// rules of the host driver, the device's bytes on host memory (unless
+// Config.NoData), and every call charged the time the profile's device takes
+// for it. See the package documentation.
 //
 // Driver is safe for concurrent use.
 type Driver struct {
@@ -60,7 +68,7 @@ type Driver struct {
 	phys    uintptr // bytes of live physical allocations
 	live    acl.LiveCounts
 
-	data sync.Mutex // the pages of every handle, in data mode; taken after ss's lock
+	data sync.Mutex // the pages of every handle; taken after ss's lock
 
 	ss queues // device work in flight (streams.go); its lock is taken after mu and before data
 }
@@ -71,7 +79,7 @@ type handle struct {
 	page  uintptr // 2 MiB or 1 GiB
 	refs  int     // the owner's reference plus one per mapping
 	freed bool    // FreePhysical dropped the owner's reference
-	pages pages   // written bytes, in data mode
+	pages pages   // written bytes (data.go); nil with Config.NoData
 }
 
 type (
@@ -113,6 +121,7 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.MaxReserve == 0 {
 		cfg.MaxReserve = acl.MaxReserve
 	}
+	cfg.Data = !cfg.NoData
 	if cfg.Device < 0 || cfg.Capacity >= 1<<62 {
 		return nil, fmt.Errorf("model: %w: device %d, capacity %d", acl.ErrInvalidParam, cfg.Device, cfg.Capacity)
 	}
@@ -146,6 +155,9 @@ func (d *Driver) Modelled() string {
 	s := d.prof.Summary()
 	if d.cfg.Untimed {
 		s += "; untimed: every call charged nothing"
+	}
+	if d.cfg.NoData {
+		s += "; nodata: keeps no device bytes, reads fail"
 	}
 	return s
 }
@@ -313,6 +325,7 @@ func (d *Driver) unrefLocked(h *handle) {
 		return
 	}
 	delete(d.handles, h.id)
+	h.pages = nil // the host memory behind its bytes goes with it
 	d.phys -= h.size
 	d.live.PhysicalBytes -= h.size
 }
@@ -506,11 +519,11 @@ func (d *Driver) accessibleLocked(op string, ptr acl.DevicePtr, n uintptr) (*res
 }
 
 // The copies check the books and the work in flight, move the bytes (in
-// data mode), and then spend their time: the call's base cost, under the
+// unless Config.NoData), and then spend their time: the call's base cost, under the
 // device lock if the profile says so, and the transfer at the profile's
 // bandwidth, or the device work for the device-side copy and memset.
 
-// MemcpyHtoD copies src to device memory at dst. Without Config.Data the
+// MemcpyHtoD copies src to device memory at dst. With Config.NoData the
 // bytes go nowhere.
 func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	if len(src) == 0 {
@@ -524,8 +537,10 @@ func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	return err
 }
 
-// MemcpyDtoH copies device memory at src into dst. Without Config.Data the
-// model holds no bytes, and dst is filled with zeros.
+// MemcpyDtoH copies device memory at src into dst. With Config.NoData the
+// model holds no bytes to read: after checking the range and spending the
+// copy's modelled time it fails with 207000 (acl.ErrNotSupported) and leaves
+// dst as it was.
 func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	if len(dst) == 0 {
 		return nil
@@ -534,7 +549,12 @@ func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	n := uintptr(len(dst))
 	t0 := d.begin(cDtoH)
 	err := d.syncAccess(op, src, n, 0, 0, func(r *reservation) { d.readData(r, uintptr(src), dst) })
+	// Without data the modelled device still copies (the call costs its
+	// transfer, so that timings match), but there is nothing to return.
 	d.end(cDtoH, t0, d.cost.base[cDtoH], ok(err, int64(d.cost.dtoh*float64(n))))
+	if err == nil && d.cfg.NoData {
+		err = fail(op, acl.ErrCodeRTFeatureNotSupport, "%s", errNoData)
+	}
 	return err
 }
 
@@ -574,8 +594,8 @@ func ok(err error, t int64) int64 {
 
 // syncAccess checks a synchronous call's device ranges ([a, a+an) and, when
 // bn > 0, [b, b+bn)), records a fault if queued work will still write
-// them, and runs move with the first range's reservation, under the data
-// lock in data mode.
+// them, and, unless Config.NoData, runs move with the first range's
+// reservation under the data lock.
 func (d *Driver) syncAccess(op string, a acl.DevicePtr, an uintptr, b acl.DevicePtr, bn uintptr, move func(*reservation)) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
@@ -589,10 +609,11 @@ func (d *Driver) syncAccess(op string, a acl.DevicePtr, an uintptr, b acl.Device
 		}
 	}
 	d.ss.FaultRace(queue.Range{Lo: uintptr(a), Hi: uintptr(a) + an}, queue.Range{Lo: uintptr(b), Hi: uintptr(b) + bn})
-	if d.cfg.Data {
-		d.data.Lock()
-		defer d.data.Unlock()
+	if d.cfg.NoData {
+		return nil
 	}
+	d.data.Lock()
+	defer d.data.Unlock()
 	move(r)
 	return nil
 }

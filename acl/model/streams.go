@@ -41,7 +41,7 @@ type (
 
 // workX is what the model keeps per piece of work beyond the books.
 type workX struct {
-	spans   []span // where a memset writes, in data mode
+	spans   []span // where a memset writes; nil with Config.NoData
 	ready   int64  // when it may start: its launch call has returned
 	dur     int64  // device time once started
 	closed  bool   // Done has been seen closed
@@ -75,7 +75,7 @@ func schedule(s *stream) {
 }
 
 // advanceLocked retires the work on s that has finished by now, applying
-// memsets in data mode. Call with the queues' lock held.
+// memsets (unless Config.NoData). Call with the queues' lock held.
 func (d *Driver) advanceLocked(s *stream) {
 	schedule(s)
 	t := now()

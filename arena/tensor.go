@@ -93,9 +93,9 @@ func (t *Tensor[T]) setShape(shape []int) (int, error) {
 			return 0, fmt.Errorf("arena: tensor: %w: dimension %d is %d", ErrInvalid, i, d)
 		}
 		hi, lo := bits.Mul64(n, uint64(d))
-		if hi != 0 || lo > MaxReserve {
-			return 0, fmt.Errorf("arena: tensor %v: %w: more than %d bytes", slices.Clone(shape), ErrInvalid,
-				int64(MaxReserve))
+		if hi != 0 || lo > maxReserve {
+			return 0, fmt.Errorf("arena: tensor %v: %w: more than %d bytes, the most an arena holds", slices.Clone(shape), ErrInvalid,
+				int64(maxReserve))
 		}
 		n = lo
 		t.shape[i] = d

@@ -349,7 +349,7 @@ func (d *Driver) liveLocked() acl.LiveCounts {
 // Open), and maps read-only (CU_MEM_ACCESS_FLAGS_PROT_READ). See docs/cuda.md
 // for the evidence and its limits. It makes no driver call.
 func (d *Driver) Caps() acl.Caps {
-	c := acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess, Sharing: d.sharing(), ReadOnly: true}
+	c := acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess, Sharing: d.sharing(), ReadOnly: true, MaxReserve: d.cfg.MaxReserve}
 	if d.cfg.NoScrubOnFree {
 		c.Fresh = acl.FreshUnknown
 	}

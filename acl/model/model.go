@@ -130,7 +130,7 @@ func New(cfg Config) (*Driver, error) {
 		cfg:     cfg,
 		prof:    p,
 		capa:    cfg.Capacity,
-		caps:    acl.Caps{AccessSpan: p.Caps.AccessSpan.Value, Fresh: fresh},
+		caps:    acl.Caps{AccessSpan: p.Caps.AccessSpan.Value, Fresh: fresh, MaxReserve: cfg.MaxReserve},
 		handles: make(map[acl.PhysicalHandle]*handle),
 		nextID:  0x1000,
 		nextVA:  vaBase,

@@ -202,11 +202,10 @@ func (w *world) quiesce(ms ...*marena) {
 }
 
 type mbuf struct {
-	m    *marena
-	b    arena.Buffer
-	off  int
-	n    int
-	data bool // whether it was ever written (for stale checks)
+	m   *marena
+	b   arena.Buffer
+	off int
+	n   int
 }
 
 func newWorld(t testing.TB, c chooser, o modelOpts) *world {

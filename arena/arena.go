@@ -100,9 +100,17 @@ const MaxReserve = acl.MaxReserve
 // the state word's Len holds it.
 const maxReserve = 1 << 40
 
-// MaxAlign is the largest alignment any arena accepts (1 GiB). An arena's
-// own limit, Arena.MaxAlign, is the alignment of its base up to this.
-const MaxAlign = 1 << maxAlignShift
+// AlignLimit is the largest alignment any arena accepts (1 GiB). An arena's
+// own limit, the method Arena.MaxAlign, is the alignment of its base up to
+// this.
+const AlignLimit = 1 << maxAlignShift
+
+// MaxAlign is AlignLimit under its first name, kept so that code using it
+// still compiles.
+//
+// Deprecated: use AlignLimit; the name reads as the method Arena.MaxAlign,
+// which is the arena's own limit.
+const MaxAlign = AlignLimit
 
 const maxAlignShift = 30
 
@@ -410,7 +418,7 @@ func (a *Arena) ChunkSize() int {
 }
 
 // MaxAlign returns the largest alignment Alloc accepts: the alignment of
-// Base, at most MaxAlign (1 GiB). It is at least the driver's granularity
+// Base, at most AlignLimit (1 GiB). It is at least the driver's granularity
 // (2 MiB on ACL, CUDA and the host driver), since reservations are aligned
 // to it, and it never changes.
 func (a *Arena) MaxAlign() int {

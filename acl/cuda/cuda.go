@@ -14,10 +14,10 @@ import (
 )
 
 // Config configures a CUDA driver. The zero value opens GPU 0 through
-// libcuda.so.1 (or $VMARENA_CUDA_LIB).
+// libcuda.so.1 (or $VMARENA_CUDA_LIBRARY).
 type Config struct {
 	// Library is the path of the CUDA driver library. "" means
-	// $VMARENA_CUDA_LIB when set, else "libcuda.so.1" through the dynamic
+	// $VMARENA_CUDA_LIBRARY when set, else "libcuda.so.1" through the dynamic
 	// loader's search path. Only the first of these that is set is tried.
 	Library string
 	// Device is the CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers

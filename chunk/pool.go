@@ -242,7 +242,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	}
 	g, err := drv.MemGetAllocationGranularity(&prop, acl.GranularityMinimum)
 	if err != nil {
-		return nil, fmt.Errorf("chunk: Config.MemAttr %v: granularity: %w", cfg.MemAttr, err)
+		return nil, fmt.Errorf("chunk: granularity of Config.MemAttr %v (Shareable %v): %w", cfg.MemAttr, cfg.Shareable, err)
 	}
 	size := uintptr(cfg.Size)
 	if size == 0 {

@@ -75,6 +75,10 @@ func (h *handle) pageAt(idx uintptr, create bool) *page {
 }
 
 func (h *handle) write(off uintptr, src []byte) {
+	if h.shm != nil {
+		copy(h.shm[off:], src)
+		return
+	}
 	for len(src) > 0 {
 		idx, po := off/pageSize, off%pageSize
 		k := min(uintptr(len(src)), pageSize-po)
@@ -85,6 +89,10 @@ func (h *handle) write(off uintptr, src []byte) {
 }
 
 func (h *handle) read(off uintptr, dst []byte) {
+	if h.shm != nil {
+		copy(dst, h.shm[off:])
+		return
+	}
 	for len(dst) > 0 {
 		idx, po := off/pageSize, off%pageSize
 		k := min(uintptr(len(dst)), pageSize-po)
@@ -99,6 +107,13 @@ func (h *handle) read(off uintptr, dst []byte) {
 }
 
 func (h *handle) fill(off, n uintptr, v byte) {
+	if h.shm != nil {
+		b := h.shm[off : off+n]
+		for i := range b {
+			b[i] = v
+		}
+		return
+	}
 	for n > 0 {
 		idx, po := off/pageSize, off%pageSize
 		k := min(n, pageSize-po)
@@ -120,6 +135,14 @@ func (h *handle) fill(off, n uintptr, v byte) {
 // copyTo copies n bytes at off in h to doff in dst, page by page, without
 // making pages for zeros.
 func (h *handle) copyTo(dst *handle, doff, off, n uintptr) {
+	switch {
+	case h.shm != nil:
+		dst.write(doff, h.shm[off:off+n])
+		return
+	case dst.shm != nil:
+		h.read(off, dst.shm[doff:doff+n])
+		return
+	}
 	for n > 0 {
 		k := min(n, pageSize-off%pageSize, pageSize-doff%pageSize)
 		if p := h.pages[off/pageSize]; p != nil {

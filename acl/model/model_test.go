@@ -58,7 +58,7 @@ func TestName(t *testing.T) {
 	assert.Equal(t, "model:h200", d.Name())
 	assert.Contains(t, d.Modelled(), "modelled")
 	assert.Contains(t, d.Modelled(), "h200")
-	assert.Equal(t, acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess, MaxReserve: acl.MaxReserve}, d.Caps())
+	assert.Equal(t, acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess, MaxReserve: acl.MaxReserve, Sharing: sharing, ReadOnly: true}, d.Caps())
 	assert.Equal(t, uintptr(143771<<20), d.Capacity())
 }
 

@@ -119,7 +119,11 @@ func (d *Driver) enqueue(op string, s acl.Stream, w *work) error {
 		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
 	if w.Hi > w.Lo {
-		r, err := d.book.Accessible(op, acl.DevicePtr(w.Lo), w.Hi-w.Lo)
+		check := d.book.Accessible
+		if w.Kind == queue.Memset {
+			check = d.book.Writable
+		}
+		r, err := check(op, acl.DevicePtr(w.Lo), w.Hi-w.Lo)
 		if err != nil {
 			return err
 		}

@@ -130,9 +130,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	fresh, _ := freshness(p.Caps.Fresh.Value)
 	d := &Driver{
-		cfg:     cfg,
-		prof:    p,
-		capa:    cfg.Capacity,
+		cfg:  cfg,
+		prof: p,
+		capa: cfg.Capacity,
 		caps: acl.Caps{AccessSpan: p.Caps.AccessSpan.Value, Fresh: fresh, MaxReserve: cfg.MaxReserve,
 			Sharing: sharing, ReadOnly: true},
 		handles: make(map[acl.PhysicalHandle]*handle),

@@ -39,3 +39,14 @@ func TestCommandLine(t *testing.T) {
 		t.Errorf("a built binary: %q", got)
 	}
 }
+
+func TestPlotText(t *testing.T) {
+	if got := wrap("aaa bbb ccc ddd", 7); got != "aaa bbb\nccc ddd" {
+		t.Errorf("wrap = %q", got)
+	}
+	for top, want := range map[int64]string{512: "B", 40 << 20: "MiB", 3 << 30: "GiB", 1 << 10: "KiB"} {
+		if u, _ := byteUnit(top); u != want {
+			t.Errorf("byteUnit(%d) = %s, want %s", top, u, want)
+		}
+	}
+}

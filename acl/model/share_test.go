@@ -101,13 +101,11 @@ func TestShareAcrossProcesses(t *testing.T) {
 	defer func() { require.NoError(t, d.Close()) }()
 	require.Equal(t, acl.SharingFD, d.Caps().Sharing)
 	const g = 2 << 20
-	base, _, done := mapped(t, d, g, g) // not exportable
-	done()
 	prop := acl.DeviceProp(0, 0)
 	prop.HandleType = acl.MemHandleTypePOSIX
 	h, err := d.MallocPhysical(g, &prop, 0)
 	require.NoError(t, err)
-	base, err = d.ReserveMemAddress(g, 0, 0, 0)
+	base, err := d.ReserveMemAddress(g, 0, 0, 0)
 	require.NoError(t, err)
 	require.NoError(t, d.MapMem(base, g, 0, h, 0))
 	require.NoError(t, d.MemSetAccess(base, g, acl.ReadWrite(0)))

@@ -108,10 +108,7 @@ func (h *handle) read(off uintptr, dst []byte) {
 
 func (h *handle) fill(off, n uintptr, v byte) {
 	if h.shm != nil {
-		b := h.shm[off : off+n]
-		for i := range b {
-			b[i] = v
-		}
+		set(h.shm[off:off+n], v)
 		return
 	}
 	for n > 0 {
@@ -122,13 +119,26 @@ func (h *handle) fill(off, n uintptr, v byte) {
 		case v == 0:
 			clear(p[po : po+k]) // kept: the next write will want it
 		default:
-			b := h.pageAt(idx, true)[po : po+k]
-			for i := range b {
-				b[i] = v
-			}
+			set(h.pageAt(idx, true)[po:po+k], v)
 		}
 		n -= k
 		off += k
+	}
+}
+
+// set sets every byte of b to v, doubling a filled prefix with copy (a
+// memmove) rather than storing byte by byte.
+func set(b []byte, v byte) {
+	if v == 0 {
+		clear(b)
+		return
+	}
+	if len(b) == 0 {
+		return
+	}
+	b[0] = v
+	for i := 1; i < len(b); i *= 2 {
+		copy(b[i:], b[:i])
 	}
 }
 

@@ -162,6 +162,19 @@ type Caps struct {
 	// ReadOnly: MemSetAccess also grants MemAccessRead, so that a mapping
 	// can be made read-only for the device. ACL documents READWRITE only.
 	ReadOnly bool
+	// MaxReserve is the largest ReserveMemAddress one call grants, in
+	// bytes. 0 means MaxReserve (128 GiB), the Ascend driver's limit, which
+	// every driver of this module accepts; see ReserveLimit.
+	MaxReserve uintptr
+}
+
+// ReserveLimit returns the largest ReserveMemAddress one call grants:
+// c.MaxReserve, or MaxReserve (128 GiB) when the driver leaves it 0.
+func (c Caps) ReserveLimit() uintptr {
+	if c.MaxReserve == 0 {
+		return MaxReserve
+	}
+	return c.MaxReserve
 }
 
 // Freshness says what bytes a fresh physical allocation may hold, and so

@@ -187,6 +187,7 @@ const (
 	HugePageSize   = 2 << 20 // granularity of every attribute but HUGE1G
 	Huge1GPageSize = 1 << 30 // granularity of the HUGE1G attributes
 	// MaxReserve is the largest ReserveMemAddress the Ascend driver grants in
-	// one call.
+	// one call, and the default limit of every driver here (Caps.MaxReserve
+	// reports a driver's own).
 	MaxReserve = 128 << 30
 )

@@ -34,12 +34,15 @@ type Config struct {
 	// (and so is their budget). nil means a private pool built from Chunk,
 	// closed with the arena.
 	Pool *chunk.Pool
-	// Chunk configures the private pool when Pool is nil.
+	// Chunk configures the private pool when Pool is nil. It must be left
+	// zero when Pool is set: that pool's chunks were configured by chunk.New.
 	Chunk chunk.Config
 	// Reserve is the address space to reserve, in bytes, rounded up to the
-	// chunk size: the most the arena can ever map. 0 means the device's total
-	// memory (at most 128 GiB, ACL's limit per reservation), halved until the
-	// driver grants it.
+	// chunk size: the most the arena can ever map. It may not pass the
+	// driver's largest reservation (acl.Caps.MaxReserve: 128 GiB, ACL's
+	// limit per reservation, on every driver here by default). 0 means the
+	// device's total memory, at most that limit, halved until the driver
+	// grants it.
 	Reserve int64
 	// Tenant is who may read the arena's bytes. Chunks move between the
 	// arenas of one tenant (say, all the sequences of one model) without
@@ -59,7 +62,8 @@ type Config struct {
 	Streams []acl.Stream
 	// Headroom is mapped memory the pool's background worker keeps ready
 	// above Len, so that Alloc finds memory mapped instead of mapping it on
-	// the caller's path. It is rounded up to the chunk size. 0 means none.
+	// the caller's path. It is rounded up to the chunk size, and may not pass
+	// Reserve or the pool's budget. 0 means none.
 	Headroom int64
 	// LowWater is the headroom below which Alloc asks the worker to refill
 	// it (a request that never blocks). 0 means half of Headroom (at least
@@ -87,17 +91,32 @@ type Config struct {
 // PoisonByte fills the bytes Truncate and Reset drop in TrapStale mode.
 const PoisonByte = 0xA5
 
-// MaxReserve is the largest reservation an arena supports (1 TiB).
-const MaxReserve = 1 << 40
+// MaxReserve is the largest Config.Reserve every driver accepts: 128 GiB,
+// ACL's limit per reservation (acl.MaxReserve). A driver reports its own
+// limit in acl.Caps.MaxReserve, and New checks Reserve against that one;
+// whatever the driver, an arena reserves at most 1 TiB.
+const MaxReserve = acl.MaxReserve
 
-// MaxAlign is the largest alignment any arena accepts (1 GiB). An arena's
-// own limit, Arena.MaxAlign, is the alignment of its base up to this.
-const MaxAlign = 1 << maxAlignShift
+// maxReserve is the most any arena reserves, whatever its driver grants:
+// the state word's Len holds it.
+const maxReserve = 1 << 40
+
+// AlignLimit is the largest alignment any arena accepts (1 GiB). An arena's
+// own limit, the method Arena.MaxAlign, is the alignment of its base up to
+// this.
+const AlignLimit = 1 << maxAlignShift
+
+// MaxAlign is AlignLimit under its first name, kept so that code using it
+// still compiles.
+//
+// Deprecated: use AlignLimit; the name reads as the method Arena.MaxAlign,
+// which is the arena's own limit.
+const MaxAlign = AlignLimit
 
 const maxAlignShift = 30
 
 // The allocator's state word: the bytes in use (Len) in the low 41 bits (room
-// for MaxReserve itself), an epoch above them that every Truncate, Shrink and
+// for maxReserve itself), an epoch above them that every Truncate, Shrink and
 // Reset advances, and a frozen bit that stops lock-free Allocs while one of
 // those runs.
 const (
@@ -169,18 +188,15 @@ type stray struct {
 // New reserves the arena's address space. It maps nothing itself: the first
 // Grow or Alloc does, or, with Config.Headroom, the pool's worker.
 func New(cfg Config) (*Arena, error) {
-	if cfg.Reserve < 0 || cfg.Reserve > MaxReserve {
-		return nil, fmt.Errorf("arena: %w: reserve %s: want 0 to %s", ErrInvalid, units.Bytes(cfg.Reserve), units.Bytes(MaxReserve))
-	}
-	if cfg.Headroom < 0 || cfg.LowWater < 0 || cfg.LowWater > cfg.Headroom {
-		return nil, fmt.Errorf("arena: %w: headroom %d, low water %d (want 0 ≤ low water ≤ headroom)", ErrInvalid,
-			cfg.Headroom, cfg.LowWater)
+	if err := cfg.check(); err != nil {
+		return nil, err
 	}
 	pool, own := cfg.Pool, false
 	drv := cfg.Driver
 	switch {
 	case pool != nil && drv != nil && pool.Driver() != drv:
-		return nil, fmt.Errorf("arena: %w: Config.Driver differs from the pool's driver", ErrInvalid)
+		return nil, fmt.Errorf("arena: %w: Config.Driver (%s) is not Config.Pool's driver (%s): leave Driver nil with a Pool",
+			ErrInvalid, drv.Name(), pool.Driver().Name())
 	case pool != nil:
 		drv = pool.Driver()
 	case drv == nil:
@@ -196,7 +212,7 @@ func New(cfg Config) (*Arena, error) {
 		}
 		p, err := chunk.New(drv, cfg.Chunk)
 		if err != nil {
-			return nil, fmt.Errorf("arena: %w", err)
+			return nil, fmt.Errorf("arena: Config.Chunk: %w", err)
 		}
 		pool, own = p, true
 	}
@@ -220,8 +236,15 @@ func New(cfg Config) (*Arena, error) {
 		}
 		return nil, err
 	}
+	if err := a.checkPool(cfg); err != nil {
+		return fail(err)
+	}
 	if err := a.reserve(uint64(cfg.Reserve)); err != nil {
 		return fail(err)
+	}
+	if a.headroom > a.reserved {
+		return fail(errors.Join(fmt.Errorf("arena: %w: Config.Headroom %s exceeds the reservation, %s (the device's memory, as Config.Reserve is 0)",
+			ErrInvalid, units.Ubytes(a.headroom), units.Ubytes(a.reserved)), a.releaseReservation()))
 	}
 	m, err := pool.Join(client{a}, a.headroom > 0)
 	if err != nil {
@@ -233,6 +256,56 @@ func New(cfg Config) (*Arena, error) {
 		m.WantRefill() // the worker maps the first headroom
 	}
 	return a, nil
+}
+
+// check checks the fields of cfg that need no driver, naming the field and
+// the rule it breaks.
+func (cfg *Config) check() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("arena: %w: "+format, append([]any{ErrInvalid}, args...)...)
+	}
+	switch {
+	case cfg.Reserve < 0:
+		return bad("Config.Reserve %d: want 0 (the device's memory) or more", cfg.Reserve)
+	case cfg.Headroom < 0:
+		return bad("Config.Headroom %d: want 0 (none) or more", cfg.Headroom)
+	case cfg.LowWater < 0:
+		return bad("Config.LowWater %d: want 0 (half the headroom) or more", cfg.LowWater)
+	case cfg.LowWater > cfg.Headroom:
+		return bad("Config.LowWater %s exceeds Config.Headroom %s: the worker refills when the headroom falls below LowWater",
+			units.Bytes(cfg.LowWater), units.Bytes(cfg.Headroom))
+	case cfg.Pool != nil && cfg.Chunk != (chunk.Config{}):
+		return bad("Config.Chunk is set, but Config.Pool is given: the pool's chunk.Config applies; leave Chunk zero")
+	}
+	for i, s := range cfg.Streams {
+		if s == 0 {
+			return bad("Config.Streams[%d] is 0: not a stream (leave Streams empty to use none)", i)
+		}
+	}
+	return nil
+}
+
+// checkPool checks what cfg asks of the arena's pool: a chunk no larger than
+// the reservation can be, and headroom within the pool's budget.
+func (a *Arena) checkPool(cfg Config) error {
+	cs, limit := a.chunkSize, reserveLimit(a.drv)
+	if cs > limit {
+		return fmt.Errorf("arena: %w: the chunk size, %s, exceeds %s's largest reservation, %s",
+			ErrInvalid, units.Ubytes(cs), a.drv.Name(), units.Ubytes(limit))
+	}
+	if cfg.Reserve > 0 && a.roundUp(uint64(cfg.Reserve)) > limit {
+		return fmt.Errorf("arena: %w: Config.Reserve %s (in chunks of %s) exceeds %s's largest reservation, %s (acl.Caps.MaxReserve)",
+			ErrInvalid, units.Bytes(cfg.Reserve), units.IEC(int64(cs)), a.drv.Name(), units.Ubytes(limit))
+	}
+	if cfg.Reserve > 0 && a.headroom > a.roundUp(uint64(cfg.Reserve)) {
+		return fmt.Errorf("arena: %w: Config.Headroom %s exceeds Config.Reserve %s (in chunks of %s): headroom is mapped inside the reservation",
+			ErrInvalid, units.Bytes(cfg.Headroom), units.Bytes(cfg.Reserve), units.IEC(int64(cs)))
+	}
+	if b := uint64(a.pool.Budget()); b > 0 && a.headroom > b {
+		return fmt.Errorf("arena: %w: Config.Headroom %s (in chunks of %s) exceeds the pool's budget, %s",
+			ErrInvalid, units.Bytes(cfg.Headroom), units.IEC(int64(cs)), units.Ubytes(b))
+	}
+	return nil
 }
 
 // releaseReservation gives the reservation back, for a New that fails late.
@@ -292,15 +365,17 @@ func (a *Arena) unlockGrow() {
 	a.growMu.Unlock()
 }
 
-// reserve reserves size bytes, or, when size is 0, the device's memory
-// halved until the driver agrees.
+// reserveLimit returns the largest reservation of the arena's driver, at
+// most maxReserve.
+func reserveLimit(drv acl.Driver) uint64 { return min(uint64(drv.Caps().ReserveLimit()), maxReserve) }
+
+// reserve reserves size bytes, or, when size is 0, the device's memory (at
+// most the driver's largest reservation) halved until the driver agrees.
 func (a *Arena) reserve(size uint64) error {
 	const op = "arena: reserve"
+	limit := reserveLimit(a.drv)
 	if size != 0 {
 		size = a.roundUp(size)
-		if size > MaxReserve {
-			return fmt.Errorf("%s %s: %w: more than %s", op, units.Ubytes(size), ErrInvalid, units.Bytes(MaxReserve))
-		}
 		p, err := a.drv.ReserveMemAddress(uintptr(size), 0, 0, 0)
 		if err != nil {
 			return fmt.Errorf("%s %s: %w", op, units.Ubytes(size), err)
@@ -312,10 +387,10 @@ func (a *Arena) reserve(size uint64) error {
 	if err != nil {
 		return fmt.Errorf("%s: device memory: %w", op, err)
 	}
-	size = min(a.roundUp(uint64(total)), acl.MaxReserve/a.chunkSize*a.chunkSize)
+	size = min(a.roundUp(uint64(total)), limit/a.chunkSize*a.chunkSize)
 	if size < a.chunkSize {
 		return fmt.Errorf("%s: %w: chunk size %s exceeds the largest reservation, %s", op, ErrInvalid,
-			units.Ubytes(a.chunkSize), units.Ubytes(min(a.roundUp(uint64(total)), acl.MaxReserve)))
+			units.Ubytes(a.chunkSize), units.Ubytes(min(a.roundUp(uint64(total)), limit)))
 	}
 	var errs []error
 	for size >= a.chunkSize {
@@ -376,7 +451,7 @@ func (a *Arena) ChunkSize() int {
 }
 
 // MaxAlign returns the largest alignment Alloc accepts: the alignment of
-// Base, at most MaxAlign (1 GiB). It is at least the driver's granularity
+// Base, at most AlignLimit (1 GiB). It is at least the driver's granularity
 // (2 MiB on ACL, CUDA and the host driver), since reservations are aligned
 // to it, and it never changes.
 func (a *Arena) MaxAlign() int {

@@ -22,11 +22,10 @@ const cg = acl.HugePageSize
 // deferredEnv is a host driver behind a counting fault driver, a budgeted
 // pool on it, and two streams.
 type deferredEnv struct {
-	hd        *host.Driver
-	fd        *faultdriver.Driver
-	pool      *chunk.Pool
-	s, other  acl.Stream
-	closeOnce sync.Once
+	hd       *host.Driver
+	fd       *faultdriver.Driver
+	pool     *chunk.Pool
+	s, other acl.Stream
 }
 
 func newDeferredEnv(t *testing.T, cfg chunk.Config) *deferredEnv {

@@ -1,6 +1,9 @@
 package arena
 
-import "math"
+import (
+	"math"
+	"strconv"
+)
 
 // Float16 is an IEEE 754 half-precision number (binary16: 1 sign bit, 5
 // exponent bits, 10 mantissa bits), held as its bits: the "fp16" or "half"
@@ -11,6 +14,18 @@ type Float16 uint16
 // bits: the upper half of a float32), held as its bits. It is an Element,
 // copied to the device as it is.
 type BFloat16 uint16
+
+// String formats h as the number it holds, in the shortest form that reads
+// back to the same Float16: "1.5", "-0.0001221", "+Inf", "NaN".
+func (h Float16) String() string { return formatHalf(h.Float32()) }
+
+// String formats b as the number it holds, in the shortest form that reads
+// back to the same BFloat16: "1.5", "3.39e+38", "-Inf", "NaN".
+func (b BFloat16) String() string { return formatHalf(b.Float32()) }
+
+// formatHalf formats f, a half float widened exactly, with the fewest
+// digits that identify it as a float32 (which identifies the half too).
+func formatHalf(f float32) string { return strconv.FormatFloat(float64(f), 'g', -1, 32) }
 
 // HalfFloat is the constraint satisfied by the two 16-bit float types.
 type HalfFloat interface {

@@ -202,11 +202,10 @@ func (w *world) quiesce(ms ...*marena) {
 }
 
 type mbuf struct {
-	m    *marena
-	b    arena.Buffer
-	off  int
-	n    int
-	data bool // whether it was ever written (for stale checks)
+	m   *marena
+	b   arena.Buffer
+	off int
+	n   int
 }
 
 func newWorld(t testing.TB, c chooser, o modelOpts) *world {
@@ -632,7 +631,7 @@ func (w *world) newArena() {
 		cfg.Streams = []acl.Stream{s}
 	}
 	if w.o.headroom && w.c.intn(2) == 0 {
-		cfg.Headroom = int64(1+w.c.intn(3)) * int64(w.cs)
+		cfg.Headroom = int64(min(1+w.c.intn(3), k)) * int64(w.cs) // within the reservation, as New requires
 	}
 	shared := w.o.tenants && w.c.intn(2) == 0
 	if shared {

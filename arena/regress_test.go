@@ -105,7 +105,7 @@ func (d *sparseDriver) QueryEvent(acl.Event) (bool, error)                      
 func (d *sparseDriver) SynchronizeEvent(acl.Event) error                           { return nil }
 func (d *sparseDriver) DestroyEvent(acl.Event) error                               { return nil }
 func (d *sparseDriver) MemsetAsync(acl.DevicePtr, byte, uintptr, acl.Stream) error { return nil }
-func (d *sparseDriver) Caps() acl.Caps                                             { return acl.Caps{} }
+func (d *sparseDriver) Caps() acl.Caps                                             { return acl.Caps{MaxReserve: tib} }
 
 // The sparse device shares nothing between processes.
 func (d *sparseDriver) MemExportToShareableHandle(acl.PhysicalHandle, acl.MemHandleType, uint64) (acl.ShareableHandle, error) {
@@ -119,25 +119,29 @@ func (d *sparseDriver) MemImportFromShareableHandle(acl.ShareableHandle, int32) 
 }
 func (d *sparseDriver) DeviceGetBareTgid() (int32, error) { return 1, nil }
 
-// Bug: Len had 40 bits, so an arena of MaxReserve (1 TiB) allocated to its
+// tib is the most an arena reserves, whatever its driver grants.
+const tib = 1 << 40
+
+// Bug: Len had 40 bits, so an arena of 1 TiB, the most an arena reserves, allocated to its
 // very end stored 2^40 into the state word: Len read 0 and the next Alloc
 // handed out offset 0 again, over live data. Fixed by giving Len 41 bits.
 func TestRegressionAllocToMaxReserve(t *testing.T) {
+	// The sparse device grants 1 TiB in one reservation (Caps.MaxReserve).
 	d := newSparse()
-	a, err := arena.New(arena.Config{Driver: d, Reserve: arena.MaxReserve, Chunk: chunk.Config{MemAttr: acl.HBMMemHuge1G}})
+	a, err := arena.New(arena.Config{Driver: d, Reserve: tib, Chunk: chunk.Config{MemAttr: acl.HBMMemHuge1G}})
 	require.NoError(t, err)
-	require.Equal(t, arena.MaxReserve, a.Reserved())
-	b, err := a.Alloc(arena.MaxReserve-4096, 1)
+	require.Equal(t, tib, a.Reserved())
+	b, err := a.Alloc(tib-4096, 1)
 	require.NoError(t, err)
 	require.Zero(t, b.Offset())
 	b, err = a.Alloc(4096, 1) // ends exactly at 1 TiB
 	require.NoError(t, err)
-	require.Equal(t, arena.MaxReserve-4096, b.Offset())
-	require.Equal(t, arena.MaxReserve, a.Len(), "Len is the whole reservation, not 0")
+	require.Equal(t, tib-4096, b.Offset())
+	require.Equal(t, tib, a.Len(), "Len is the whole reservation, not 0")
 	_, err = a.Alloc(1, 1)
 	require.ErrorIs(t, err, arena.ErrExhausted, "nothing is handed out twice")
-	require.NoError(t, a.Truncate(arena.MaxReserve/2))
-	require.Equal(t, arena.MaxReserve/2, a.Len())
+	require.NoError(t, a.Truncate(tib/2))
+	require.Equal(t, tib/2, a.Len())
 	require.NoError(t, a.Close())
 	require.Empty(t, d.maps)
 	require.Empty(t, d.handle)
@@ -278,7 +282,7 @@ func TestRegressionReserveChunkTooLarge(t *testing.T) {
 	_, err := arena.New(arena.Config{Driver: d, Chunk: chunk.Config{Size: 256 << 30}})
 	require.ErrorIs(t, err, arena.ErrInvalid)
 	require.False(t, strings.Contains(err.Error(), "%!"), "%v", err)
-	require.Contains(t, err.Error(), "chunk size")
+	require.Contains(t, err.Error(), "Config.Size 274877906944 bytes (256 GiB) exceeds host's largest reservation")
 }
 
 // Bug: a typed nil driver, or an Arena not made by New, panicked with a nil

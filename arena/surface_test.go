@@ -52,7 +52,7 @@ func TestMaxAlign(t *testing.T) {
 	defer a.Close()
 	m := a.MaxAlign()
 	assert.GreaterOrEqual(t, m, 2<<20, "at least the granularity")
-	assert.LessOrEqual(t, m, arena.MaxAlign)
+	assert.LessOrEqual(t, m, arena.AlignLimit)
 	assert.Zero(t, m&(m-1), "a power of two")
 	assert.Zero(t, uintptr(a.Base())%uintptr(m), "Base is so aligned")
 	b, err := a.Alloc(16, m)
@@ -61,7 +61,7 @@ func TestMaxAlign(t *testing.T) {
 	_, err = a.Alloc(16, 2*m)
 	assert.ErrorIs(t, err, arena.ErrInvalid)
 	assert.ErrorContains(t, err, "MaxAlign, "+strconv.Itoa(m)+" bytes")
-	_, err = a.Alloc(16, 2*arena.MaxAlign)
+	_, err = a.Alloc(16, 2*arena.AlignLimit)
 	assert.ErrorIs(t, err, arena.ErrInvalid)
 }
 

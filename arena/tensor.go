@@ -93,9 +93,9 @@ func (t *Tensor[T]) setShape(shape []int) (int, error) {
 			return 0, fmt.Errorf("arena: tensor: %w: dimension %d is %d", ErrInvalid, i, d)
 		}
 		hi, lo := bits.Mul64(n, uint64(d))
-		if hi != 0 || lo > MaxReserve {
-			return 0, fmt.Errorf("arena: tensor %v: %w: more than %d bytes", slices.Clone(shape), ErrInvalid,
-				int64(MaxReserve))
+		if hi != 0 || lo > maxReserve {
+			return 0, fmt.Errorf("arena: tensor %v: %w: more than %d bytes, the most an arena holds", slices.Clone(shape), ErrInvalid,
+				int64(maxReserve))
 		}
 		n = lo
 		t.shape[i] = d
@@ -157,12 +157,35 @@ func (t Tensor[T]) CopyOut(dst []T) error {
 	return CopyOut(dst, t.buf)
 }
 
+// The copies follow one rule: those given a Buffer (CopyIn, CopyOut,
+// CopyInHalf, CopyOutHalf) copy into or out of its start, as many elements
+// as the slice holds, which must fit; those given a Tensor (its methods,
+// CopyInFloat32, CopyOutFloat32) copy the whole tensor, and the slice must
+// hold exactly Len elements. For part of a tensor, copy through
+// Tensor.Buffer, or a Slice of it.
+
 // CopyInFloat32 converts src to T (rounding to nearest, ties to even) and
 // copies it into t. src must hold exactly t.Len() elements.
 func CopyInFloat32[T HalfFloat](t Tensor[T], src []float32) error {
 	if len(src) != t.Len() {
 		return fmt.Errorf("arena: tensor copy in: %w: %d elements for a tensor of %d", ErrRange, len(src), t.Len())
 	}
+	return CopyInHalf[T](t.buf, src)
+}
+
+// CopyOutFloat32 copies t out and converts it to float32 (exactly) into
+// dst, which must hold exactly t.Len() elements.
+func CopyOutFloat32[T HalfFloat](dst []float32, t Tensor[T]) error {
+	if len(dst) != t.Len() {
+		return fmt.Errorf("arena: tensor copy out: %w: %d elements for a tensor of %d", ErrRange, len(dst), t.Len())
+	}
+	return CopyOutHalf[T](dst, t.buf)
+}
+
+// CopyInHalf converts src to the half float T (rounding to nearest, ties to
+// even) and copies it into the start of dst, as CopyIn does: 2×len(src)
+// bytes must fit in dst.
+func CopyInHalf[T HalfFloat](dst Buffer, src []float32) error {
 	h := make([]T, len(src))
 	var zero T
 	switch any(zero).(type) {
@@ -175,17 +198,15 @@ func CopyInFloat32[T HalfFloat](t Tensor[T], src []float32) error {
 			h[i] = T(NewBFloat16(f))
 		}
 	}
-	return CopyIn(t.buf, h)
+	return CopyIn(dst, h)
 }
 
-// CopyOutFloat32 copies t out and converts it to float32 (exactly) into
-// dst, which must hold exactly t.Len() elements.
-func CopyOutFloat32[T HalfFloat](dst []float32, t Tensor[T]) error {
-	if len(dst) != t.Len() {
-		return fmt.Errorf("arena: tensor copy out: %w: %d elements for a tensor of %d", ErrRange, len(dst), t.Len())
-	}
+// CopyOutHalf fills dst from the start of src, read as half floats T and
+// converted to float32 (exactly), as CopyOut does: 2×len(dst) bytes must
+// fit in src.
+func CopyOutHalf[T HalfFloat](dst []float32, src Buffer) error {
 	h := make([]T, len(dst))
-	if err := CopyOut(h, t.buf); err != nil {
+	if err := CopyOut(h, src); err != nil {
 		return err
 	}
 	for i, x := range h {

@@ -1,8 +1,10 @@
 package arena_test
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -185,4 +187,46 @@ func TestAllocTensorAllocFree(t *testing.T) {
 			t.Fatal(err)
 		}
 	}))
+}
+
+// Half floats print as numbers, and every one prints in a form that parses
+// back to the same bits (NaNs aside).
+func TestHalfString(t *testing.T) {
+	assert.Equal(t, "1.5", arena.NewFloat16(1.5).String())
+	assert.Equal(t, "65504", arena.Float16(0x7bff).String())
+	assert.Equal(t, "-Inf", arena.Float16(0xfc00).String())
+	assert.Equal(t, "NaN", arena.Float16(0x7e00).String())
+	assert.Equal(t, "1.5", arena.NewBFloat16(1.5).String())
+	assert.Equal(t, "+Inf", arena.BFloat16(0x7f80).String())
+	assert.Equal(t, "[0.5 -2]", fmt.Sprint([]arena.Float16{arena.NewFloat16(0.5), arena.NewFloat16(-2)}))
+	for i := range 1 << 16 {
+		h, b := arena.Float16(i), arena.BFloat16(i)
+		if !isNaN16(h) {
+			f, err := strconv.ParseFloat(h.String(), 32)
+			require.NoError(t, err)
+			require.Equal(t, h, arena.NewFloat16(float32(f)), "%#04x prints %s", i, h)
+		}
+		if !isNaNB(b) {
+			f, err := strconv.ParseFloat(b.String(), 32)
+			require.NoError(t, err)
+			require.Equal(t, b, arena.NewBFloat16(float32(f)), "%#04x prints %s", i, b)
+		}
+	}
+}
+
+// The Buffer copies of half floats copy a prefix, as CopyIn does; the
+// Tensor ones the whole tensor.
+func TestCopyHalfBuffer(t *testing.T) {
+	a, err := arena.New(arena.Config{Driver: isoDriver(t, 16<<20), Reserve: 4 << 20})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, a.Close()) }()
+	tn, err := arena.AllocTensor[arena.BFloat16](a, 8)
+	require.NoError(t, err)
+	require.NoError(t, arena.CopyInFloat32(tn, []float32{1, 2, 3, 4, 5, 6, 7, 8}))
+	require.NoError(t, arena.CopyInHalf[arena.BFloat16](tn.Buffer(), []float32{-1, -2}), "a prefix")
+	got := make([]float32, 3)
+	require.NoError(t, arena.CopyOutHalf[arena.BFloat16](got, tn.Buffer()))
+	assert.Equal(t, []float32{-1, -2, 3}, got)
+	require.ErrorIs(t, arena.CopyInHalf[arena.BFloat16](tn.Buffer(), make([]float32, 9)), arena.ErrRange)
+	require.ErrorIs(t, arena.CopyOutFloat32(got, tn), arena.ErrRange, "a tensor copies whole")
 }

@@ -58,6 +58,28 @@ func TestQuick(t *testing.T) {
 	if err := json.Unmarshal(b, &res); err != nil {
 		t.Fatal(err)
 	}
+	// One key style throughout: snake_case, but for the driver calls' names.
+	var doc any
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var walk func(v any, path string)
+	walk = func(v any, path string) {
+		switch v := v.(type) {
+		case map[string]any:
+			for k, x := range v {
+				if k != snake(k) && !strings.HasSuffix(path, "driver_calls") && !strings.HasSuffix(path, "driver_calls_on_path") {
+					t.Errorf("results.json: key %s.%s is not snake_case", path, k)
+				}
+				walk(x, path+"."+k)
+			}
+		case []any:
+			for _, x := range v {
+				walk(x, path+"[]")
+			}
+		}
+	}
+	walk(doc, "")
 	if len(res.Rows) != len(workloadNames)*len(strategy.Names) {
 		t.Errorf("results.json has %d rows, want %d", len(res.Rows), len(workloadNames)*len(strategy.Names))
 	}

@@ -18,6 +18,16 @@ import (
 // model (acl/model) to run on: go run ./bench -calibrate -device cuda.
 // An interrupt stops it, and everything it allocated is released.
 func runCalibrate(o *options, stdout io.Writer) error {
+	dirFlag, dir := "-out", o.out
+	if o.profileOut != "" {
+		dirFlag, dir = "-profile-out", filepath.Dir(o.profileOut)
+	}
+	if err := checkDirs(dirFlag, dir); err != nil {
+		return err
+	}
+	if _, err := model.Resolve(o.profileBase); err != nil {
+		return fmt.Errorf("-profile-base: %w", err)
+	}
 	spec := o.spec
 	if spec == "" {
 		spec = os.Getenv(device.EnvVar)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A bad flag gives one error naming the flag, with that flag's help, and
@@ -70,5 +71,98 @@ func TestChunkMustFitGranularity(t *testing.T) {
 	}
 	if stdout.Len() != 0 {
 		t.Errorf("run printed before refusing -chunk:\n%s", stdout.String())
+	}
+}
+
+// Every bad flag fails before the first measurement, within a second, with
+// an error that names the flag and says what it accepts: those that need no
+// driver in parseFlags, the rest (the output directories, budgets that no
+// request fits) in run before it prints its header.
+func TestBadFlagsFailFirst(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-growth", "0.5"}, "-growth 0.5: want a factor above 1"},
+		{[]string{"-growth", "NaN"}, "-growth NaN: want a factor above 1"},
+		{[]string{"-kv-slots", "0"}, "-kv-slots 0: want 1 or more"},
+		{[]string{"-kv-dtype", "0"}, "-kv-dtype 0: want bytes per element, one of 1, 2, 4, 8"},
+		{[]string{"-kv-dtype", "3"}, "-kv-dtype 3: want bytes per element"},
+		{[]string{"-kv-layers", "100000", "-kv-heads", "100000"}, "a token's cache would be"},
+		{[]string{"-kv-prompt", "0:10"}, "-kv-prompt 0:10: want lo:hi with 1 ≤ lo ≤ hi"},
+		{[]string{"-kv-compute", "-1s"}, "-kv-compute"},
+		{[]string{"-scratch-size", "0:0"}, "-scratch-size 0:0: want lo:hi sizes with 0 < lo ≤ hi"},
+		{[]string{"-scratch-spike", "1.5"}, "-scratch-spike 1.5: want a probability, 0 to 1"},
+		{[]string{"-scratch-window", "0"}, "-scratch-window 0: want 1 or more"},
+		{[]string{"-churn-tensor", "1000"}, "-churn-tensor 1000: want a positive multiple of"},
+		{[]string{"-churn-jitter", "1"}, "-churn-jitter 1: want a fraction"},
+		{[]string{"-churn-tenants", "0"}, "-churn-tenants 0: want 1 or more"},
+		{[]string{"-progress", "maybe"}, `-progress "maybe": want auto, on or off`},
+		{[]string{"-warm", "-2"}, "-warm -2"},
+		{[]string{"-cache", "-5"}, "-cache -5"},
+		{[]string{"-micro-iters", "0"}, "-micro-iters 0"},
+		{[]string{"-alloc-iters", "0"}, "-alloc-iters 0"},
+		{[]string{"-out", "/proc/nope"}, "-out /proc/nope: want a directory this user can write"},
+		{[]string{"-img", "/proc/nope"}, "-img /proc/nope: want a directory this user can write"},
+		{[]string{"-kv-budget", "1MiB"}, "-kv-budget 1MiB: the longest request's cache alone needs"},
+		{[]string{"-device", "model:h200,fast"}, `unknown model option "fast"`},
+	} {
+		args := append([]string{"-device", "host", "-out", dir}, c.args...)
+		start := time.Now()
+		var stdout bytes.Buffer
+		o, err := parseFlags(args, io.Discard)
+		if err == nil {
+			err = run(o, &stdout)
+		}
+		took := time.Since(start)
+		if err == nil {
+			t.Errorf("%q: no error", c.args)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %q lacks %q", c.args, err, c.want)
+		}
+		if stdout.Len() != 0 {
+			t.Errorf("%q: printed before failing:\n%s", c.args, stdout.String())
+		}
+		if took > time.Second {
+			t.Errorf("%q: failed after %v, want within a second", c.args, took)
+		}
+	}
+}
+
+// The help of -device lists every kind of driver, the model included.
+func TestDeviceHelp(t *testing.T) {
+	var out bytes.Buffer
+	_, err := parseFlags([]string{"-h"}, &out)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatal(err)
+	}
+	for _, w := range []string{"model:NAME", ",nodata", "cuda[:N]", "ascend[:N]"} {
+		i := strings.Index(out.String(), "-device")
+		if i < 0 || !strings.Contains(out.String()[i:], w) {
+			t.Errorf("-device help lacks %q:\n%s", w, out.String())
+		}
+	}
+}
+
+// The suite runs the model without device bytes unless it reads them back.
+func TestModelSpec(t *testing.T) {
+	for _, c := range []struct {
+		spec   string
+		verify bool
+		want   string
+	}{
+		{"model:h200", false, "model:h200,nodata"},
+		{"Model:a100", false, "Model:a100,nodata"},
+		{"model:h200", true, "model:h200"},
+		{"model:h200,data", false, "model:h200,data"},
+		{"host", false, "host"},
+		{"", false, ""},
+	} {
+		if got := modelSpec(c.spec, c.verify); got != c.want {
+			t.Errorf("modelSpec(%q, %v) = %q, want %q", c.spec, c.verify, got, c.want)
+		}
 	}
 }

@@ -25,11 +25,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
@@ -136,12 +137,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.micro, "micro", true, "also measure the arena's Alloc fast path and cold vs cached Grow")
 	fs.IntVar(&o.microIters, "micro-iters", 200, "Grows of each kind in the cold/cache micro-measure")
 	fs.IntVar(&o.allocIters, "alloc-iters", 1<<24, "Allocs in the fast-path micro-measure")
-	fs.StringVar(&o.spec, "device", "", "driver spec, overriding $"+device.EnvVar+" (host, ascend[:N], cuda[:N], auto)")
+	fs.StringVar(&o.spec, "device", "", "driver spec, overriding $"+device.EnvVar+" (host, ascend[:N], cuda[:N], model:NAME or model:PATH with ,nodata to keep no device bytes, auto)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the workloads' random choices")
 	fs.StringVar(&o.progress, "progress", "auto", "progress bar: auto (when stdout is a terminal), on, off")
 	fs.Var(sizeFlag{&o.chunk}, "chunk", "arena chunk `size`: a multiple of the driver's granularity (2MiB on ACL, CUDA and the host driver), e.g. 4MiB or 64MiB; 0: the granularity")
 	fs.IntVar(&o.maxCached, "cache", 0, "arena pool reuse cache, in chunks (0: the pool's default; -1: none)")
-	fs.Float64Var(&o.growth, "growth", 2, "realloc growth factor")
+	fs.Float64Var(&o.growth, "growth", 2, "realloc growth factor, above 1")
 	fs.StringVar(&o.scrub, "scrub", "reuse", "arena pool scrub policy: reuse (the default), release, never")
 	fs.IntVar(&o.headroom, "headroom", 2, "arena: chunks of mapped headroom the pool's worker keeps above each region's Len (0: none)")
 	fs.IntVar(&o.ahead, "ahead", 4, "arena: fresh chunks the pool's worker keeps allocated ahead, within the budget (0: none)")
@@ -201,23 +202,99 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			}
 		}
 	}
-	if o.count < 1 {
-		return nil, fmt.Errorf("-count %d: want at least 1", o.count)
+	if err := o.check(); err != nil {
+		return nil, err
 	}
 	if o.img == "" {
 		o.img = o.out
 	}
-	if _, ok := scrubs[o.scrub]; !ok {
-		return nil, fmt.Errorf("-scrub %q: want reuse, release or never", o.scrub)
-	}
-	if o.verify && !o.touch {
-		return nil, errors.New("-verify needs -touch")
-	}
-	if o.headroom < 0 || o.ahead < 0 {
-		return nil, fmt.Errorf("-headroom %d, -ahead %d: want 0 or more", o.headroom, o.ahead)
-	}
 	o.kv.Seed, o.scratch.Seed, o.churn.Seed = o.seed, o.seed, o.seed
 	return o, nil
+}
+
+// check checks every flag that needs no driver, before anything runs: each
+// error names the flag and what it accepts. (checkChunk and checkBudgets
+// check the rest once the driver is open, checkDirs the directories.)
+func (o *options) check() error {
+	switch {
+	case o.count < 1:
+		return fmt.Errorf("-count %d: want at least 1", o.count)
+	case o.microIters < 1:
+		return fmt.Errorf("-micro-iters %d: want at least 1", o.microIters)
+	case o.allocIters < 1:
+		return fmt.Errorf("-alloc-iters %d: want at least 1", o.allocIters)
+	case !(o.growth > 1) || math.IsInf(o.growth, 0):
+		return fmt.Errorf("-growth %v: want a factor above 1, e.g. 1.5 or 2", o.growth)
+	case o.progress != "auto" && o.progress != "on" && o.progress != "off":
+		return fmt.Errorf("-progress %q: want auto, on or off", o.progress)
+	case o.verify && !o.touch:
+		return errors.New("-verify needs -touch")
+	case o.headroom < 0:
+		return fmt.Errorf("-headroom %d: want 0 or more", o.headroom)
+	case o.ahead < 0:
+		return fmt.Errorf("-ahead %d: want 0 or more", o.ahead)
+	case o.warm < -1:
+		return fmt.Errorf("-warm %d: want -1 (the budget), 0 (none) or more", o.warm)
+	case o.maxCached < -1:
+		return fmt.Errorf("-cache %d: want -1 (none), 0 (the pool's default) or more", o.maxCached)
+	case o.chunk < 0:
+		return fmt.Errorf("-chunk %d: want 0 or a multiple of the driver's granularity", o.chunk)
+	}
+	if _, ok := scrubs[o.scrub]; !ok {
+		return fmt.Errorf("-scrub %q: want reuse, release or never", o.scrub)
+	}
+	if o.calibrate {
+		return nil // the workloads do not run
+	}
+	for _, w := range o.workloads {
+		var err error
+		switch w {
+		case "kv":
+			err = o.kv.Check()
+		case "scratch":
+			err = o.scratch.Check()
+		case "churn":
+			err = o.churn.Check()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkDirs checks that the directories the suite writes to at the end can
+// be written, so that a bad -out fails before the run, not after it.
+func checkDirs(flags ...string) error {
+	for i := 0; i+1 < len(flags); i += 2 {
+		flag, dir := flags[i], flags[i+1]
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("%s %s: want a directory this user can write: %w", flag, dir, err)
+		}
+		f, err := os.CreateTemp(dir, ".vmarena-bench-*")
+		if err != nil {
+			return fmt.Errorf("%s %s: want a directory this user can write: %w", flag, dir, err)
+		}
+		name := f.Name()
+		err = errors.Join(f.Close(), os.Remove(name))
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", flag, dir, err)
+		}
+	}
+	return nil
+}
+
+// checkBudgets checks the budgets the workloads were given against what
+// their longest requests need on a driver of granularity gran.
+func (o *options) checkBudgets(gran int64) error {
+	if slices.Contains(o.workloads, "kv") {
+		chunk := gran
+		if o.chunk > 0 {
+			chunk = o.chunk
+		}
+		return o.kv.CheckBudget(chunk)
+	}
+	return nil
 }
 
 func (o *options) workload(name string) workload.Workload {
@@ -264,10 +341,14 @@ type suite struct {
 }
 
 func run(o *options, stdout io.Writer) error {
+	if err := checkDirs("-out", o.out, "-img", o.img); err != nil {
+		return err
+	}
 	spec := o.spec
 	if spec == "" {
 		spec = os.Getenv(device.EnvVar)
 	}
+	spec = modelSpec(spec, o.verify)
 	choice, err := device.Open(spec)
 	if err != nil {
 		return fmt.Errorf("open the device: %w", err)
@@ -281,6 +362,9 @@ func run(o *options, stdout io.Writer) error {
 	}
 	s.gran = int64(g)
 	if err := checkChunk(o.chunk, s.gran); err != nil {
+		return err
+	}
+	if err := o.checkBudgets(s.gran); err != nil {
 		return err
 	}
 
@@ -450,14 +534,16 @@ func destroyStream(d acl.Driver, s acl.Stream) error {
 	return errors.Join(d.SynchronizeStream(s), d.DestroyStream(s))
 }
 
-// cpuTime returns the CPU time the process has used, user and system, in
-// nanoseconds: every goroutine's, the background worker's included.
-func cpuTime() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+// modelSpec returns spec, with ",nodata" added when it names the device
+// model without options and the run reads nothing back (no -verify): at
+// the suite's sizes the model's bytes would cost host memory and time that
+// no device spends.
+func modelSpec(spec string, verify bool) string {
+	kind, arg, _ := strings.Cut(strings.TrimSpace(spec), ":")
+	if !strings.EqualFold(kind, "model") || verify || strings.Contains(arg, ",") {
+		return spec
 	}
-	return ru.Utime.Nano() + ru.Stime.Nano()
+	return spec + ",nodata"
 }
 
 func cpuModel() string {

@@ -5,6 +5,7 @@ import (
 	"image/color"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -19,6 +20,8 @@ var strategyColors = map[string]color.Color{
 	"realloc":   color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 0xff},
 	"prealloc":  color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 0xff},
 	"pertensor": color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
+
+	"arena-eager": color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
 }
 
 const (
@@ -73,7 +76,7 @@ func (s *suite) plot(rep *report, dir string) ([]string, error) {
 
 func newPlot(title, x, y string) *plot.Plot {
 	p := plot.New()
-	p.Title.Text = title
+	p.Title.Text = wrap(title, titleWidth)
 	p.Title.TextStyle.Font.Size = vg.Points(11)
 	p.X.Label.Text = x
 	p.Y.Label.Text = y
@@ -84,15 +87,55 @@ func newPlot(title, x, y string) *plot.Plot {
 	return p
 }
 
+// titleWidth is the most characters of a title line at 11 points that fit
+// the plot's width; longer titles are wrapped.
+const titleWidth = 80
+
+// wrap breaks s into lines of at most width characters, at spaces.
+func wrap(s string, width int) string {
+	var lines []string
+	line := ""
+	for _, word := range strings.Fields(s) {
+		if line != "" && len([]rune(line))+1+len([]rune(word)) > width {
+			lines = append(lines, line)
+			line = ""
+		}
+		if line != "" {
+			line += " "
+		}
+		line += word
+	}
+	return strings.Join(append(lines, line), "\n")
+}
+
+// byteUnit returns the binary unit in which top reads as a number from 1 to
+// 1024 (B below 1 KiB), and its size.
+func byteUnit(top int64) (string, float64) {
+	for _, u := range []struct {
+		name string
+		size int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if top >= u.size {
+			return u.name, float64(u.size)
+		}
+	}
+	return "B", 1
+}
+
 func memPlot(path, w string, rows []*row) error {
-	p := newPlot(w+": physical memory held after each step (incl. the arena pool's cache)", "step", "GiB")
-	const gib = 1 << 30
+	var peak int64
+	for _, x := range rows {
+		peak = max(peak, x.PeakPhysical)
+	}
+	unit, size := byteUnit(peak)
+	p := newPlot(w+": physical memory held after each step; an arena's line includes its pool's cache (warm and ahead chunks), which the pool gives back on demand",
+		"step", "physical memory held ("+unit+")")
 	var top float64
 	for _, x := range rows {
-		top = max(top, float64(x.PeakPhysical)/gib)
+		top = max(top, float64(x.PeakPhysical)/size)
 		pts := make(plotter.XYs, len(x.med.Samples))
 		for i, s := range x.med.Samples {
-			pts[i] = plotter.XY{X: float64(s.Step), Y: float64(s.Physical) / gib}
+			pts[i] = plotter.XY{X: float64(s.Step), Y: float64(s.Physical) / size}
 		}
 		l, err := plotter.NewLine(pts)
 		if err != nil {
@@ -101,13 +144,17 @@ func memPlot(path, w string, rows []*row) error {
 		l.Color = strategyColors[x.Strategy]
 		l.Width = vg.Points(1.2)
 		p.Add(l)
-		p.Legend.Add(x.Strategy, l)
+		name := x.Strategy
+		if x.Pool != nil {
+			name += " (incl. its pool's cache)"
+		}
+		p.Legend.Add(name, l)
 	}
 	// The live bytes are the workload's own, the same for every strategy.
 	s := rows[0].med.Samples
 	pts := make(plotter.XYs, len(s))
 	for i, v := range s {
-		pts[i] = plotter.XY{X: float64(v.Step), Y: float64(v.Live) / gib}
+		pts[i] = plotter.XY{X: float64(v.Step), Y: float64(v.Live) / size}
 	}
 	l, err := plotter.NewLine(pts)
 	if err != nil {

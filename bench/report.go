@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -165,7 +166,7 @@ func growStats(ev []workload.GrowEvent) (p50, p99, mean, overhead float64) {
 
 func (s *suite) report() *report {
 	o := s.opts
-	r := &report{s: s, Command: "go run ./bench " + strings.Join(os.Args[1:], " "), Date: time.Now().UTC().Format(time.RFC3339),
+	r := &report{s: s, Command: commandLine(os.Args), Date: time.Now().UTC().Format(time.RFC3339),
 		Go: runtime.Version(), CPU: cpuModel(), Procs: runtime.GOMAXPROCS(0), Device: s.device, Reason: s.reason,
 		Gran: s.gran, Touch: o.touch, Seconds: s.elapsed.Seconds()}
 	if m, ok := s.drv.(interface{ Modelled() string }); ok {
@@ -572,9 +573,21 @@ func callCell(c counting.Calls, k counting.Op) string {
 }
 
 func (r *report) writeJSON(w io.Writer) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(r)
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	b, err = snakeKeys(b, "driver_calls", "driver_calls_on_path")
+	if err != nil {
+		return err
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, b, "", "  "); err != nil {
+		return err
+	}
+	out.WriteByte('\n')
+	_, err = out.WriteTo(w)
+	return err
 }
 
 // committed returns a run's peaks of physical and mapped memory that is not

@@ -215,14 +215,27 @@ type lease struct {
 	shared *shared // exported or imported: freed when put back (share.go)
 }
 
-// New returns a pool of chunks from drv.
+// New returns a pool of chunks from drv. It checks every field of cfg
+// first and fails with an error matching acl.ErrInvalidParam that names the
+// field and the rule: a Size that is not a multiple of the driver's
+// granularity or passes its largest reservation, a Budget below one chunk,
+// an Ahead beyond the reuse cache, the budget or the device's memory.
 func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	if drv == nil || isNilPointer(drv) {
 		return nil, fmt.Errorf("chunk: %w: nil driver", acl.ErrInvalidParam)
 	}
-	if cfg.Size < 0 || cfg.Budget < 0 || cfg.Ahead < 0 || cfg.Scrub < ScrubOnReuse || cfg.Scrub > ScrubNever {
-		return nil, fmt.Errorf("chunk: %w: size %d, budget %d, ahead %d, scrub %v", acl.ErrInvalidParam,
-			cfg.Size, cfg.Budget, cfg.Ahead, cfg.Scrub)
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("chunk: %w: "+format, append([]any{acl.ErrInvalidParam}, args...)...)
+	}
+	switch {
+	case cfg.Size < 0:
+		return nil, bad("Config.Size %d: want 0 (the driver's granularity) or a multiple of the granularity", cfg.Size)
+	case cfg.Budget < 0:
+		return nil, bad("Config.Budget %d: want 0 (no cap) or more", cfg.Budget)
+	case cfg.Ahead < 0:
+		return nil, bad("Config.Ahead %d: want 0 (none) or more", cfg.Ahead)
+	case cfg.Scrub < ScrubOnReuse || cfg.Scrub > ScrubNever:
+		return nil, bad("Config.Scrub %v: want ScrubOnReuse, ScrubOnRelease or ScrubNever", cfg.Scrub)
 	}
 	prop := acl.DeviceProp(drv.Device(), cfg.MemAttr)
 	caps := drv.Caps()
@@ -234,15 +247,22 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	}
 	g, err := drv.MemGetAllocationGranularity(&prop, acl.GranularityMinimum)
 	if err != nil {
-		return nil, fmt.Errorf("chunk: granularity: %w", err)
+		return nil, fmt.Errorf("chunk: granularity of Config.MemAttr %v (Shareable %v): %w", cfg.MemAttr, cfg.Shareable, err)
 	}
 	size := uintptr(cfg.Size)
 	if size == 0 {
 		size = g
 	}
 	if size%g != 0 {
-		return nil, fmt.Errorf("chunk: %w: size %s is not a multiple of the driver's granularity, %s", acl.ErrInvalidParam,
-			units.Bytes(int64(size)), units.Bytes(int64(g)))
+		return nil, bad("Config.Size %s is not a multiple of the driver's granularity, %s", units.Bytes(int64(size)), units.Bytes(int64(g)))
+	}
+	if limit := caps.ReserveLimit(); size > limit {
+		return nil, bad("Config.Size %s exceeds %s's largest reservation, %s: no arena could map a chunk",
+			units.Bytes(int64(size)), drv.Name(), units.Ubytes(uint64(limit)))
+	}
+	if cfg.Budget > 0 && uintptr(cfg.Budget) < size {
+		return nil, bad("Config.Budget %s is less than one chunk, %s: the pool could hand out nothing",
+			units.Bytes(cfg.Budget), units.IEC(int64(size)))
 	}
 	maxCached := cfg.MaxCached
 	switch {
@@ -250,6 +270,11 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		maxCached = DefaultMaxCached
 	case maxCached < 0:
 		maxCached = 0
+	}
+	if cfg.Ahead > 0 {
+		if err := checkAhead(drv, cfg, size, maxCached); err != nil {
+			return nil, err
+		}
 	}
 	p := &Pool{
 		drv:       traced{drv}, // trace.go
@@ -261,7 +286,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		maxCached: maxCached,
 		scrub:     cfg.Scrub,
 		fresh:     caps.Fresh,
-		ahead:     min(cfg.Ahead, maxCached),
+		ahead:     cfg.Ahead,
 		out:       make(map[acl.PhysicalHandle]lease),
 	}
 	if cfg.FreshZeroed {

@@ -132,13 +132,6 @@ func granule(t testing.TB, d acl.Driver) uintptr {
 	return g
 }
 
-// chunkT is one mapped, accessible chunk.
-type chunkT struct {
-	base acl.DevicePtr
-	h    acl.PhysicalHandle
-	size uintptr
-}
-
 // mapChunk allocates a granule and maps it at ptr with access.
 func mapChunk(t testing.TB, d acl.Driver, ptr acl.DevicePtr, size uintptr) acl.PhysicalHandle {
 	t.Helper()

@@ -1,9 +1,12 @@
 package acltest
 
-import "runtime/debug"
+import (
+	"runtime/debug"
+	"sync/atomic"
+)
 
-// sink keeps the reads of ReadFaults from being optimised away.
-var sink byte
+// sink takes the reads of ReadFaults, so that the compiler keeps them.
+var sink atomic.Uint32
 
 // Faults reports whether fn faulted on a memory access, such as a touch of a
 // range the host driver has unmapped. It relies on runtime/debug's
@@ -21,7 +24,7 @@ func Faults(fn func()) (faulted bool) {
 }
 
 // ReadFaults reports whether reading b[i] faults.
-func ReadFaults(b []byte, i int) bool { return Faults(func() { sink = b[i] }) }
+func ReadFaults(b []byte, i int) bool { return Faults(func() { sink.Store(uint32(b[i])) }) }
 
 // WriteFaults reports whether writing b[i] faults.
 func WriteFaults(b []byte, i int) bool { return Faults(func() { b[i] = 1 }) }

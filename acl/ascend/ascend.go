@@ -120,7 +120,7 @@ func (d *Driver) SocName() string {
 // gives the evidence). Memory is shared as ACL tokens where the runtime has
 // the sharing calls (looked up, not called).
 func (d *Driver) Caps() acl.Caps {
-	return acl.Caps{AccessSpan: false, Fresh: acl.FreshUnknown, Sharing: d.sharing()}
+	return acl.Caps{AccessSpan: false, Fresh: acl.FreshUnknown, Sharing: d.sharing(), MaxReserve: acl.MaxReserve}
 }
 
 // Live reports what the driver holds for its callers: the streams and events

@@ -14,10 +14,10 @@ import (
 )
 
 // Config configures a CUDA driver. The zero value opens GPU 0 through
-// libcuda.so.1 (or $VMARENA_CUDA_LIB).
+// libcuda.so.1 (or $VMARENA_CUDA_LIBRARY).
 type Config struct {
 	// Library is the path of the CUDA driver library. "" means
-	// $VMARENA_CUDA_LIB when set, else "libcuda.so.1" through the dynamic
+	// $VMARENA_CUDA_LIBRARY when set, else "libcuda.so.1" through the dynamic
 	// loader's search path. Only the first of these that is set is tried.
 	Library string
 	// Device is the CUDA device ordinal (as CUDA_VISIBLE_DEVICES numbers
@@ -349,7 +349,7 @@ func (d *Driver) liveLocked() acl.LiveCounts {
 // Open), and maps read-only (CU_MEM_ACCESS_FLAGS_PROT_READ). See docs/cuda.md
 // for the evidence and its limits. It makes no driver call.
 func (d *Driver) Caps() acl.Caps {
-	c := acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess, Sharing: d.sharing(), ReadOnly: true}
+	c := acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess, Sharing: d.sharing(), ReadOnly: true, MaxReserve: d.cfg.MaxReserve}
 	if d.cfg.NoScrubOnFree {
 		c.Fresh = acl.FreshUnknown
 	}

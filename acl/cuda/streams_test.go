@@ -1,3 +1,5 @@
+//go:build linux && (amd64 || arm64)
+
 package cuda
 
 import (
@@ -39,7 +41,7 @@ func unmapRun(t testing.TB, d *Driver, base acl.DevicePtr, hs []acl.PhysicalHand
 // in the driver's books and in CUDA's.
 func TestStreamAndEventFlags(t *testing.T) {
 	d, f := openFake(t, 0, Config{})
-	require.Equal(t, acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess, Sharing: acl.SharingFD, ReadOnly: true}, d.Caps())
+	require.Equal(t, acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess, Sharing: acl.SharingFD, ReadOnly: true, MaxReserve: acl.MaxReserve}, d.Caps())
 	require.Equal(t, int64(1), f.live().Streams, "the driver's own stream")
 	require.Equal(t, int32(cuStreamNonBlocking), f.flags(d.copyStream))
 	s, err := d.CreateStream()
@@ -59,7 +61,7 @@ func TestStreamAndEventFlags(t *testing.T) {
 	require.True(t, d.Live().Zero())
 
 	scrubless, _ := openFake(t, 0, Config{NoScrubOnFree: true})
-	require.Equal(t, acl.Caps{AccessSpan: true, Fresh: acl.FreshUnknown, Sharing: acl.SharingFD, ReadOnly: true}, scrubless.Caps())
+	require.Equal(t, acl.Caps{AccessSpan: true, Fresh: acl.FreshUnknown, Sharing: acl.SharingFD, ReadOnly: true, MaxReserve: acl.MaxReserve}, scrubless.Caps())
 }
 
 // Each new CUDA call, failing, leaves the driver's books and CUDA's state as

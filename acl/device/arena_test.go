@@ -15,13 +15,13 @@ import (
 // device $VMARENA_DEVICE names, or an error that says what to do; never the
 // host driver in place of a device it asked for.
 func TestZeroArenaConfigFollowsDeviceEnv(t *testing.T) {
-	t.Setenv("VMARENA_CUDA_LIB", t.TempDir()+"/libcuda.so.1")
+	t.Setenv("VMARENA_CUDA_LIBRARY", t.TempDir()+"/libcuda.so.1")
 	t.Setenv(acl.DeviceEnv, "cuda")
 	a, err := arena.New(arena.Config{Reserve: 8 << 20})
 	require.Error(t, err)
 	assert.Nil(t, a)
 	assert.ErrorIs(t, err, acl.ErrNotSupported)
-	for _, s := range []string{`VMARENA_DEVICE="cuda"`, "cuda:0: load", "VMARENA_CUDA_LIB", "docs/cuda.md"} {
+	for _, s := range []string{`VMARENA_DEVICE="cuda"`, "cuda:0: load", "VMARENA_CUDA_LIBRARY", "docs/cuda.md"} {
 		assert.ErrorContains(t, err, s)
 	}
 

@@ -9,7 +9,7 @@ import (
 )
 
 // openCUDA opens CUDA device n through the CUDA driver library
-// (libcuda.so.1, or $VMARENA_CUDA_LIB).
+// (libcuda.so.1, or $VMARENA_CUDA_LIBRARY).
 func openCUDA(n int) (acl.Driver, error) {
 	d, err := cuda.Open(cuda.Config{Device: n})
 	if err != nil {

@@ -57,6 +57,8 @@ func FromEnv() (Choice, error) { return Open(os.Getenv(EnvVar)) }
 //	model:NAME      the device model (acl/model) with a shipped profile,
 //	                e.g. model:h200; its times are modelled, not measured
 //	model:PATH      the device model with the profile in a JSON file
+//	model:NAME,nodata  (or model:PATH,nodata) the model without device bytes:
+//	                reads fail, for server sizes (see ModelOptions)
 //	auto or ""      Ascend device 0 when the runtime loads and a device
 //	                answers, else CUDA device 0 likewise, else the host driver
 //

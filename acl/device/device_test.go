@@ -61,11 +61,11 @@ func TestAuto(t *testing.T) {
 // device once.
 func TestExplicitFailureSaysWhatToDo(t *testing.T) {
 	dir := t.TempDir()
-	t.Setenv("VMARENA_CUDA_LIB", dir+"/libcuda.so.1")
+	t.Setenv("VMARENA_CUDA_LIBRARY", dir+"/libcuda.so.1")
 	t.Setenv("VMARENA_ASCEND_LIBRARY", dir+"/libascendcl.so")
 	for spec, want := range map[string][]string{
-		"cuda":     {"cuda:0: ", "libcuda.so.1", "VMARENA_CUDA_LIB", "docs/cuda.md"},
-		"cuda:1":   {"cuda:1: ", "libcuda.so.1", "VMARENA_CUDA_LIB", "docs/cuda.md"},
+		"cuda":     {"cuda:0: ", "libcuda.so.1", "VMARENA_CUDA_LIBRARY", "docs/cuda.md"},
+		"cuda:1":   {"cuda:1: ", "libcuda.so.1", "VMARENA_CUDA_LIBRARY", "docs/cuda.md"},
 		"ascend":   {"ascend:0: ", "libascendcl.so", "VMARENA_ASCEND_LIBRARY", "ASCEND_HOME_PATH", "docs/ascend.md"},
 		"ascend:2": {"ascend:2: ", "libascendcl.so", "VMARENA_ASCEND_LIBRARY", "docs/ascend.md"},
 	} {

@@ -9,25 +9,52 @@ import (
 )
 
 // modelSpec reports whether spec asks for the device model, and the
-// profile it names, with its case kept (it may be a path).
+// profile it names, with its case kept (it may be a path), and its options.
 func modelSpec(spec string) (arg string, ok bool) {
 	kind, arg, _ := strings.Cut(spec, ":")
 	return strings.TrimSpace(arg), strings.EqualFold(strings.TrimSpace(kind), "model")
 }
 
+// modelOptions are the options a model spec may add after its profile,
+// each after a comma: model:h200,nodata.
+var modelOptions = map[string]func(*model.Config){
+	"data":    func(c *model.Config) { c.NoData = false }, // the default, said explicitly
+	"nodata":  func(c *model.Config) { c.NoData = true },
+	"untimed": func(c *model.Config) { c.Untimed = true },
+}
+
+// ModelOptions lists the options a model spec takes after its profile
+// (model:h200,nodata): "data" keeps the device's bytes (the default),
+// "nodata" keeps none, so that reads fail and memory stays proportional to
+// the model's books (for server sizes), "untimed" charges no time.
+func ModelOptions() []string { return []string{"data", "nodata", "untimed"} }
+
 // openModel opens the device model with the profile arg names: a shipped
-// profile ("h200") or a profile file ("/path/to/profile.json").
+// profile ("h200") or a profile file ("/path/to/profile.json"), followed by
+// options (",nodata").
 func openModel(arg string) (Choice, error) {
 	spec := "model:" + arg
-	if arg == "" {
-		return Choice{}, fmt.Errorf("device %q: %w: want model:NAME (one of %s) or model:/path/to/profile.json",
-			spec, acl.ErrInvalidParam, strings.Join(model.Profiles(), ", "))
+	parts := strings.Split(arg, ",")
+	name := strings.TrimSpace(parts[0])
+	if name == "" {
+		return Choice{}, fmt.Errorf("device %q: %w: want model:NAME (one of %s) or model:/path/to/profile.json, optionally followed by ,%s",
+			spec, acl.ErrInvalidParam, strings.Join(model.Profiles(), ", "), strings.Join(ModelOptions(), " or ,"))
 	}
-	p, err := model.Resolve(arg)
+	var cfg model.Config
+	for _, o := range parts[1:] {
+		set, ok := modelOptions[strings.ToLower(strings.TrimSpace(o))]
+		if !ok {
+			return Choice{}, fmt.Errorf("device %q: %w: unknown model option %q (want %s)",
+				spec, acl.ErrInvalidParam, strings.TrimSpace(o), strings.Join(ModelOptions(), ", "))
+		}
+		set(&cfg)
+	}
+	p, err := model.Resolve(name)
 	if err != nil {
 		return Choice{}, fmt.Errorf("device %q: %w", spec, err)
 	}
-	d, err := model.New(model.Config{Profile: p})
+	cfg.Profile = p
+	d, err := model.New(cfg)
 	if err != nil {
 		return Choice{}, fmt.Errorf("device %q: %w", spec, err)
 	}

@@ -35,7 +35,20 @@ func TestOpenModel(t *testing.T) {
 	assert.Equal(t, "model:Mine", c.Driver.Name())
 	require.NoError(t, c.Driver.Close())
 
-	for _, bad := range []string{"model", "model:", "model:v100", "model:/nonexistent/p.json"} {
+	c, err = Open("model:h200, NoData")
+	require.NoError(t, err)
+	assert.Contains(t, c.Reason, "nodata")
+	assert.Equal(t, "model:h200, NoData", c.Spec)
+	_, _, err = c.Driver.GetMemInfo(acl.HBMMem)
+	require.NoError(t, err)
+	require.NoError(t, c.Driver.Close())
+	c, err = Open("model:a100,data,untimed")
+	require.NoError(t, err)
+	assert.NotContains(t, c.Reason, "nodata")
+	assert.Contains(t, c.Reason, "untimed")
+	require.NoError(t, c.Driver.Close())
+
+	for _, bad := range []string{"model", "model:", "model:v100", "model:/nonexistent/p.json", "model:h200,fast", "model:,nodata"} {
 		_, err := Open(bad)
 		require.Error(t, err, bad)
 		assert.Contains(t, err.Error(), "model:", bad)
@@ -45,4 +58,7 @@ func TestOpenModel(t *testing.T) {
 	assert.Contains(t, err.Error(), "h200")
 	_, err = Open("gpu")
 	assert.Contains(t, err.Error(), "model:NAME")
+	_, err = Open("model:h200,fast")
+	assert.ErrorIs(t, err, acl.ErrInvalidParam)
+	assert.Contains(t, err.Error(), `unknown model option "fast" (want data, nodata, untimed)`)
 }

@@ -177,7 +177,7 @@ func (d *Driver) Device() int32 { return d.cfg.Device }
 // sharing as file descriptors (on Linux), and read-only mappings
 // (mprotect PROT_READ).
 func (d *Driver) Caps() acl.Caps {
-	return acl.Caps{AccessSpan: d.cfg.AccessSpan, Fresh: acl.FreshZeroed, Sharing: sharing, ReadOnly: true}
+	return acl.Caps{AccessSpan: d.cfg.AccessSpan, Fresh: acl.FreshZeroed, Sharing: sharing, ReadOnly: true, MaxReserve: d.cfg.MaxReserve}
 }
 
 // Capacity returns the simulated device memory in bytes.

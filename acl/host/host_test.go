@@ -217,7 +217,7 @@ func TestBadConfig(t *testing.T) {
 func TestCaps(t *testing.T) {
 	d := newHost(t, host.Config{Capacity: 8 << 20})
 	defer d.Close()
-	require.Equal(t, acl.Caps{Fresh: acl.FreshZeroed, Sharing: acl.SharingFD, ReadOnly: true}, d.Caps(),
+	require.Equal(t, acl.Caps{Fresh: acl.FreshZeroed, Sharing: acl.SharingFD, ReadOnly: true, MaxReserve: acl.MaxReserve}, d.Caps(),
 		"zeroed pages; one mapping per access call, as ACL documents; descriptors shared; read-only mappings")
 	require.Equal(t, d.Caps(), faultdriver.New(d).Caps(), "seen through a wrapper")
 	span := newHost(t, host.Config{Capacity: 8 << 20, AccessSpan: true})

@@ -1,10 +1,11 @@
 // Package model is a calibrated model of a device: the acl.Driver contract
-// with the books and rules of a real driver, no device memory, and every
-// call charged the time the modelled device's driver takes for it. It lets
-// the trade-offs of device memory management (driver calls per chunk,
-// scrubs, synchronisation, background work) be measured without the device,
-// and at the sizes real servers use: a 141 GiB device costs the model only
-// its books.
+// with the books and rules of a real driver, the device's bytes on host
+// memory, and every call charged the time the modelled device's driver takes
+// for it. It lets the trade-offs of device memory management (driver calls
+// per chunk, scrubs, synchronisation, background work) be measured without
+// the device, and at the sizes real servers use: a 141 GiB device costs the
+// model its books and the bytes written, or, with Config.NoData, its books
+// only.
 //
 // Times from the model are modelled, not measured: every program output that
 // used it should say so ([Driver.Modelled] gives the line, naming the
@@ -14,9 +15,11 @@
 //
 // The books and rules are the host driver's (acl/host), from the same
 // shared code, with the same ACL codes: reservations, whole-allocation
-// mappings, access grants, reference-counted physical allocations, capacity
-// (207001 past it), HUGE1G pages, the 128 GiB reservation limit, live counts,
-// and streams, events and faults. The conformance suite (acl/acltest) passes
+// mappings, access grants (read-only ones too), reference-counted physical
+// allocations, capacity (207001 past it), HUGE1G pages, the 128 GiB
+// reservation limit, live counts, and streams, events and faults. On Linux
+// it shares memory with models in other processes as the host driver does,
+// as memory files passed by descriptor (acl.SharingFD). The conformance suite (acl/acltest) passes
 // on it with exact codes.
 //
 // Each call spends its cost on the calling goroutine, by spinning on the
@@ -55,10 +58,13 @@
 //
 // # What it does not model
 //
-//   - Data. By default the model holds no bytes: copies move nothing and
-//     MemcpyDtoH fills its destination with zeros. Config.Data keeps written
-//     bytes in sparse 4 KiB pages, for tests that read back what they wrote;
-//     without it the model's memory is proportional to its books.
+//   - The speed of the bytes. The model keeps every byte written (on host
+//     memory, in 64 KiB pages made on first write, per physical allocation),
+//     so a read returns what was written, but it moves them at the host's
+//     speed: a large device-side copy or memset can run longer than its
+//     charge. With Config.NoData (the selector's model:NAME,nodata) it keeps
+//     none, its memory is proportional to its books, and MemcpyDtoH fails
+//     with acl.ErrNotSupported instead of returning bytes nobody wrote.
 //   - Contention for the device's resources: concurrent copies do not share
 //     the link, concurrent kernels do not share the device, and no other
 //     process uses it.

@@ -9,10 +9,11 @@ import (
 	"github.com/vmarena/vmarena/acl/internal/book"
 	"github.com/vmarena/vmarena/acl/internal/queue"
 	"github.com/vmarena/vmarena/acl/internal/rules"
+	"github.com/vmarena/vmarena/acl/ipc"
 )
 
 // Config configures a model driver. The zero value models the h200 profile
-// with its capacity, without data.
+// with its capacity, keeping the bytes written.
 type Config struct {
 	// Profile is the device to model; nil means the shipped "h200". The
 	// driver keeps its own copy.
@@ -24,11 +25,18 @@ type Config struct {
 	MaxReserve uintptr
 	// Device is the device id the driver answers to.
 	Device int32
-	// Data keeps the bytes written to device memory, sparsely in 4 KiB
-	// pages per physical allocation, so that copies read back what was
-	// written (the conformance suite needs it). Without it copies move no
-	// bytes and MemcpyDtoH fills its destination with zeros, and the model's
-	// memory is proportional to its books, not to the device bytes.
+	// NoData drops the device's bytes: writes, memsets and device-side
+	// copies move nothing, and MemcpyDtoH fails with acl.ErrNotSupported
+	// (207000) instead of returning bytes nobody wrote. The model's memory
+	// is then proportional to its books alone, whatever is written: for
+	// measuring at server sizes. By default the model keeps every byte
+	// written, on host memory made lazily per physical allocation (see the
+	// package documentation), and a read returns what was written.
+	NoData bool
+	// Data is what the model does by default; it is kept so that code
+	// written when bytes had to be asked for still compiles.
+	//
+	// Deprecated: the model keeps bytes unless NoData is set.
 	Data bool
 	// Untimed charges nothing: the books, the rules and the order of
 	// stream work without the modelled time, for tests of logic alone.
@@ -36,8 +44,9 @@ type Config struct {
 }
 
 // Driver is the device model: the acl.Driver contract with the books and
-// rules of the host driver, no device memory, and every call charged the
-// time the profile's device takes for it. See the package documentation.
+// rules of the host driver, the device's bytes on host memory (unless
+// Config.NoData), and every call charged the time the profile's device takes
+// for it. See the package documentation.
 //
 // Driver is safe for concurrent use.
 type Driver struct {
@@ -59,8 +68,9 @@ type Driver struct {
 	nextVA  uintptr // where the next reservation may start
 	phys    uintptr // bytes of live physical allocations
 	live    acl.LiveCounts
+	imports map[ipc.FileID]*handle // imported memory, by file (share.go)
 
-	data sync.Mutex // the pages of every handle, in data mode; taken after ss's lock
+	data sync.Mutex // the pages of every handle; taken after ss's lock
 
 	ss queues // device work in flight (streams.go); its lock is taken after mu and before data
 }
@@ -69,9 +79,10 @@ type handle struct {
 	id    acl.PhysicalHandle
 	size  uintptr
 	page  uintptr // 2 MiB or 1 GiB
-	refs  int     // the owner's reference plus one per mapping
-	freed bool    // FreePhysical dropped the owner's reference
-	pages pages   // written bytes, in data mode
+	refs  int     // the owners' references plus one per mapping
+	freed bool    // FreePhysical dropped the last owner's reference
+	pages pages   // written bytes (data.go); nil with Config.NoData, or when shm holds them
+	share         // an exportable or imported allocation's memory file (share.go)
 }
 
 type (
@@ -113,15 +124,17 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.MaxReserve == 0 {
 		cfg.MaxReserve = acl.MaxReserve
 	}
+	cfg.Data = !cfg.NoData
 	if cfg.Device < 0 || cfg.Capacity >= 1<<62 {
 		return nil, fmt.Errorf("model: %w: device %d, capacity %d", acl.ErrInvalidParam, cfg.Device, cfg.Capacity)
 	}
 	fresh, _ := freshness(p.Caps.Fresh.Value)
 	d := &Driver{
-		cfg:     cfg,
-		prof:    p,
-		capa:    cfg.Capacity,
-		caps:    acl.Caps{AccessSpan: p.Caps.AccessSpan.Value, Fresh: fresh},
+		cfg:  cfg,
+		prof: p,
+		capa: cfg.Capacity,
+		caps: acl.Caps{AccessSpan: p.Caps.AccessSpan.Value, Fresh: fresh, MaxReserve: cfg.MaxReserve,
+			Sharing: sharing, ReadOnly: true},
 		handles: make(map[acl.PhysicalHandle]*handle),
 		nextID:  0x1000,
 		nextVA:  vaBase,
@@ -146,6 +159,9 @@ func (d *Driver) Modelled() string {
 	s := d.prof.Summary()
 	if d.cfg.Untimed {
 		s += "; untimed: every call charged nothing"
+	}
+	if d.cfg.NoData {
+		s += "; nodata: keeps no device bytes, reads fail"
 	}
 	return s
 }
@@ -229,7 +245,7 @@ func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option a
 }
 
 func (d *Driver) granularity(op string, prop *acl.PhysicalMemProp, option acl.MemGranularityOptions) (uintptr, error) {
-	if err := rules.Prop(op, prop, d.cfg.Device, "model"); err != nil {
+	if _, err := rules.ExportableProp(op, prop, d.cfg.Device, "model"); err != nil {
 		return 0, err
 	}
 	if err := rules.GranularityOption(op, option); err != nil {
@@ -254,20 +270,40 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 }
 
 func (d *Driver) malloc(op string, size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, uintptr, error) {
-	size, err := rules.Malloc(op, size, prop, flags, d.cfg.Device, "model", d.pageOf)
+	posix, err := rules.ExportableProp(op, prop, d.cfg.Device, "model")
 	if err != nil {
 		return 0, 0, err
+	}
+	if posix {
+		if sharing == acl.SharingNone {
+			return 0, 0, fail(op, acl.ErrCodeRTFeatureNotSupport, "the device model shares memory only on Linux")
+		}
+		p := *prop
+		p.HandleType = acl.MemHandleTypeNone
+		prop = &p
+	}
+	size, err = rules.Malloc(op, size, prop, flags, d.cfg.Device, "model", d.pageOf)
+	if err != nil {
+		return 0, 0, err
+	}
+	h := &handle{size: size, page: d.pageOf(prop.MemAttr), refs: 1, share: share{owners: 1}}
+	if posix {
+		if err := d.mallocOwn(h); err != nil {
+			return 0, 0, fail(op, acl.ErrCodeRTResourceAllocFail, "memory file for an exportable allocation: %v", err)
+		}
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
+		d.closeOwnLocked(h)
 		return 0, 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
 	if size > d.capa || d.phys > d.capa-size {
+		d.closeOwnLocked(h)
 		return 0, 0, fail(op, acl.ErrCodeRTMemoryAllocation, "out of memory: %d bytes asked, %d of %d free", size, d.capa-d.phys, d.capa)
 	}
 	d.nextID++
-	h := &handle{id: d.nextID, size: size, page: d.pageOf(prop.MemAttr), refs: 1}
+	h.id = d.nextID
 	d.handles[h.id] = h
 	d.phys += size
 	d.live.Handles++
@@ -300,8 +336,13 @@ func (d *Driver) free(op string, id acl.PhysicalHandle) (uintptr, error) {
 	case h.freed:
 		return 0, fail(op, acl.ErrCodeRTParamInvalid, "handle %#x freed too many times (it is still mapped)", uintptr(id))
 	}
-	h.freed = true
-	d.live.Handles--
+	if h.owners--; h.owners == 0 {
+		h.freed = true
+		d.live.Handles--
+		if h.imported {
+			d.live.Imported--
+		}
+	}
 	d.unrefLocked(h)
 	return h.size, nil
 }
@@ -313,8 +354,13 @@ func (d *Driver) unrefLocked(h *handle) {
 		return
 	}
 	delete(d.handles, h.id)
+	h.pages = nil // the host memory behind its bytes goes with it
+	d.closeOwnLocked(h)
 	d.phys -= h.size
 	d.live.PhysicalBytes -= h.size
+	if h.imported {
+		d.live.ImportedBytes -= h.size
+	}
 }
 
 // ReserveMemAddress reserves size bytes (rounded up to the granularity) of
@@ -451,9 +497,10 @@ func (d *Driver) unmap(op string, ptr acl.DevicePtr) (uintptr, error) {
 	return m.Size, nil
 }
 
-// MemSetAccess grants read-write access to the mapping at [ptr, ptr+size),
-// or, where the profile allows spans, to the run of adjacent mappings that
-// covers it exactly.
+// MemSetAccess grants read-write access (or, with MemAccessRead, read-only
+// access: writes to the mapping are then refused) to the mapping at
+// [ptr, ptr+size), or, where the profile allows spans, to the run of
+// adjacent mappings that covers it exactly.
 func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
 	const op = "aclrtMemSetAccess"
 	t0 := d.begin(cAccess)
@@ -467,9 +514,10 @@ func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAcc
 }
 
 func (d *Driver) access(op string, ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) (uintptr, int, error) {
-	if err := rules.Access(op, ptr, size, desc, d.cfg.Device, true); err != nil {
+	if err := rules.AccessFlags(op, ptr, size, desc, d.cfg.Device, true, true); err != nil {
 		return 0, 0, err
 	}
+	ro := rules.ReadOnly(desc)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
@@ -491,7 +539,7 @@ func (d *Driver) access(op string, ptr acl.DevicePtr, size uintptr, desc []acl.M
 		return 0, 0, fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) ends inside the mapping at %#x", ptr, size, r.Maps[j-1].Addr)
 	}
 	for k := i; k < j; k++ {
-		r.Maps[k].Access = true
+		r.Maps[k].Access, r.Maps[k].ReadOnly = true, ro
 	}
 	return size, j - i, nil
 }
@@ -506,11 +554,11 @@ func (d *Driver) accessibleLocked(op string, ptr acl.DevicePtr, n uintptr) (*res
 }
 
 // The copies check the books and the work in flight, move the bytes (in
-// data mode), and then spend their time: the call's base cost, under the
+// unless Config.NoData), and then spend their time: the call's base cost, under the
 // device lock if the profile says so, and the transfer at the profile's
 // bandwidth, or the device work for the device-side copy and memset.
 
-// MemcpyHtoD copies src to device memory at dst. Without Config.Data the
+// MemcpyHtoD copies src to device memory at dst. With Config.NoData the
 // bytes go nowhere.
 func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	if len(src) == 0 {
@@ -519,13 +567,15 @@ func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	const op = "aclrtMemcpy"
 	n := uintptr(len(src))
 	t0 := d.begin(cHtoD)
-	err := d.syncAccess(op, dst, n, 0, 0, func(r *reservation) { d.writeData(r, uintptr(dst), src) })
+	err := d.syncAccess(op, dst, n, true, 0, 0, func(r *reservation) { d.writeData(r, uintptr(dst), src) })
 	d.end(cHtoD, t0, d.cost.base[cHtoD], ok(err, int64(d.cost.htod*float64(n))))
 	return err
 }
 
-// MemcpyDtoH copies device memory at src into dst. Without Config.Data the
-// model holds no bytes, and dst is filled with zeros.
+// MemcpyDtoH copies device memory at src into dst. With Config.NoData the
+// model holds no bytes to read: after checking the range and spending the
+// copy's modelled time it fails with 207000 (acl.ErrNotSupported) and leaves
+// dst as it was.
 func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	if len(dst) == 0 {
 		return nil
@@ -533,8 +583,13 @@ func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	const op = "aclrtMemcpy"
 	n := uintptr(len(dst))
 	t0 := d.begin(cDtoH)
-	err := d.syncAccess(op, src, n, 0, 0, func(r *reservation) { d.readData(r, uintptr(src), dst) })
+	err := d.syncAccess(op, src, n, false, 0, 0, func(r *reservation) { d.readData(r, uintptr(src), dst) })
+	// Without data the modelled device still copies (the call costs its
+	// transfer, so that timings match), but there is nothing to return.
 	d.end(cDtoH, t0, d.cost.base[cDtoH], ok(err, int64(d.cost.dtoh*float64(n))))
+	if err == nil && d.cfg.NoData {
+		err = fail(op, acl.ErrCodeRTFeatureNotSupport, "%s", errNoData)
+	}
 	return err
 }
 
@@ -546,7 +601,7 @@ func (d *Driver) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
 	}
 	const op = "aclrtMemcpy"
 	t0 := d.begin(cDtoD)
-	err := d.syncAccess(op, src, n, dst, n, func(r *reservation) { d.copyData(dst, src, n) })
+	err := d.syncAccess(op, src, n, false, dst, n, func(r *reservation) { d.copyData(dst, src, n) })
 	d.end(cDtoD, t0, d.cost.base[cDtoD], ok(err, d.cost.device(2*n)))
 	return err
 }
@@ -559,7 +614,7 @@ func (d *Driver) Memset(ptr acl.DevicePtr, value byte, n uintptr) error {
 	}
 	const op = "aclrtMemset"
 	t0 := d.begin(cMemset)
-	err := d.syncAccess(op, ptr, n, 0, 0, func(r *reservation) { d.fillData(r, uintptr(ptr), n, value) })
+	err := d.syncAccess(op, ptr, n, true, 0, 0, func(r *reservation) { d.fillData(r, uintptr(ptr), n, value) })
 	d.end(cMemset, t0, d.cost.base[cMemset], ok(err, d.cost.device(n)))
 	return err
 }
@@ -572,14 +627,18 @@ func ok(err error, t int64) int64 {
 	return t
 }
 
-// syncAccess checks a synchronous call's device ranges ([a, a+an) and, when
-// bn > 0, [b, b+bn)), records a fault if queued work will still write
-// them, and runs move with the first range's reservation, under the data
-// lock in data mode.
-func (d *Driver) syncAccess(op string, a acl.DevicePtr, an uintptr, b acl.DevicePtr, bn uintptr, move func(*reservation)) error {
+// syncAccess checks a synchronous call's device ranges ([a, a+an), written
+// when wa is set, and, when bn > 0, [b, b+bn), written), records a fault if
+// queued work will still write them, and, unless Config.NoData, runs move
+// with the first range's reservation under the data lock. A write to a
+// read-only mapping is refused with 107000, where a device would fault.
+func (d *Driver) syncAccess(op string, a acl.DevicePtr, an uintptr, wa bool, b acl.DevicePtr, bn uintptr, move func(*reservation)) error {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	r, err := d.accessibleLocked(op, a, an)
+	if err == nil && wa {
+		r, err = d.book.Writable(op, a, an)
+	}
 	if err != nil {
 		return err
 	}
@@ -587,12 +646,16 @@ func (d *Driver) syncAccess(op string, a acl.DevicePtr, an uintptr, b acl.Device
 		if _, err := d.accessibleLocked(op, b, bn); err != nil {
 			return err
 		}
+		if _, err := d.book.Writable(op, b, bn); err != nil {
+			return err
+		}
 	}
 	d.ss.FaultRace(queue.Range{Lo: uintptr(a), Hi: uintptr(a) + an}, queue.Range{Lo: uintptr(b), Hi: uintptr(b) + bn})
-	if d.cfg.Data {
-		d.data.Lock()
-		defer d.data.Unlock()
+	if d.cfg.NoData {
+		return nil
 	}
+	d.data.Lock()
+	defer d.data.Unlock()
 	move(r)
 	return nil
 }
@@ -641,6 +704,9 @@ func (d *Driver) Close() error {
 	defer d.mu.Unlock()
 	if !d.live.Zero() {
 		errs = append(errs, fmt.Errorf("model driver: closed with objects still live: %+v", d.live))
+	}
+	for _, h := range d.handles {
+		d.closeOwnLocked(h) // leaked, and reported above: the files at least go
 	}
 	d.book.Reset()
 	d.handles = nil

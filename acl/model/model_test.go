@@ -19,7 +19,7 @@ func open(t testing.TB, cfg Config) *Driver {
 }
 
 // TestConformance runs the conformance suite on the model of every shipped
-// profile, in data mode, with exact codes and the model as its own
+// profile, keeping bytes, with exact codes and the model as its own
 // Launcher.
 func TestConformance(t *testing.T) {
 	for _, name := range Profiles() {
@@ -27,9 +27,9 @@ func TestConformance(t *testing.T) {
 			p, err := LoadProfile(name)
 			require.NoError(t, err)
 			acltest.Run(t, acltest.Factory{
-				Open: func(t testing.TB) acl.Driver { return open(t, Config{Profile: p, Data: true}) },
+				Open: func(t testing.TB) acl.Driver { return open(t, Config{Profile: p}) },
 				OpenCapacity: func(t testing.TB, capacity uintptr) acl.Driver {
-					return open(t, Config{Profile: p, Data: true, Capacity: capacity})
+					return open(t, Config{Profile: p, Capacity: capacity})
 				},
 				ExactCodes: true,
 			})
@@ -44,9 +44,9 @@ func TestConformanceUntimed(t *testing.T) {
 	require.NoError(t, err)
 	p.Caps.AccessSpan.Value = false
 	acltest.Run(t, acltest.Factory{
-		Open: func(t testing.TB) acl.Driver { return open(t, Config{Profile: p, Data: true, Untimed: true}) },
+		Open: func(t testing.TB) acl.Driver { return open(t, Config{Profile: p, Untimed: true}) },
 		OpenCapacity: func(t testing.TB, capacity uintptr) acl.Driver {
-			return open(t, Config{Profile: p, Data: true, Untimed: true, Capacity: capacity})
+			return open(t, Config{Profile: p, Untimed: true, Capacity: capacity})
 		},
 		ExactCodes: true,
 	})
@@ -58,18 +58,19 @@ func TestName(t *testing.T) {
 	assert.Equal(t, "model:h200", d.Name())
 	assert.Contains(t, d.Modelled(), "modelled")
 	assert.Contains(t, d.Modelled(), "h200")
-	assert.Equal(t, acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess}, d.Caps())
+	assert.Equal(t, acl.Caps{AccessSpan: true, Fresh: acl.FreshProcess, MaxReserve: acl.MaxReserve, Sharing: sharing, ReadOnly: true}, d.Caps())
 	assert.Equal(t, uintptr(143771<<20), d.Capacity())
 }
 
-// TestLargeDevice models a 141 GiB device, fills it with 2 MiB chunks, and
-// checks that the model's own memory stays proportional to its books.
+// TestLargeDevice models a 141 GiB device without data, fills it with 2 MiB
+// chunks, and checks that the model's own memory stays proportional to its
+// books, and that a read fails instead of returning bytes nobody wrote.
 func TestLargeDevice(t *testing.T) {
 	if testing.Short() {
 		t.Skip("maps 72192 chunks")
 	}
 	const capacity = 141 << 30
-	d := open(t, Config{Capacity: capacity, Untimed: true})
+	d := open(t, Config{Capacity: capacity, Untimed: true, NoData: true})
 	defer func() {
 		require.NoError(t, d.Close())
 		runtime.GC() // leave no collection running into the timing tests
@@ -109,6 +110,13 @@ func TestLargeDevice(t *testing.T) {
 	buf := make([]byte, 1<<30)
 	require.NoError(t, d.MemcpyHtoD(bases[0], buf))
 	require.NoError(t, d.Memset(bases[1], 0xFF, 13<<30))
+	require.NoError(t, d.MemcpyDtoD(bases[1], bases[0], 1<<30))
+	buf[7] = 7
+	err = d.MemcpyDtoH(buf[:4096], bases[0])
+	acltest.RequireCode(t, err, acl.ErrCodeRTFeatureNotSupport)
+	assert.ErrorIs(t, err, acl.ErrNotSupported)
+	assert.Contains(t, err.Error(), "nodata")
+	assert.Equal(t, byte(7), buf[7], "a failed read leaves the destination alone")
 	buf = nil
 
 	runtime.GC()

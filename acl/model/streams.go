@@ -41,7 +41,7 @@ type (
 
 // workX is what the model keeps per piece of work beyond the books.
 type workX struct {
-	spans   []span // where a memset writes, in data mode
+	spans   []span // where a memset writes; nil with Config.NoData
 	ready   int64  // when it may start: its launch call has returned
 	dur     int64  // device time once started
 	closed  bool   // Done has been seen closed
@@ -75,7 +75,7 @@ func schedule(s *stream) {
 }
 
 // advanceLocked retires the work on s that has finished by now, applying
-// memsets in data mode. Call with the queues' lock held.
+// memsets (unless Config.NoData). Call with the queues' lock held.
 func (d *Driver) advanceLocked(s *stream) {
 	schedule(s)
 	t := now()
@@ -119,7 +119,11 @@ func (d *Driver) enqueue(op string, s acl.Stream, w *work) error {
 		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
 	if w.Hi > w.Lo {
-		r, err := d.book.Accessible(op, acl.DevicePtr(w.Lo), w.Hi-w.Lo)
+		check := d.book.Accessible
+		if w.Kind == queue.Memset {
+			check = d.book.Writable
+		}
+		r, err := check(op, acl.DevicePtr(w.Lo), w.Hi-w.Lo)
 		if err != nil {
 			return err
 		}

@@ -143,7 +143,7 @@ func testStreamsIndependent(c *clock) {
 
 func TestFaults(t *testing.T) {
 	p := streamProfile(t)
-	d := open(t, Config{Profile: p, Data: true})
+	d := open(t, Config{Profile: p})
 	defer func() { require.NoError(t, d.Close()) }()
 	s, err := d.CreateStream()
 	require.NoError(t, err)

@@ -270,7 +270,8 @@ func durations(h arena.Histogram) *Durations {
 // String returns the registry's values as JSON, so that a Registry is an
 // expvar.Var: {"arenas": {name: {metric: value}}, "pools": {…}}, with the
 // metric names of Metrics less their prefix; a labelled metric is an object
-// by label value, a histogram {"count", "sum", "buckets": {bound: count}}.
+// by label value, a histogram {"count", "sum", "buckets": [{"le", "count"}, …]}
+// with its cumulative buckets in the order of their bounds (seconds).
 func (r *Registry) String() string {
 	out := map[string]map[string]map[string]any{"arenas": {}, "pools": {}}
 	r.Collect(func(s Sample) {
@@ -283,9 +284,11 @@ func (r *Registry) String() string {
 		k := s.Metric.key()
 		switch {
 		case s.Hist != nil:
-			b := make(map[string]uint64, len(s.Hist.Bounds))
+			// A list, not an object: JSON objects' keys sort as strings,
+			// which puts 1e-06 after 0.5.
+			b := make([]bucket, len(s.Hist.Bounds))
 			for i, le := range s.Hist.Bounds {
-				b[strconv.FormatFloat(le, 'g', -1, 64)] = s.Hist.Buckets[i]
+				b[i] = bucket{LE: le, Count: s.Hist.Buckets[i]}
 			}
 			vals[k] = map[string]any{"count": s.Hist.Count, "sum": s.Hist.Sum, "buckets": b}
 		case s.Metric.Label != "":
@@ -304,6 +307,13 @@ func (r *Registry) String() string {
 		return strconv.Quote(err.Error())
 	}
 	return string(b)
+}
+
+// bucket is a histogram bucket in the expvar form: the durations of at most
+// LE seconds.
+type bucket struct {
+	LE    float64 `json:"le"`
+	Count uint64  `json:"count"`
 }
 
 // Publish publishes the registry through expvar under name (served at

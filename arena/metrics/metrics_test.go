@@ -162,11 +162,24 @@ func TestExpvar(t *testing.T) {
 	var hist struct {
 		Count   uint64
 		Sum     float64
-		Buckets map[string]uint64
+		Buckets []struct {
+			LE    float64
+			Count uint64
+		}
 	}
 	require.NoError(t, json.Unmarshal(got.Arenas["kv"]["grow_seconds"], &hist))
 	assert.Equal(t, uint64(2), hist.Count)
-	assert.Equal(t, uint64(2), hist.Buckets["4.194304"])
+	require.Len(t, hist.Buckets, arena.HistogramBuckets-1)
+	for i, b := range hist.Buckets {
+		if i > 0 {
+			assert.Greater(t, b.LE, hist.Buckets[i-1].LE, "buckets in the order of their bounds")
+			assert.GreaterOrEqual(t, b.Count, hist.Buckets[i-1].Count, "cumulative")
+		}
+		if b.LE == 4.194304 {
+			assert.Equal(t, uint64(2), b.Count)
+		}
+	}
+	assert.Equal(t, 1e-6, hist.Buckets[0].LE)
 	assert.Len(t, got.Arenas["kv"], 15)
 }
 

@@ -28,10 +28,10 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"sync/atomic"
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/device"
-	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
@@ -58,9 +58,9 @@ func main() {
 	}
 }
 
-// openDriver opens the device, wrapped to count the driver calls (and so
-// the copies) each process makes.
-func openDriver() (*faultdriver.Driver, string, error) {
+// openDriver opens the device, wrapped to count the copies each process
+// makes.
+func openDriver() (*copyCounter, string, error) {
 	choice, err := device.FromEnv()
 	if err != nil {
 		return nil, "", err
@@ -69,12 +69,40 @@ func openDriver() (*faultdriver.Driver, string, error) {
 		choice.Driver.Close()
 		return nil, "", fmt.Errorf("%s cannot share memory between processes", choice.Driver.Name())
 	}
-	return faultdriver.New(choice.Driver), choice.Reason, nil
+	return &copyCounter{Driver: choice.Driver}, choice.Reason, nil
 }
 
-func copies(d *faultdriver.Driver) int64 {
-	return d.Calls(faultdriver.MemcpyHtoD) + d.Calls(faultdriver.MemcpyDtoH) + d.Calls(faultdriver.MemcpyDtoD)
+// copyCounter is a driver that counts the copies made through it: every
+// call that moves bytes between host and device or within the device.
+type copyCounter struct {
+	acl.Driver
+	n atomic.Int64
 }
+
+func (c *copyCounter) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
+	c.n.Add(1)
+	return c.Driver.MemcpyHtoD(dst, src)
+}
+
+func (c *copyCounter) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
+	c.n.Add(1)
+	return c.Driver.MemcpyDtoH(dst, src)
+}
+
+func (c *copyCounter) MemcpyDtoD(dst, src acl.DevicePtr, n uintptr) error {
+	c.n.Add(1)
+	return c.Driver.MemcpyDtoD(dst, src, n)
+}
+
+// Live reports the driver's live objects, where it counts them.
+func (c *copyCounter) Live() acl.LiveCounts {
+	if lc, ok := c.Driver.(acl.Counter); ok {
+		return lc.Live()
+	}
+	return acl.LiveCounts{}
+}
+
+func copies(d *copyCounter) int64 { return d.n.Load() }
 
 // copied says what n driver copy calls mean.
 func copied(n int64) string {
@@ -91,7 +119,7 @@ func prefill() (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, drv.Close()) }()
-	fmt.Printf("prefill: driver %s — %s\n", drv.Unwrap().Name(), reason)
+	fmt.Printf("prefill: driver %s — %s\n", drv.Name(), reason)
 
 	pool, err := chunk.New(drv, chunk.Config{Shareable: true})
 	if err != nil {

@@ -19,10 +19,16 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// The handoff runs on the host driver and on the device model, each process
+// with a driver of its own, as on a device.
 func TestRun(t *testing.T) {
-	t.Setenv("VMARENA_DEVICE", "host")
 	*layers, *dim, *prompt, *newToks, *every = 2, 512, 700, 200, 50
-	if err := prefill(); err != nil {
-		t.Fatal(err)
+	for _, dev := range []string{"host", "model:h200"} {
+		t.Run(dev, func(t *testing.T) {
+			t.Setenv("VMARENA_DEVICE", dev)
+			if err := prefill(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

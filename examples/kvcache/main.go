@@ -16,6 +16,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"log"
@@ -50,13 +51,13 @@ type cache struct {
 	host  []float32
 }
 
-func run(seqLens []int) error {
+func run(seqLens []int) (err error) {
 	choice, err := device.FromEnv()
 	if err != nil {
 		return err
 	}
 	drv := choice.Driver
-	defer drv.Close()
+	defer func() { err = errors.Join(err, drv.Close()) }()
 	fmt.Printf("driver %s — %s\n", drv.Name(), choice.Reason)
 	if *detail && choice.Detail != nil {
 		fmt.Printf("passed over:\n%v\n", choice.Detail)
@@ -66,19 +67,24 @@ func run(seqLens []int) error {
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
+	caches := make([]*cache, 0, 2**layers) // K0 V0 K1 V1 ...
+	defer func() {
+		// The caches first, then their pool (and, above, the driver).
+		for _, c := range caches {
+			err = errors.Join(err, c.a.Close())
+		}
+		err = errors.Join(err, pool.Close())
+	}()
 	// One tenant for the model: its caches pass chunks to each other
 	// uncleared; another model's arenas would get them cleared.
 	model := chunk.NewTenant()
 	fmt.Printf("%d K and V caches, one tenant (the model): chunks move between them without being cleared\n", 2**layers)
-	caches := make([]*cache, 2**layers) // K0 V0 K1 V1 ...
-	for i := range caches {
+	for range 2 * *layers {
 		a, err := arena.New(arena.Config{Pool: pool, Reserve: 256 << 20, Tenant: model})
 		if err != nil {
 			return err
 		}
-		defer a.Close()
-		caches[i] = &cache{a: a}
+		caches = append(caches, &cache{a: a})
 	}
 	row := *dim * 4
 	for s, n := range seqLens {
@@ -105,6 +111,12 @@ func run(seqLens []int) error {
 					d, err := attend(k, v, vector(s, tok, l, 2, *dim), tok+1)
 					if err != nil {
 						return err
+					}
+					// The same arithmetic on the same numbers: any
+					// difference is a row the device lost or moved.
+					if d != 0 {
+						return fmt.Errorf("sequence %d token %d layer %d: attention over the device's rows differs from the host's by %.3g",
+							s, tok, l, d)
 					}
 					worst = max(worst, d)
 				}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 
+	_ "github.com/vmarena/vmarena/acl/device" // honour VMARENA_DEVICE for every device, the model included
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
 )

@@ -6,13 +6,19 @@ import (
 	"testing"
 )
 
+// The tour runs on the host driver and on the device model, which keeps the
+// bytes written as a device does.
 func TestTour(t *testing.T) {
-	t.Setenv("VMARENA_DEVICE", "host")
-	if err := tour(); err != nil {
-		t.Fatal(err)
-	}
-	if err := shared(); err != nil {
-		t.Fatal(err)
+	for _, dev := range []string{"host", "model:h200"} {
+		t.Run(dev, func(t *testing.T) {
+			t.Setenv("VMARENA_DEVICE", dev)
+			if err := tour(); err != nil {
+				t.Fatal(err)
+			}
+			if err := shared(); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 

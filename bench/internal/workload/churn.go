@@ -71,12 +71,28 @@ func (c Churn) Describe() string {
 		HumanBytes(int64(c.Tenants)*c.MaxBytes()))
 }
 
-func (c Churn) check() error {
-	if c.Tenants <= 0 || c.Steps <= 0 || c.Period <= 0 || c.Lo < 0 || c.Hi < c.Lo || c.Tensor <= 0 ||
-		c.Tensor%strategy.Align != 0 || c.Jitter < 0 || c.Jitter >= 1 {
-		return fmt.Errorf("churn: bad configuration %+v", c)
+func (c Churn) check() error { return c.Check() }
+
+// Check reports the first setting that cannot work, naming the bench flag
+// that sets it and what it accepts.
+func (c Churn) Check() error {
+	var tensor error
+	if c.Tensor <= 0 || c.Tensor%strategy.Align != 0 {
+		tensor = fmt.Errorf("-churn-tensor %s: want a positive multiple of %d bytes", flagSize(c.Tensor), strategy.Align)
 	}
-	return nil
+	var demand error
+	if c.Lo < 0 || c.Hi < c.Lo {
+		demand = fmt.Errorf("-churn-demand %s:%s: want lo:hi sizes with lo ≤ hi", flagSize(c.Lo), flagSize(c.Hi))
+	}
+	return firstBad(
+		atLeast("-churn-tenants", c.Tenants, 1),
+		atLeast("-churn-steps", c.Steps, 1),
+		atLeast("-churn-period", c.Period, 1),
+		demand,
+		tensor,
+		fraction("-churn-jitter", c.Jitter, false),
+		notNegative("-churn-budget", float64(c.BudgetBytes)),
+	)
 }
 
 // Run replays the workload on env's strategy.

@@ -146,11 +146,52 @@ func (c KV) PeakLive() int64 {
 	}
 }
 
-func (c KV) check() error {
-	if c.Layers <= 0 || c.KVHeads <= 0 || c.HeadDim <= 0 || c.DType <= 0 || c.BlockTokens <= 0 ||
-		c.Slots <= 0 || c.Requests <= 0 || c.PromptMin <= 0 || c.PromptMax < c.PromptMin ||
-		c.GenMin <= 0 || c.GenMax < c.GenMin || c.BudgetBytes < 0 || c.BudgetFactor < 0 {
-		return fmt.Errorf("kv: bad configuration %+v", c)
+func (c KV) check() error { return c.Check() }
+
+// Check reports the first setting that cannot work, naming the bench flag
+// that sets it and what it accepts.
+func (c KV) Check() error {
+	return firstBad(
+		atLeast("-kv-layers", c.Layers, 1),
+		atLeast("-kv-heads", c.KVHeads, 1),
+		atLeast("-kv-headdim", c.HeadDim, 1),
+		oneOf("-kv-dtype", c.DType, "bytes per element", 1, 2, 4, 8),
+		atLeast("-kv-block", c.BlockTokens, 1),
+		atLeast("-kv-slots", c.Slots, 1),
+		atLeast("-kv-requests", c.Requests, 1),
+		intRange("-kv-prompt", c.PromptMin, c.PromptMax, 1),
+		intRange("-kv-gen", c.GenMin, c.GenMax, 1),
+		notNegative("-kv-budget", float64(c.BudgetBytes)),
+		notNegative("-kv-budget-factor", c.BudgetFactor),
+		notNegative("-kv-compute", float64(c.StepCompute)),
+		cacheSize("-kv-layers, -kv-heads, -kv-headdim, -kv-dtype", c.TokenBytes(), c.Layers, c.KVHeads, c.HeadDim, c.DType),
+	)
+}
+
+// MinBudget is the least -kv-budget with which every request can be served
+// (on a driver of granularity gran): the cache of the longest request, alone,
+// in whole blocks and chunks. A smaller budget fails in the middle of the
+// run, when that request runs alone.
+func (c KV) MinBudget(gran int64) int64 {
+	if c.Check() != nil {
+		return 0
+	}
+	most := 0
+	for _, q := range c.requests() {
+		most = max(most, q.prompt+q.gen)
+	}
+	return alignUp(ceilDiv(int64(most), int64(c.BlockTokens))*c.BlockBytes(), gran)
+}
+
+// CheckBudget reports a -kv-budget that cannot serve every request on a
+// driver of granularity gran.
+func (c KV) CheckBudget(gran int64) error {
+	if c.BudgetBytes == 0 {
+		return nil
+	}
+	if need := c.MinBudget(gran); c.BudgetBytes < need {
+		return fmt.Errorf("-kv-budget %s: the longest request's cache alone needs %s (its tokens in blocks of %d, in %s chunks); want at least that, or 0 for the default",
+			flagSize(c.BudgetBytes), flagSize(need), c.BlockTokens, flagSize(gran))
 	}
 	return nil
 }

@@ -44,12 +44,19 @@ func (c Scratch) Describe() string {
 // Budget is the physical memory budget the workload runs under (0: none).
 func (c Scratch) Budget(int64) int64 { return 0 }
 
-func (c Scratch) check() error {
-	if c.Steps <= 0 || c.MinBufs <= 0 || c.MaxBufs < c.MinBufs || c.MinSize <= 0 || c.MaxSize < c.MinSize ||
-		c.SpikeProb < 0 || c.SpikeProb > 1 || c.SpikeMin <= 0 || c.SpikeMax < c.SpikeMin || c.Window <= 0 {
-		return fmt.Errorf("scratch: bad configuration %+v", c)
-	}
-	return nil
+func (c Scratch) check() error { return c.Check() }
+
+// Check reports the first setting that cannot work, naming the bench flag
+// that sets it and what it accepts.
+func (c Scratch) Check() error {
+	return firstBad(
+		atLeast("-scratch-steps", c.Steps, 1),
+		intRange("-scratch-bufs", c.MinBufs, c.MaxBufs, 1),
+		sizeRange("-scratch-size", c.MinSize, c.MaxSize),
+		fraction("-scratch-spike", c.SpikeProb, true),
+		sizeRange("-scratch-spike-size", c.SpikeMin, c.SpikeMax),
+		atLeast("-scratch-window", c.Window, 1),
+	)
 }
 
 func logUniform(rng *rand.Rand, lo, hi int64) int64 {

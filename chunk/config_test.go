@@ -1,0 +1,58 @@
+package chunk_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/host"
+	"github.com/vmarena/vmarena/chunk"
+)
+
+// Every Config that cannot work is refused by New, with one error that
+// names the field and the rule, and New makes no allocation.
+func TestConfigErrorsNameTheField(t *testing.T) {
+	d, err := host.New(host.Config{Capacity: 256 << 20})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.Close()) }()
+	const g = 2 << 20
+	for _, c := range []struct {
+		cfg  chunk.Config
+		want string
+	}{
+		{chunk.Config{Size: -1}, "Config.Size -1: want 0"},
+		{chunk.Config{Size: 3 << 20}, "Config.Size 3145728 bytes (3 MiB) is not a multiple of the driver's granularity, 2097152 bytes (2 MiB)"},
+		{chunk.Config{Size: 256 << 30}, "(256 GiB) exceeds host's largest reservation, 137438953472 bytes (128 GiB)"},
+		{chunk.Config{Budget: -1}, "Config.Budget -1: want 0"},
+		{chunk.Config{Budget: 1}, "Config.Budget 1 bytes is less than one chunk, 2 MiB"},
+		{chunk.Config{Ahead: -1}, "Config.Ahead -1: want 0"},
+		{chunk.Config{Ahead: 1_000_000}, "Config.Ahead 1000000 exceeds the reuse cache's bound, 256 chunks"},
+		{chunk.Config{Ahead: 10, MaxCached: 4}, "Config.Ahead 10 exceeds the reuse cache's bound, 4 chunks"},
+		{chunk.Config{Ahead: 1, MaxCached: -1}, "Config.Ahead 1 needs the reuse cache, which Config.MaxCached -1 disables"},
+		{chunk.Config{Ahead: 8, Budget: 4 * g}, "Config.Ahead 8 chunks of 2 MiB (16 MiB) exceed Config.Budget, 8388608 bytes (8 MiB)"},
+		{chunk.Config{Ahead: 200, MaxCached: 1000}, "Config.Ahead 200 chunks of 2 MiB (400 MiB) exceed the device's memory, 256 MiB"},
+		{chunk.Config{Scrub: 9}, "Config.Scrub chunk.Scrub(9): want ScrubOnReuse"},
+		{chunk.Config{MemAttr: 99}, "Config.MemAttr"},
+	} {
+		p, err := chunk.New(d, c.cfg)
+		if !assert.Error(t, err, "%+v", c.cfg) {
+			require.NoError(t, p.Close())
+			continue
+		}
+		assert.ErrorIs(t, err, acl.ErrInvalidParam, "%+v", c.cfg)
+		assert.Contains(t, err.Error(), c.want)
+		assert.True(t, strings.HasPrefix(err.Error(), "chunk: "), err.Error())
+		assert.NotContains(t, err.Error(), "\n")
+	}
+	assert.True(t, d.Live().Zero(), "%+v", d.Live())
+
+	// The limits themselves are accepted.
+	for _, cfg := range []chunk.Config{{Budget: g}, {Ahead: 4, Budget: 4 * g}, {Ahead: 64}} {
+		p, err := chunk.New(d, cfg)
+		require.NoError(t, err, "%+v", cfg)
+		require.NoError(t, p.Close())
+	}
+}

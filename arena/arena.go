@@ -638,7 +638,7 @@ func (a *Arena) mapped(n uint64) bool {
 // arena still waiting in the pool for the device at those addresses are
 // taken back as they lie; the others come from the pool and are mapped in
 // runs. When the pool has no room it releases mu (never growMu), holding no
-// chunk, while the pool relieves the pressure for it (AcquireFor), and tries
+// chunk, while the pool relieves the pressure for it (Relieve), and tries
 // again with what the relief found; a speculative growth (a refill) takes
 // only free memory (TryAcquire) and never releases mu. On failure it unmaps
 // what it mapped and gives back what it took, leaving Cap as it was; a chunk
@@ -666,10 +666,10 @@ func (a *Arena) growLocked(ctx context.Context, target uint64, speculative bool)
 		}
 	}()
 	for round := 0; ; round++ {
-		missing, err := a.place(target, have, speculative)
+		missing, short := a.place(target, have, speculative)
 		have = nil
 		if missing == 0 || speculative || round == growRounds {
-			return err
+			return short
 		}
 		// Relieve the pressure holding neither this arena's lock nor any
 		// chunk, so that the relief (this one, or another growth's) can
@@ -679,7 +679,7 @@ func (a *Arena) growLocked(ctx context.Context, target uint64, speculative bool)
 		a.mu.Unlock()
 		sched.At(sched.GrowUnlocked, a)
 		var aerr error
-		have, aerr = a.pool.AcquireFor(ctx, a.tenant, missing, &a.growth)
+		have, aerr = a.pool.Relieve(ctx, a.tenant, missing, &a.growth, short)
 		a.mu.Lock()
 		sched.At(sched.GrowRelocked, a)
 		if aerr != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -417,29 +418,34 @@ func TestReliefWaitsOnlyForItsChunks(t *testing.T) {
 	finish()
 }
 
-// A growth that fails wakes the first waiter: what it had protected, and the
-// idle memory of its arena, may serve the waiter now.
+// A growth that fails wakes the first waiter: what it protected (the idle
+// chunks of its arena) may serve the waiter now. Here nothing else happens
+// that could wake it.
 func TestFailedGrowthWakesTheWaiter(t *testing.T) {
 	gs := newGates(t)
-	c := newContest(t, 4, 2, 2)
-	x, y := c.arenas[0], c.arenas[1]
-	// y grows by four chunks (the whole budget): it reclaims x's two, then
-	// stops before it maps; meanwhile x waits for three.
-	stop := gs.arm(sched.GrowRelocked, y, 1)
+	c := newContest(t, 4, 2, 1)
+	y := c.arenas[0] // two idle chunks
+	z := isoArena(t, arena.Config{Pool: c.pool, Reserve: 16 << 20})
+	_, err := z.Alloc(2*wg, 1) // two chunks in use
+	require.NoError(t, err)
+	x := isoArena(t, arena.Config{Pool: c.pool, Reserve: 16 << 20})
+
+	// y tries to grow to the whole budget, and stops once its relief has
+	// chosen for it: its idle chunks are protected.
+	stop := gs.arm(sched.ReliefSelect, c.pool, 1)
 	yerr := make(chan error, 1)
 	go func() { yerr <- y.Grow(4 * wg) }()
 	<-stop.hit
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	xerr := make(chan error, 1)
-	go func() { xerr <- x.GrowContext(ctx, 3*wg) }()
+	go func() { xerr <- x.GrowContext(ctx, 2*wg) }() // finds y's chunks protected: waits
 	require.Eventually(t, func() bool { return c.pool.Waiters() == 1 }, 5*time.Second, 100*time.Microsecond)
 	gs.reset()
-	require.NoError(t, <-yerr)
-	require.NoError(t, y.Reset())
-	require.NoError(t, y.Shrink()) // nothing stays promised: the waiter is served
-	require.NoError(t, <-xerr)
-	assert.Equal(t, 3*wg, x.Cap())
+	assert.ErrorIs(t, <-yerr, arena.ErrOutOfMemory) // z's chunks are in use
+	require.NoError(t, <-xerr, "y's failure made its idle chunks reclaimable, and woke x")
+	assert.Equal(t, 2*wg, x.Cap())
+	assert.Zero(t, y.Cap())
 }
 
 // Grow's lock-free path raises its promise before it looks again; when it
@@ -499,4 +505,111 @@ func TestCopiesRaceClose(t *testing.T) {
 		require.NoError(t, a.Close())
 		wgr.Wait()
 	}
+}
+
+// Many tenants under one budget, growing (most of them waiting with
+// GrowContext, some failing fast with Grow), using, dropping and shrinking,
+// some with streams: nobody stalls. A watchdog fails the test when no
+// growth has been served for stallAfter while a growth waits, although
+// every waiting tenant holds nothing in use, so the memory it waits for
+// sits idle (mapped and dropped, or in the cache). VMARENA_PRESSURE_ROUNDS
+// sets the rounds, all tenants together (CI runs 100,000 under -race).
+func TestPressureStress(t *testing.T) {
+	const tenants, stallAfter = 16, 5 * time.Second
+	rounds := envInt("VMARENA_PRESSURE_ROUNDS", 8000)
+	d := isoDriver(t, 256<<20)
+	pool, err := chunk.New(d, chunk.Config{Budget: 16 * wg})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	var served, failed, waiting atomic.Int64
+	var lastServed atomic.Int64 // unix nanoseconds
+	lastServed.Store(time.Now().UnixNano())
+	stalled := make(chan string, 1)
+	go func() { // the watchdog
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			idle := time.Since(time.Unix(0, lastServed.Load()))
+			if waiting.Load() > 0 && idle > stallAfter {
+				select {
+				case stalled <- fmt.Sprintf("no growth served for %v while %d wait; pool %+v", idle.Round(time.Millisecond),
+					waiting.Load(), pool.Stats()):
+				default:
+				}
+				cancel()
+				return
+			}
+		}
+	}()
+
+	var all sync.WaitGroup
+	next := atomic.Int64{}
+	for i := range tenants {
+		cfg := arena.Config{Pool: pool, Reserve: 16 << 20}
+		if i%4 == 3 {
+			cfg.Streams = []acl.Stream{newStream(t, d)}
+		}
+		a := isoArena(t, cfg)
+		all.Add(1)
+		go func() {
+			defer all.Done()
+			for r := next.Add(1); r <= int64(rounds) && ctx.Err() == nil; r = next.Add(1) {
+				n := (1 + int(r+int64(i))%4) * wg
+				var err error
+				if i%8 == 7 {
+					err = a.Grow(n) // fails fast under pressure
+				} else {
+					waiting.Add(1)
+					err = a.GrowContext(ctx, n)
+					waiting.Add(-1)
+				}
+				switch {
+				case err == nil:
+					served.Add(1)
+					lastServed.Store(time.Now().UnixNano())
+				case errors.Is(err, arena.ErrOutOfMemory) && (i%8 == 7 || ctx.Err() != nil):
+					failed.Add(1)
+					continue
+				default:
+					t.Errorf("tenant %d, round %d: %v", i, r, err)
+					cancel()
+					return
+				}
+				if _, err := a.Alloc(n, 1); err != nil { // promised by the growth
+					t.Errorf("tenant %d, round %d: alloc after grow: %v", i, r, err)
+					cancel()
+					return
+				}
+				if r%5 == 0 {
+					time.Sleep(20 * time.Microsecond)
+				}
+				drop := a.Reset
+				if r%3 == 0 {
+					drop = func() error { return errors.Join(a.Reset(), a.Shrink()) }
+				}
+				if err := drop(); err != nil {
+					t.Errorf("tenant %d, round %d: %v", i, r, err)
+					cancel()
+					return
+				}
+			}
+		}()
+	}
+	all.Wait()
+	select {
+	case msg := <-stalled:
+		t.Fatal(msg)
+	default:
+	}
+	assert.Zero(t, pool.Waiters())
+	assert.Equal(t, int64(rounds), served.Load()+failed.Load())
+	t.Logf("%d rounds: %d served, %d plain Grows refused; pool %+v", rounds, served.Load(), failed.Load(), pool.Stats())
 }

@@ -607,7 +607,8 @@ func TestHostileTokenOffer(t *testing.T) {
 	}{
 		{"1-byte chunks × 2⁴⁰", "check chunk size", offerF{sharing: tokenForm, chunkSize: 1, chunks: 1 << 40, n: 1 << 40}, 0},
 		{"2⁴⁰ chunks", "check chunk count", offerF{sharing: tokenForm, chunkSize: shareChunk, chunks: 1 << 40, n: 1}, 0},
-		{"2¹⁹ chunks, then silence", "EOF", offerF{sharing: tokenForm, chunkSize: shareChunk, chunks: 1 << 19, n: 1<<19*shareChunk - 1}, 3},
+		{"2¹⁶ chunks (the largest reservation), then silence", "EOF", offerF{sharing: tokenForm, chunkSize: shareChunk, chunks: 1 << 16, n: 1<<16*shareChunk - 1}, 3},
+		{"2¹⁹ chunks, past the largest reservation", "check chunk count", offerF{sharing: tokenForm, chunkSize: shareChunk, chunks: 1 << 19, n: 1<<19*shareChunk - 1}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mine, theirs := peerConns(t, 2*time.Second)

@@ -356,36 +356,41 @@ func (p *Pool) GetFor(t Tenant) (Chunk, error) {
 	return cs[0], nil
 }
 
-// Acquire returns n chunks for tenant t, all or none:
-// AcquireFor(context.Background(), t, n, nil).
+// Acquire returns n chunks for tenant t, all or none: from the cache first
+// (preferring chunks that hold t's bytes or zeros, so that they need no
+// scrub), then from the driver. When the budget or the device has no room,
+// it relieves the pressure as Relieve does, for no growth in particular. It
+// fails with an error matching acl.ErrOutOfMemory (and ErrBudget, when the
+// budget refused) when that is not enough, and with ErrClosed after Close. n
+// chunks that exceed the budget by themselves fail at once, before any
+// driver call. The caller must hold no lock that a member's Give takes (see
+// Client).
 func (p *Pool) Acquire(t Tenant, n int) ([]Chunk, error) {
-	return p.acquire(context.Background(), t, n, relieve, nil)
+	return p.acquire(context.Background(), t, n, relieve, nil, nil)
 }
 
-// AcquireFor returns n chunks for tenant t, all or none: from the cache
-// first (preferring chunks that hold t's bytes or zeros, so that they need
-// no scrub), then from the driver. When the budget or the device has no
-// room, it relieves the pressure for the growth g (see Growth and Client)
-// and tries again: it takes chunks that the pool's members hold mapped but
-// unused (idle ones first, least recently used first) and chunks waiting for
-// the device, waits for the device to finish with those (and only those,
-// cut short when ctx is done), and, when the device is out of memory, asks
-// the other pools on the device to free their caches. It holds no chunk
-// while it waits. It fails with an error matching acl.ErrOutOfMemory (and
-// ErrBudget, when the budget refused) when that is not enough, and with
-// ErrClosed after Close. n chunks that exceed the budget by themselves fail
-// at once, before any driver call.
-//
+// Relieve returns n chunks for tenant t, all or none, for the growth g,
+// after a TakeFree fell short for the reason short: it relieves the pressure
+// and takes them. It takes chunks that the pool's members hold mapped but
+// unused (idle ones first, least recently used first, and never what a
+// growth a relief chose before is growing into, see Growth) and chunks
+// waiting for the device, waits for the device to finish with those (and
+// only those; cut short when ctx is done), and, when the device is out of
+// memory, asks the other pools on the device to free their caches. It holds
+// no chunk while it waits. It fails as Acquire does, and when ctx is done.
 // The caller must hold no lock that a member's Give takes (see Client).
-func (p *Pool) AcquireFor(ctx context.Context, t Tenant, n int, g *Growth) ([]Chunk, error) {
-	return p.acquire(ctx, t, n, relieve, g)
+func (p *Pool) Relieve(ctx context.Context, t Tenant, n int, g *Growth, short error) ([]Chunk, error) {
+	if short == nil || !errors.Is(short, acl.ErrOutOfMemory) {
+		return nil, fmt.Errorf("chunk: relieve: %w: the shortage %v is not a lack of memory", acl.ErrInvalidParam, short)
+	}
+	return p.acquire(ctx, t, n, relieve, g, short)
 }
 
 // TakeFree is Acquire without relieving pressure: it takes only memory
 // that is free now (the cache, the budget's room, the device's), never waits
 // and takes nothing from anyone, so a caller may hold a member's lock.
 func (p *Pool) TakeFree(t Tenant, n int) ([]Chunk, error) {
-	return p.acquire(context.Background(), t, n, takeFree, nil)
+	return p.acquire(context.Background(), t, n, takeFree, nil, nil)
 }
 
 // TryAcquire is TakeFree for speculative growth (the background worker's
@@ -393,7 +398,7 @@ func (p *Pool) TakeFree(t Tenant, n int) ([]Chunk, error) {
 // nothing, and fails with an error matching acl.ErrOutOfMemory, since the
 // memory being freed is for that Acquire.
 func (p *Pool) TryAcquire(t Tenant, n int) ([]Chunk, error) {
-	return p.acquire(context.Background(), t, n, standAside, nil)
+	return p.acquire(context.Background(), t, n, standAside, nil, nil)
 }
 
 // The ways an Acquire may get its chunks.
@@ -408,7 +413,9 @@ const (
 // reliefRounds bounds how often one Acquire relieves pressure and retries.
 const reliefRounds = 3
 
-func (p *Pool) acquire(ctx context.Context, t Tenant, n int, mode acquireMode, g *Growth) ([]Chunk, error) {
+// acquire takes n chunks for t as mode says; short, when set, is why the
+// caller's own take fell short, and the relief starts at once.
+func (p *Pool) acquire(ctx context.Context, t Tenant, n int, mode acquireMode, g *Growth, short error) ([]Chunk, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("chunk: acquire %d chunks: %w", n, acl.ErrInvalidParam)
 	}
@@ -429,7 +436,10 @@ func (p *Pool) acquire(ctx context.Context, t Tenant, n int, mode acquireMode, g
 	}
 	p.dev.note(t)
 	got := make([]Chunk, 0, n)
-	short, err := p.take(t, n, &got)
+	var err error
+	if short == nil {
+		short, err = p.take(t, n, &got)
+	}
 	if err == nil && short != nil && mode == relieve {
 		// Hold nothing while relieving: a growth that holds part of what it
 		// needs while it waits could keep another from being served.
@@ -439,6 +449,9 @@ func (p *Pool) acquire(ctx context.Context, t Tenant, n int, mode acquireMode, g
 		defer p.relieving.Add(-1)
 		for round := 0; err == nil && round < reliefRounds; round++ {
 			handed, progressed := p.relieve(ctx, t, n, g, short)
+			if !progressed {
+				break // nothing came back: trying again would fail the same way
+			}
 			if k := len(handed); k > n {
 				err = p.putAll(handed[n:])
 				handed = handed[:n]
@@ -455,9 +468,6 @@ func (p *Pool) acquire(ctx context.Context, t Tenant, n int, mode acquireMode, g
 			got = got[:0]
 			if cerr := ctx.Err(); cerr != nil {
 				short = fmt.Errorf("%w (%w)", short, cerr)
-				break
-			}
-			if !progressed {
 				break
 			}
 		}

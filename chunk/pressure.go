@@ -71,7 +71,7 @@ type Client interface {
 
 // A Growth is a client's growth in progress, as the pool sees it under
 // pressure. A client keeps one per growth under way (serialised by the
-// client), passes it to AcquireFor and Resets it when the growth ends,
+// client), passes it to Relieve and Resets it when the growth ends,
 // whether or not it succeeded.
 type Growth struct {
 	chosen atomic.Bool // a relief chose chunks for it
@@ -141,8 +141,9 @@ func (m *Member) WantRefill() {
 
 // relieve frees room for a growth of need chunks for tenant t, for which an
 // Acquire fell short for the reason short. It returns the chunks it took for
-// the growth (leased to t, unmapped), and whether anything changed that a
-// retry could use (chunks put back in the cache, taken, or freed by peers).
+// the growth (leased to t, unmapped), and whether anything came back that a
+// retry could use (enough room, chunks put back in the cache, taken, or
+// freed by peers): without, a retry would fail as the take did.
 func (p *Pool) relieve(ctx context.Context, t Tenant, need int, g *Growth, short error) (handed []Chunk, progressed bool) {
 	defer region(RegionRelieve).End()
 	sched.At(sched.ReliefBegin, p)
@@ -153,7 +154,7 @@ func (p *Pool) relieve(ctx context.Context, t Tenant, need int, g *Growth, short
 	settled, _ := p.settleReady()
 	room := p.roomNow()
 	if room >= need {
-		return nil, settled > 0 || room > 0
+		return nil, true // enough came back meanwhile
 	}
 	budget := errors.Is(short, ErrBudget)
 	claims, took := p.choose(need-room, g, budget)
@@ -175,7 +176,7 @@ func (p *Pool) relieve(ctx context.Context, t Tenant, need int, g *Growth, short
 			peers = n
 		}
 	}
-	return handed, settled > 0 || room > 0 || len(handed) > 0 || peers > 0
+	return handed, settled > 0 || len(handed) > 0 || peers > 0
 }
 
 // choose picks, one relief at a time, the chunks a relief takes for want

@@ -20,10 +20,22 @@
 //
 //	reserved ──Grow / Alloc / the worker's refill (map chunks)──▶ mapped ──Alloc──▶ in use
 //	in use ──Truncate/Reset──▶ mapped (kept: reusing it costs no driver call)
-//	mapped ──Shrink, or the pool reclaims it under pressure──▶ waiting ──events done──▶ reserved
-//	                                 (no streams: wait for the device, unmap) ──▶ reserved
+//	mapped ──Shrink──▶ waiting ──events done──▶ reserved
+//	       (no streams: wait for the device, unmap) ──▶ reserved
+//	mapped ──given to another arena's growth under pressure──▶ claimed ──its events done, unmapped──▶ reserved
 //	waiting ──Grow into it again──▶ mapped (taken back where it lies)
+//	claimed ──Grow into it again──▶ waits for the relief's unmap, then maps a chunk of its own
 //	all ──Close (waits for the device work)──▶ released
+//
+// A growth that finds no room in its pool goes through states of its own
+// (see docs/design.md, "Pressure", for the invariants behind them):
+//
+//	locked ──memory free now──▶ served
+//	locked ──short──▶ relieving: the arena's lock released, no chunk held
+//	relieving ──a relief chose chunks for it──▶ chosen (protected: later reliefs leave its target)
+//	chosen ──their device work done, unmapped, handed over──▶ locked again ──▶ served
+//	relieving, chosen ──not enough──▶ failed: protection undone, the first waiter woken
+//	failed ──GrowContext──▶ waiting in the pool's queue ──woken at its turn──▶ locked
 //
 // Len is the bytes in use, Cap the bytes mapped (a multiple of the chunk
 // size), and Len ≤ Cap ≤ Reserved always holds. Growing maps chunks at Cap and
@@ -140,7 +152,11 @@
 //
 // An Arena is safe for concurrent use. Alloc runs lock-free; Grow, Shrink,
 // Truncate, Reset and Close serialise on a mutex held while they call the
-// driver. The pool reclaims and refills with TryLock on that mutex, so it
-// never waits for an arena; an arena's mutex is always taken before its
-// pool's.
+// driver, but never while they wait for memory: a growth that must wait for
+// another arena's memory releases it (growths of one arena stay serialised
+// by a second mutex, taken first). So the pool may take any arena's mutex to
+// take back its idle memory, and two arenas relieving each other cannot
+// deadlock; an arena's mutex is always taken before its pool's. Copies through
+// Buffers hold the arena open: a copy that races Close completes first, or
+// fails with ErrClosed.
 package arena

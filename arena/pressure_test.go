@@ -476,13 +476,13 @@ func TestCopiesRaceClose(t *testing.T) {
 		require.NoError(t, err)
 		b, err := a.Alloc(4<<10, 64)
 		require.NoError(t, err)
-		src := make([]byte, 4<<10)
 		var wgr sync.WaitGroup
 		start := make(chan struct{})
 		for i := range 8 {
 			wgr.Add(1)
 			go func() {
 				defer wgr.Done()
+				src := make([]byte, 4<<10)
 				<-start
 				for {
 					var err error

@@ -388,7 +388,9 @@ func (p *Pool) Relieve(ctx context.Context, t Tenant, n int, g *Growth, short er
 
 // TakeFree is Acquire without relieving pressure: it takes only memory
 // that is free now (the cache, the budget's room, the device's), never waits
-// and takes nothing from anyone, so a caller may hold a member's lock.
+// and takes nothing from anyone, so a caller may hold a member's lock. A
+// shortage is not counted in Stats.Failures (nor logged): its caller is
+// expected to Relieve next, which is.
 func (p *Pool) TakeFree(t Tenant, n int) ([]Chunk, error) {
 	return p.acquire(context.Background(), t, n, takeFree, nil, nil)
 }
@@ -476,11 +478,13 @@ func (p *Pool) acquire(ctx context.Context, t Tenant, n int, mode acquireMode, g
 		return nil, errors.Join(err, p.putAll(got))
 	}
 	if short != nil {
-		p.mu.Lock()
-		p.stats.Failures++
-		p.mu.Unlock()
 		err := errors.Join(short, p.putAll(got))
-		p.logOOM(n, err)
+		if mode != takeFree { // a TakeFree's caller relieves next, and that counts
+			p.mu.Lock()
+			p.stats.Failures++
+			p.mu.Unlock()
+			p.logOOM(n, err)
+		}
 		return nil, err
 	}
 	return got, nil

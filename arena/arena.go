@@ -146,6 +146,7 @@ type Arena struct {
 	maxAlign  uint64 // the largest alignment base guarantees
 	drv       acl.Driver
 	pool      *chunk.Pool
+	lend      chunk.Lender // the pool's protocol with its arenas
 	ownPool   bool
 	tenant    chunk.Tenant // who the pool lends chunks to, for scrubbing
 	streams   []acl.Stream // Config.Streams
@@ -220,7 +221,7 @@ func New(cfg Config) (*Arena, error) {
 	if tenant == 0 {
 		tenant = chunk.NewTenant()
 	}
-	a := &Arena{drv: drv, pool: pool, ownPool: own, chunkSize: uint64(pool.ChunkSize()),
+	a := &Arena{drv: drv, pool: pool, lend: pool.Lender(), ownPool: own, chunkSize: uint64(pool.ChunkSize()),
 		tenant: tenant, streams: slices.Clone(cfg.Streams), trap: cfg.TrapStale}
 	a.obs.log = cfg.Logger
 	if cfg.Headroom > 0 {
@@ -246,7 +247,7 @@ func New(cfg Config) (*Arena, error) {
 		return fail(errors.Join(fmt.Errorf("arena: %w: Config.Headroom %s exceeds the reservation, %s (the device's memory, as Config.Reserve is 0)",
 			ErrInvalid, units.Ubytes(a.headroom), units.Ubytes(a.reserved)), a.releaseReservation()))
 	}
-	m, err := pool.Join(client{a}, a.headroom > 0)
+	m, err := pool.Lender().Join(client{a}, a.headroom > 0)
 	if err != nil {
 		return fail(errors.Join(fmt.Errorf("arena: %w", err), a.releaseReservation()))
 	}
@@ -679,7 +680,7 @@ func (a *Arena) growLocked(ctx context.Context, target uint64, speculative bool)
 		a.mu.Unlock()
 		sched.At(sched.GrowUnlocked, a)
 		var aerr error
-		have, aerr = a.pool.Relieve(ctx, a.tenant, missing, &a.growth, short)
+		have, aerr = a.lend.Relieve(ctx, a.tenant, missing, &a.growth, short)
 		a.mu.Lock()
 		sched.At(sched.GrowRelocked, a)
 		if aerr != nil {
@@ -703,7 +704,7 @@ const growRounds = 3
 func (a *Arena) putChunks(cs []chunk.Chunk) error {
 	var errs []error
 	for _, ch := range cs {
-		errs = append(errs, a.pool.Put(ch))
+		errs = append(errs, a.lend.Put(ch))
 	}
 	return errors.Join(errs...)
 }
@@ -738,11 +739,11 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (miss
 	nback := 0
 	// Chunks wait in the arena's range after its stream-ordered releases, and
 	// after a relief took them (until it unmaps them).
-	for i, waits := range a.pool.PendingRange(a.at(n0), need) {
+	for i, waits := range a.lend.PendingRange(a.at(n0), need) {
 		if !waits {
 			continue
 		}
-		if ch, ok := a.pool.Reclaim(a.at(n0 + i)); ok {
+		if ch, ok := a.lend.Reclaim(a.at(n0 + i)); ok {
 			slots[i], back[i] = ch, true
 			nback++
 		}
@@ -756,9 +757,9 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (miss
 	}
 	fresh := have
 	if len(have) < want {
-		take := a.pool.TakeFree
+		take := a.lend.TakeFree
 		if speculative {
-			take = a.pool.TryAcquire
+			take = a.lend.TryAcquire
 		}
 		more, err := take(a.tenant, want-len(have))
 		if err != nil {
@@ -792,7 +793,7 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (miss
 		for j < need && !back[j] {
 			j++
 		}
-		sc, err := a.pool.MapRange(a.at(n0+i), slots[i:j], a.streams)
+		sc, err := a.lend.MapRange(a.at(n0+i), slots[i:j], a.streams)
 		if err != nil {
 			return 0, a.undoGrow(n0, slots, back, i, scrubbed > 0, err)
 		}
@@ -838,7 +839,7 @@ func (a *Arena) undoGrow(n0 int, slots []chunk.Chunk, back []bool, failed int, q
 		if !mapped[i] {
 			continue
 		}
-		if uerr := a.pool.Unmap(a.at(n0 + i)); uerr != nil {
+		if uerr := a.lend.Unmap(a.at(n0 + i)); uerr != nil {
 			err = errors.Join(err, uerr)
 			a.maps++ // a stray counts as mapped
 			a.strays = append(a.strays, stray{a.at(n0 + i), slots[i]})
@@ -860,7 +861,7 @@ func (a *Arena) giveBack(n0 int, slots []chunk.Chunk, back []bool) error {
 		case back[i]:
 			mapped = append(mapped, chunk.Mapped{At: a.at(n0 + i), C: ch})
 		default:
-			errs = append(errs, a.pool.Put(ch))
+			errs = append(errs, a.lend.Put(ch))
 		}
 	}
 	if len(mapped) > 0 {
@@ -875,12 +876,12 @@ func (a *Arena) giveBack(n0 int, slots []chunk.Chunk, back []bool) error {
 // strays. Call with mu held.
 func (a *Arena) dropMapped(ms []chunk.Mapped) error {
 	if len(a.streams) > 0 {
-		err := a.pool.ReleaseAfter(ms, a.streams)
+		err := a.lend.ReleaseAfter(ms, a.streams)
 		if !errors.Is(err, chunk.ErrNoOrder) {
 			return err
 		}
 	}
-	if err := a.pool.SyncDevice(); err != nil {
+	if err := a.lend.SyncDevice(); err != nil {
 		for _, m := range ms {
 			a.strays = append(a.strays, stray{m.At, m.C})
 		}
@@ -889,13 +890,13 @@ func (a *Arena) dropMapped(ms []chunk.Mapped) error {
 	var errs []error
 	for i := len(ms) - 1; i >= 0; i-- {
 		m := ms[i]
-		if err := a.pool.Release(m.At, m.C); err != nil {
+		if err := a.lend.Release(m.At, m.C); err != nil {
 			errs = append(errs, err)
 			a.maps++ // a stray counts as mapped
 			a.strays = append(a.strays, stray{m.At, m.C})
 			continue
 		}
-		errs = append(errs, a.pool.Put(m.C))
+		errs = append(errs, a.lend.Put(m.C))
 	}
 	return errors.Join(errs...)
 }
@@ -909,20 +910,20 @@ func (a *Arena) unstray(ordered bool) error {
 		return nil
 	}
 	if !ordered {
-		if err := a.pool.SyncDevice(); err != nil {
+		if err := a.lend.SyncDevice(); err != nil {
 			return err
 		}
 	}
 	var errs []error
 	kept := a.strays[:0]
 	for _, s := range a.strays {
-		if err := a.pool.Unmap(s.at); err != nil {
+		if err := a.lend.Unmap(s.at); err != nil {
 			errs = append(errs, err)
 			kept = append(kept, s)
 			continue
 		}
 		a.unmaps++
-		errs = append(errs, a.pool.Put(s.c))
+		errs = append(errs, a.lend.Put(s.c))
 	}
 	clear(a.strays[len(kept):])
 	a.strays = kept
@@ -945,7 +946,7 @@ func (a *Arena) dropTop(keep int, sync bool) error {
 		for i := keep; i < n; i++ {
 			ms = append(ms, chunk.Mapped{At: a.at(i), C: a.chunks[i]})
 		}
-		err := a.pool.ReleaseAfter(ms, a.streams)
+		err := a.lend.ReleaseAfter(ms, a.streams)
 		if err == nil {
 			a.unmaps += uint64(n - keep)
 			clear(a.chunks[keep:])
@@ -957,7 +958,7 @@ func (a *Arena) dropTop(keep int, sync bool) error {
 			return err
 		}
 	}
-	if err := a.pool.SyncDevice(); err != nil {
+	if err := a.lend.SyncDevice(); err != nil {
 		return err
 	}
 	if err := a.detach(keep); err != nil {
@@ -973,7 +974,7 @@ func (a *Arena) dropTop(keep int, sync bool) error {
 func (a *Arena) detach(keep int) error {
 	n := len(a.chunks)
 	for i := n - 1; i >= keep; i-- {
-		if err := a.pool.Release(a.at(i), a.chunks[i]); err != nil {
+		if err := a.lend.Release(a.at(i), a.chunks[i]); err != nil {
 			return errors.Join(err, a.reattach(i+1, n))
 		}
 		a.unmaps++
@@ -987,7 +988,7 @@ func (a *Arena) detach(keep int) error {
 // (the caller's thaw brings Len down to Cap), and it returns the error.
 func (a *Arena) reattach(from, n int) error {
 	for j := from; j < n; j++ {
-		err := a.pool.Map(a.at(j), a.chunks[j])
+		err := a.lend.Map(a.at(j), a.chunks[j])
 		if err == nil {
 			a.maps++
 			continue
@@ -999,7 +1000,7 @@ func (a *Arena) reattach(from, n int) error {
 			k++
 		}
 		for ; k < n; k++ {
-			err = errors.Join(err, a.pool.Put(a.chunks[k]))
+			err = errors.Join(err, a.lend.Put(a.chunks[k]))
 		}
 		clear(a.chunks[j:n])
 		a.chunks = a.chunks[:j]
@@ -1014,7 +1015,7 @@ func (a *Arena) reattach(from, n int) error {
 func (a *Arena) release(keep int) error {
 	var errs []error
 	for i := keep; i < len(a.chunks); i++ {
-		errs = append(errs, a.pool.Put(a.chunks[i]))
+		errs = append(errs, a.lend.Put(a.chunks[i]))
 	}
 	clear(a.chunks[keep:])
 	a.chunks = a.chunks[:keep]
@@ -1074,7 +1075,7 @@ func (a *Arena) Truncate(n int) error {
 // the chunks above n (after waiting for the device) and poisons the rest.
 // Call with mu held and the state frozen.
 func (a *Arena) trapDropped(n, l uint64) error {
-	if err := a.pool.SyncDevice(); err != nil {
+	if err := a.lend.SyncDevice(); err != nil {
 		return err
 	}
 	if err := a.unstray(true); err != nil {
@@ -1173,9 +1174,9 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	// The chunks still waiting in the pool for the device lie in the
 	// reservation: take them back, to unmap with the rest once the device is
 	// done (or to hand back to waiting if it is not done in time).
-	back := a.pool.ReclaimRange(a.base, uintptr(a.reserved))
+	back := a.lend.ReclaimRange(a.base, uintptr(a.reserved))
 	a.closing.Store(true) // a relief skips the arena instead of waiting for the device with it
-	werr := a.pool.WaitStreams(ctx, a.streams)
+	werr := a.lend.WaitStreams(ctx, a.streams)
 	a.closing.Store(false)
 	if werr != nil {
 		return fail(errors.Join(werr, a.dropMapped(back)))

@@ -219,26 +219,26 @@ func badCases() []badCase {
 		{"zero.Close", func(e *badEnv) error { return zeroArena.Close() }, arena.ErrInvalid},
 
 		// The pool.
-		{"Pool.Put(zero Chunk)", func(e *badEnv) error { return e.pool.Put(chunk.Chunk{}) }, acl.ErrInvalidParam},
+		{"Pool.Put(zero Chunk)", func(e *badEnv) error { return e.pool.Lender().Put(chunk.Chunk{}) }, acl.ErrInvalidParam},
 		{"Pool.Put(chunk of another pool)", func(e *badEnv) error {
 			p, err := chunk.New(e.other, chunk.Config{})
 			if err != nil {
 				return err
 			}
 			defer p.Close()
-			c, err := p.Get()
+			c, err := p.Lender().Get()
 			if err != nil {
 				return err
 			}
-			defer p.Put(c)
-			return e.pool.Put(chunk.Chunk{Handle: c.Handle + 1<<40})
+			defer p.Lender().Put(c)
+			return e.pool.Lender().Put(chunk.Chunk{Handle: c.Handle + 1<<40})
 		}, acl.ErrInvalidParam},
 		{"Pool.Map(chunk not out)", func(e *badEnv) error {
-			return e.pool.Map(e.a.Base().Add(uintptr(e.a.Reserved()-e.a.ChunkSize())), chunk.Chunk{Handle: 12345})
+			return e.pool.Lender().Map(e.a.Base().Add(uintptr(e.a.Reserved()-e.a.ChunkSize())), chunk.Chunk{Handle: 12345})
 		}, acl.ErrInvalidParam},
-		{"Pool.Release(chunk not out)", func(e *badEnv) error { return e.pool.Release(e.a.Base(), chunk.Chunk{Handle: 12345}) }, acl.ErrInvalidParam},
-		{"Pool.Map(chunk out, over a mapping)", func(e *badEnv) error { return e.pool.Map(e.a.Base(), e.c) }, acl.ErrInvalidParam},
-		{"Pool.Unmap(not a mapping)", func(e *badEnv) error { return e.pool.Unmap(e.a.Base().Add(1)) }, errDriver},
+		{"Pool.Release(chunk not out)", func(e *badEnv) error { return e.pool.Lender().Release(e.a.Base(), chunk.Chunk{Handle: 12345}) }, acl.ErrInvalidParam},
+		{"Pool.Map(chunk out, over a mapping)", func(e *badEnv) error { return e.pool.Lender().Map(e.a.Base(), e.c) }, acl.ErrInvalidParam},
+		{"Pool.Unmap(not a mapping)", func(e *badEnv) error { return e.pool.Lender().Unmap(e.a.Base().Add(1)) }, errDriver},
 	}
 	return cases
 }
@@ -270,7 +270,7 @@ func newBadEnv(t *testing.T) *badEnv {
 	require.NoError(t, err)
 	e.otherBuf, err = e.otherA.Alloc(3000, 1)
 	require.NoError(t, err)
-	e.c, err = e.pool.Get()
+	e.c, err = e.pool.Lender().Get()
 	require.NoError(t, err)
 	return e
 }
@@ -323,8 +323,8 @@ func TestBadInput(t *testing.T) {
 	b, err := e.a.Alloc(100, 1)
 	require.NoError(t, err)
 	require.NoError(t, arena.CopyIn(b, e.data[:100]))
-	require.NoError(t, e.pool.Put(e.c))
-	require.ErrorIs(t, e.pool.Put(e.c), acl.ErrInvalidParam, "a second Put of one chunk is refused")
+	require.NoError(t, e.pool.Lender().Put(e.c))
+	require.ErrorIs(t, e.pool.Lender().Put(e.c), acl.ErrInvalidParam, "a second Put of one chunk is refused")
 	require.NoError(t, e.a.Close())
 	require.NoError(t, e.pool.Close())
 	require.True(t, e.hd.Live().Zero(), "%+v", e.hd.Live())

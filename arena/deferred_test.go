@@ -349,13 +349,13 @@ func TestAsyncScrubOrderedBeforeCopies(t *testing.T) {
 func TestHeadroom(t *testing.T) {
 	e := newDeferredEnv(t, chunk.Config{})
 	a := e.arena(t, arena.Config{Headroom: 4 * cg})
-	e.pool.Settle()
+	e.pool.Lender().Settle()
 	assert.Equal(t, 4*cg, a.Cap(), "mapped ahead by the worker")
 	for range 3 {
 		_, err := a.Alloc(cg, 256)
 		require.NoError(t, err)
 	}
-	e.pool.Settle()
+	e.pool.Lender().Settle()
 	assert.Equal(t, 7*cg, a.Cap(), "refilled to Len + headroom after crossing the low-water mark")
 	st := a.Stats()
 	assert.GreaterOrEqual(t, st.Refills, int64(2))
@@ -378,7 +378,7 @@ func TestHeadroomWithinBudget(t *testing.T) {
 	require.NoError(t, other.Reset()) // dropped: reclaimable, but not by a refill
 	_ = x
 	a := e.arena(t, arena.Config{Headroom: 4 * cg})
-	e.pool.Settle()
+	e.pool.Lender().Settle()
 	assert.Equal(t, 3*cg, other.Cap(), "a refill takes nothing from anyone")
 	assert.LessOrEqual(t, a.Cap(), cg, "only what was free")
 	s := e.pool.Stats()

@@ -149,7 +149,7 @@ func ExampleArena_GrowContext() {
 
 	done := make(chan error)
 	go func() { done <- next.GrowContext(context.Background(), 4<<20) }()
-	for pool.Waiters() == 0 {
+	for pool.Lender().Waiters() == 0 {
 		time.Sleep(time.Millisecond)
 	}
 	if err := busy.Reset(); err != nil { // the sequence ends: its memory can be reclaimed

@@ -22,7 +22,7 @@ func ImportedOf(drv acl.Driver, cs uint64, hs []acl.ShareableHandle) (*Imported,
 	chunks, err := importAll(pool, t, hs, nil)
 	if err != nil {
 		for _, c := range chunks {
-			err = errors.Join(err, pool.Put(c))
+			err = errors.Join(err, pool.Lender().Put(c))
 		}
 		return nil, errors.Join(err, pool.Close())
 	}

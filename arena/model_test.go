@@ -270,7 +270,7 @@ func (w *world) settleWorker() {
 	if !w.o.headroom {
 		return
 	}
-	w.pool.Settle()
+	w.pool.Lender().Settle()
 	for _, m := range w.open {
 		if m.headroom == 0 {
 			continue
@@ -471,7 +471,7 @@ func (w *world) check() {
 		if !inFlight || try == 200 {
 			w.fatalf("%s", msg)
 		}
-		w.pool.Settle()
+		w.pool.Lender().Settle()
 		time.Sleep(time.Millisecond)
 	}
 }

@@ -106,7 +106,7 @@ func TestEventRefill(t *testing.T) {
 	d := isoDriver(t, 64<<20)
 	log := &logtest.Recorder{}
 	a := isoArena(t, arena.Config{Driver: d, Reserve: 16 << 20, Headroom: 2 * g, Logger: slog.New(log)})
-	a.Pool().Settle()
+	a.Pool().Lender().Settle()
 	require.Len(t, log.Find(arena.EventRefill), 1)
 	assert.Empty(t, log.Find(arena.EventGrow))
 	assert.Zero(t, a.Activity().GrowTime.Count)

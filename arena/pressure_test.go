@@ -229,7 +229,7 @@ func checkPool(t *testing.T, c *contest) {
 		mapped += st.Mapped
 		assert.Equal(t, st.Mapped-max(st.Used, 0), st.Reclaimable+promised(a), "arena protects nothing after its growths")
 	}
-	assert.Zero(t, c.pool.Waiters())
+	assert.Zero(t, c.pool.Lender().Waiters())
 	assert.LessOrEqual(t, s.HeldBytes, s.Budget)
 	assert.Equal(t, mapped/wg+s.Pending, s.InUse, "every chunk out of the pool is mapped in an arena or waits for the device")
 }
@@ -440,7 +440,7 @@ func TestFailedGrowthWakesTheWaiter(t *testing.T) {
 	defer cancel()
 	xerr := make(chan error, 1)
 	go func() { xerr <- x.GrowContext(ctx, 2*wg) }() // finds y's chunks protected: waits
-	require.Eventually(t, func() bool { return c.pool.Waiters() == 1 }, 5*time.Second, 100*time.Microsecond)
+	require.Eventually(t, func() bool { return c.pool.Lender().Waiters() == 1 }, 5*time.Second, 100*time.Microsecond)
 	gs.reset()
 	assert.ErrorIs(t, <-yerr, arena.ErrOutOfMemory) // z's chunks are in use
 	require.NoError(t, <-xerr, "y's failure made its idle chunks reclaimable, and woke x")
@@ -609,7 +609,7 @@ func TestPressureStress(t *testing.T) {
 		t.Fatal(msg)
 	default:
 	}
-	assert.Zero(t, pool.Waiters())
+	assert.Zero(t, pool.Lender().Waiters())
 	assert.Equal(t, int64(rounds), served.Load()+failed.Load())
 	t.Logf("%d rounds: %d served, %d plain Grows refused; pool %+v", rounds, served.Load(), failed.Load(), pool.Stats())
 }

@@ -352,7 +352,7 @@ func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 	}
 
 	// What the consumer will see was written before it looks.
-	if err := a.pool.WaitStreams(context.Background(), a.streams); err != nil {
+	if err := a.lend.WaitStreams(context.Background(), a.streams); err != nil {
 		return refuse(err)
 	}
 	first, handles, err := a.export(b, h.tgid, opt.ReadOnly)
@@ -391,9 +391,9 @@ func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (int, []acl.Shareabl
 	first := int(uint64(b.off) / a.chunkSize)
 	last := int((uint64(b.off) + uint64(b.n) - 1) / a.chunkSize)
 	hs := make([]acl.ShareableHandle, 0, last-first+1)
-	export := a.pool.Export
+	export := a.lend.Export
 	if readOnly {
-		export = a.pool.ExportReadOnly
+		export = a.lend.ExportReadOnly
 	}
 	for _, c := range a.chunks[first : last+1] {
 		s, err := export(c, tgid)
@@ -643,7 +643,7 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (
 	defer func() {
 		if err != nil {
 			for _, ch := range cs {
-				err = errors.Join(err, pool.Put(ch))
+				err = errors.Join(err, pool.Lender().Put(ch))
 			}
 			cs = nil
 		}
@@ -693,7 +693,7 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (
 // at the first failure.
 func importAll(pool *chunk.Pool, t chunk.Tenant, hs []acl.ShareableHandle, cs []chunk.Chunk) ([]chunk.Chunk, error) {
 	for _, s := range hs {
-		ch, err := pool.Import(t, s)
+		ch, err := pool.Lender().Import(t, s)
 		if err != nil {
 			return cs, fmt.Errorf("import handle %d (%v): %w", len(cs), s, err)
 		}
@@ -771,11 +771,11 @@ func newImported(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, str
 // newImportedArena makes the arena of an Imported.
 func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream, cs uint64,
 	chunks []chunk.Chunk, imp *importMode) (*Arena, error) {
-	a := &Arena{drv: drv, pool: pool, ownPool: own, chunkSize: cs, tenant: t, streams: slices.Clone(streams), imp: imp}
+	a := &Arena{drv: drv, pool: pool, lend: pool.Lender(), ownPool: own, chunkSize: cs, tenant: t, streams: slices.Clone(streams), imp: imp}
 	size := cs * uint64(len(chunks))
 	giveBack := func(err error) (*Arena, error) {
 		for _, c := range chunks {
-			err = errors.Join(err, pool.Put(c))
+			err = errors.Join(err, pool.Lender().Put(c))
 		}
 		if own {
 			err = errors.Join(err, pool.Close())
@@ -785,14 +785,14 @@ func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant
 	if err := a.reserve(size); err != nil {
 		return giveBack(err)
 	}
-	m, err := pool.Join(client{a}, false)
+	m, err := pool.Lender().Join(client{a}, false)
 	if err != nil {
 		return giveBack(errors.Join(fmt.Errorf("arena: %w", err), a.releaseReservation()))
 	}
 	a.member = m
 	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), 30)
 	a.state.Store(frozen) // no Alloc takes the lock-free path
-	if err := pool.MapImported(a.base, chunks, imp.device); err != nil {
+	if err := pool.Lender().MapImported(a.base, chunks, imp.device); err != nil {
 		var left *chunk.LeftMappedError
 		if errors.As(err, &left) {
 			// Chunks the undo could not unmap: strays, for Close to unmap.
@@ -803,7 +803,7 @@ func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant
 			}
 		}
 		for _, c := range chunks {
-			err = errors.Join(err, pool.Put(c))
+			err = errors.Join(err, pool.Lender().Put(c))
 		}
 		return nil, errors.Join(fmt.Errorf("arena: import: %w", err), a.Close())
 	}

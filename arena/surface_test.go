@@ -31,7 +31,7 @@ func TestOverBudgetFailsFast(t *testing.T) {
 	assert.ErrorContains(t, err, "2147483648 bytes (2 GiB)")
 	assert.ErrorContains(t, err, "1073741824 bytes (1 GiB)")
 	assert.ErrorIs(t, a.Grow(2<<30), chunk.ErrBudget)
-	_, err = pool.Acquire(chunk.NewTenant(), 513)
+	_, err = pool.Lender().Acquire(chunk.NewTenant(), 513)
 	assert.ErrorIs(t, err, chunk.ErrBudget)
 	assert.Equal(t, before, fd.Calls(faultdriver.Any), "no driver call")
 

@@ -40,7 +40,7 @@ func TestTraceRegions(t *testing.T) {
 	require.NoError(t, arena.CopyIn(b, []byte("x")))
 	done := make(chan error, 1)
 	go func() { done <- other.GrowContext(ctx, g) }() // waits: the budget is a's
-	for pool.Waiters() != 1 {
+	for pool.Lender().Waiters() != 1 {
 		time.Sleep(100 * time.Microsecond)
 	}
 	require.NoError(t, a.Truncate(g)) // wakes it; it reclaims from a

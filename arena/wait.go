@@ -83,7 +83,7 @@ func (a *Arena) wait(ctx context.Context, asked uint64, try func() error) error 
 	o := &a.obs
 	o.quiet.Add(1) // the tries' failures are this wait's, counted once
 	defer o.quiet.Add(-1)
-	mark := p.Mark()
+	mark := a.lend.Mark()
 	err := try()
 	if !errors.Is(err, ErrOutOfMemory) {
 		return err

@@ -49,9 +49,9 @@ func newTenants(t *testing.T, drv acl.Driver, d *host.Driver, holder arena.Confi
 func (e *tenants) waiting(t *testing.T, n int) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	for e.pool.Waiters() != n {
+	for e.pool.Lender().Waiters() != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d waiters, want %d", e.pool.Waiters(), n)
+			t.Fatalf("%d waiters, want %d", e.pool.Lender().Waiters(), n)
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
@@ -117,7 +117,7 @@ func TestGrowContextWokenByRelease(t *testing.T) {
 			require.Len(t, ev, 1)
 			assert.Equal(t, "granted", ev[0].Attrs["outcome"].String())
 			assert.Equal(t, slog.LevelInfo, ev[0].Level)
-			assert.Zero(t, e.pool.Waiters())
+			assert.Zero(t, e.pool.Lender().Waiters())
 		})
 	}
 }
@@ -139,7 +139,7 @@ func TestGrowContextExpires(t *testing.T) {
 	require.ErrorIs(t, err, chunk.ErrBudget)
 	assert.Equal(t, before, w.Stats())
 	assert.Equal(t, live, d.Live())
-	assert.Zero(t, e.pool.Waiters())
+	assert.Zero(t, e.pool.Lender().Waiters())
 	act := w.Activity()
 	assert.Equal(t, int64(1), act.OOMs, "counted once")
 	assert.Equal(t, int64(1), act.Waits)
@@ -215,7 +215,7 @@ func TestGrowContextFirstComeFirstServed(t *testing.T) {
 	// which is first. Nobody gets it yet.
 	require.NoError(t, e.holder.Truncate(3*wg))
 	time.Sleep(50 * time.Millisecond)
-	assert.Equal(t, 2, e.pool.Waiters())
+	assert.Equal(t, 2, e.pool.Lender().Waiters())
 	mu.Lock()
 	assert.Empty(t, order)
 	mu.Unlock()
@@ -267,7 +267,7 @@ func TestGrowContextFaults(t *testing.T) {
 	before.Maps, before.Unmaps = after.Maps, after.Unmaps
 	assert.Equal(t, before, after)
 	assert.Equal(t, (w.Cap()+e.holder.Cap())/wg, d.Live().Mappings, "nothing mapped is lost")
-	assert.Zero(t, e.pool.Waiters())
+	assert.Zero(t, e.pool.Lender().Waiters())
 }
 
 // A waiting AllocContext returns the buffer it waited for.
@@ -302,7 +302,7 @@ func TestGrowContextPoolClosed(t *testing.T) {
 	w := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
 	done := make(chan error, 1)
 	go func() { done <- w.GrowContext(context.Background(), wg) }()
-	for pool.Waiters() != 1 {
+	for pool.Lender().Waiters() != 1 {
 		time.Sleep(100 * time.Microsecond)
 	}
 	_ = pool.Close() // reports h's chunk still in use
@@ -351,6 +351,6 @@ func TestGrowContextStress(t *testing.T) {
 		}()
 	}
 	all.Wait()
-	assert.Zero(t, pool.Waiters())
+	assert.Zero(t, pool.Lender().Waiters())
 	t.Logf("waits per tenant: %v", waits)
 }

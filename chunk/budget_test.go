@@ -20,15 +20,15 @@ func TestAcquireOverBudgetFailsFast(t *testing.T) {
 	defer func() { assert.NoError(t, p.Close()) }()
 	assert.Equal(t, int64(8*g), p.Budget())
 	before := fd.Calls(faultdriver.Any)
-	_, err = p.Acquire(chunk.NewTenant(), 9)
+	_, err = p.Lender().Acquire(chunk.NewTenant(), 9)
 	assert.ErrorIs(t, err, chunk.ErrBudget)
 	assert.ErrorIs(t, err, acl.ErrOutOfMemory)
 	assert.ErrorContains(t, err, "16777216 bytes (16 MiB)")
 	assert.Equal(t, before, fd.Calls(faultdriver.Any), "no driver call")
 	assert.Equal(t, int64(1), p.Stats().Failures)
-	cs, err := p.Acquire(chunk.NewTenant(), 8)
+	cs, err := p.Lender().Acquire(chunk.NewTenant(), 8)
 	require.NoError(t, err)
 	for _, c := range cs {
-		require.NoError(t, p.Put(c))
+		require.NoError(t, p.Lender().Put(c))
 	}
 }

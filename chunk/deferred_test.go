@@ -44,9 +44,9 @@ func TestMapRangeAccessSpan(t *testing.T) {
 			base, err := d.ReserveMemAddress(8*g, 0, 0, 0)
 			require.NoError(t, err)
 			defer d.ReleaseMemAddress(base)
-			cs, err := p.Acquire(0, 4)
+			cs, err := p.Lender().Acquire(0, 4)
 			require.NoError(t, err)
-			_, err = p.MapRange(base, cs, nil)
+			_, err = p.Lender().MapRange(base, cs, nil)
 			require.NoError(t, err)
 			want := int64(4)
 			if span {
@@ -54,10 +54,10 @@ func TestMapRangeAccessSpan(t *testing.T) {
 			}
 			assert.Equal(t, want, fd.Calls(faultdriver.MemSetAccess))
 			require.NoError(t, d.MemcpyHtoD(base+acl.DevicePtr(4*g-8), []byte("all four")))
-			require.NoError(t, p.SyncDevice())
+			require.NoError(t, p.Lender().SyncDevice())
 			for i := 3; i >= 0; i-- {
-				require.NoError(t, p.Release(base+acl.DevicePtr(i*g), cs[i]))
-				require.NoError(t, p.Put(cs[i]))
+				require.NoError(t, p.Lender().Release(base+acl.DevicePtr(i*g), cs[i]))
+				require.NoError(t, p.Lender().Put(cs[i]))
 			}
 		})
 	}
@@ -73,25 +73,25 @@ func TestMapRangeFailureUndoesRun(t *testing.T) {
 	base, err := d.ReserveMemAddress(8*g, 0, 0, 0)
 	require.NoError(t, err)
 	defer d.ReleaseMemAddress(base)
-	cs, err := p.Acquire(0, 3)
+	cs, err := p.Lender().Acquire(0, 3)
 	require.NoError(t, err)
 	fd.FailNth(faultdriver.MemSetAccess, 1, 0)
-	_, err = p.MapRange(base, cs, nil)
+	_, err = p.Lender().MapRange(base, cs, nil)
 	require.Error(t, err)
 	assert.Zero(t, d.Live().Mappings)
 
 	fd.FailNth(faultdriver.MemSetAccess, 1, 0)
 	fd.FailNth(faultdriver.UnmapMem, 2, 0) // the second of the three undo unmaps
-	_, err = p.MapRange(base, cs, nil)
+	_, err = p.Lender().MapRange(base, cs, nil)
 	var left *chunk.LeftMappedError
 	require.ErrorAs(t, err, &left)
 	require.ErrorIs(t, err, chunk.ErrMapped)
 	require.Len(t, left.Left, 1)
 	assert.Equal(t, base+acl.DevicePtr(g), left.Left[0].At, "the middle chunk stayed mapped")
 	assert.Equal(t, 1, d.Live().Mappings)
-	require.NoError(t, p.Unmap(left.Left[0].At))
+	require.NoError(t, p.Lender().Unmap(left.Left[0].At))
 	for _, c := range cs {
-		require.NoError(t, p.Put(c))
+		require.NoError(t, p.Lender().Put(c))
 	}
 }
 
@@ -120,11 +120,11 @@ func TestFreshProcessMemory(t *testing.T) {
 	require.NoError(t, err)
 	defer d.ReleaseMemAddress(base)
 	cycle := func(tn chunk.Tenant) {
-		c, err := p.GetFor(tn)
+		c, err := p.Lender().GetFor(tn)
 		require.NoError(t, err)
-		require.NoError(t, p.Map(base, c))
-		require.NoError(t, p.Release(base, c))
-		require.NoError(t, p.Put(c))
+		require.NoError(t, p.Lender().Map(base, c))
+		require.NoError(t, p.Lender().Release(base, c))
+		require.NoError(t, p.Lender().Put(c))
 		require.NoError(t, p.Trim()) // back to the driver: the next one is fresh again
 	}
 	a, b := chunk.NewTenant(), chunk.NewTenant()
@@ -146,23 +146,23 @@ func TestAhead(t *testing.T) {
 	d := newDriver(t, 64<<20)
 	p, err := chunk.New(d, chunk.Config{Ahead: 3, Budget: 4 * g})
 	require.NoError(t, err)
-	p.Settle()
+	p.Lender().Settle()
 	s := p.Stats()
 	assert.Equal(t, 3, s.Cached)
 	assert.Equal(t, int64(3), s.Ahead)
-	c, err := p.Get()
+	c, err := p.Lender().Get()
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), p.Stats().Hits, "served from the chunks allocated ahead")
-	p.Settle()
+	p.Lender().Settle()
 	assert.Equal(t, 3, p.Stats().Cached, "refilled")
-	c2, err := p.Get()
+	c2, err := p.Lender().Get()
 	require.NoError(t, err)
-	p.Settle()
+	p.Lender().Settle()
 	s = p.Stats()
 	assert.Equal(t, 2, s.Cached, "the budget (4 chunks) stops the refill at 2 in use + 2 cached")
 	assert.LessOrEqual(t, s.HeldBytes, s.Budget)
-	require.NoError(t, p.Put(c))
-	require.NoError(t, p.Put(c2))
+	require.NoError(t, p.Lender().Put(c))
+	require.NoError(t, p.Lender().Put(c2))
 	require.NoError(t, p.Close())
 }
 
@@ -176,19 +176,19 @@ func TestPeerPoolsGiveBackTheirCache(t *testing.T) {
 	p2, err := chunk.New(d, chunk.Config{})
 	require.NoError(t, err)
 	defer p2.Close()
-	cs, err := p1.Acquire(0, 4)
+	cs, err := p1.Lender().Acquire(0, 4)
 	require.NoError(t, err)
 	for _, c := range cs {
-		require.NoError(t, p1.Put(c)) // p1 caches the whole device
+		require.NoError(t, p1.Lender().Put(c)) // p1 caches the whole device
 	}
-	got, err := p2.Acquire(0, 3)
+	got, err := p2.Lender().Acquire(0, 3)
 	require.NoError(t, err, "p1's cache was freed for p2")
 	assert.Equal(t, int64(4), p2.Stats().PeerTrimmed, "p1 freed its whole cache")
 	assert.Zero(t, p1.Stats().Cached)
 	for _, c := range got {
-		require.NoError(t, p2.Put(c))
+		require.NoError(t, p2.Lender().Put(c))
 	}
-	_, err = p2.Acquire(0, 5)
+	_, err = p2.Lender().Acquire(0, 5)
 	require.ErrorIs(t, err, acl.ErrOutOfMemory, "more than the device has")
 	assert.Equal(t, 4, p2.Stats().Cached, "a failed Acquire keeps what it allocated in the cache")
 }
@@ -216,9 +216,9 @@ func newStreamed(t *testing.T) *streamed {
 	require.NoError(t, err)
 	other, err := d.CreateStream()
 	require.NoError(t, err)
-	c, err := p.Get()
+	c, err := p.Lender().Get()
 	require.NoError(t, err)
-	require.NoError(t, p.Map(base, c))
+	require.NoError(t, p.Lender().Map(base, c))
 	t.Cleanup(func() {
 		assert.NoError(t, d.SynchronizeDevice())
 		assert.NoError(t, p.Close())
@@ -250,32 +250,32 @@ func TestReleaseAfterWaitsForItsStreamOnly(t *testing.T) {
 	e := newStreamed(t)
 	// Unrelated work on another stream reads another chunk, and is never
 	// finished while the release waits.
-	c2, err := e.p.Get()
+	c2, err := e.p.Lender().Get()
 	require.NoError(t, err)
-	require.NoError(t, e.p.Map(e.base+acl.DevicePtr(g), c2))
+	require.NoError(t, e.p.Lender().Map(e.base+acl.DevicePtr(g), c2))
 	kernel, unrelated := make(chan struct{}), make(chan struct{})
 	defer func() {
 		close(unrelated)
 		require.NoError(t, e.d.SynchronizeStream(e.other))
-		require.NoError(t, e.p.Release(e.base+acl.DevicePtr(g), c2))
-		require.NoError(t, e.p.Put(c2))
+		require.NoError(t, e.p.Lender().Release(e.base+acl.DevicePtr(g), c2))
+		require.NoError(t, e.p.Lender().Put(c2))
 	}()
 	require.NoError(t, e.d.Launch(e.s, e.base, g, kernel))
 	require.NoError(t, e.d.Launch(e.other, e.base+acl.DevicePtr(g), 4096, unrelated))
-	require.NoError(t, e.p.ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
+	require.NoError(t, e.p.Lender().ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
 	s := e.p.Stats()
 	assert.Equal(t, 1, s.Pending)
 	assert.Equal(t, 2, s.InUse, "held, and lent to nobody")
 	assert.Equal(t, 2, e.d.Live().Mappings, "still mapped while the kernel reads it")
-	got, err := e.p.TryAcquire(0, 1)
+	got, err := e.p.Lender().TryAcquire(0, 1)
 	require.NoError(t, err)
 	assert.NotEqual(t, e.c, got[0], "a waiting chunk is handed to nobody")
-	require.NoError(t, e.p.Put(got[0]))
+	require.NoError(t, e.p.Lender().Put(got[0]))
 
 	time.Sleep(5 * time.Millisecond)
-	assert.True(t, e.p.Pending(e.base), "the worker waits for the kernel")
+	assert.True(t, e.p.Lender().Pending(e.base), "the worker waits for the kernel")
 	close(kernel)
-	waitFor(t, func() bool { return !e.p.Pending(e.base) }, "the worker to unmap the chunk")
+	waitFor(t, func() bool { return !e.p.Lender().Pending(e.base) }, "the worker to unmap the chunk")
 	s = e.p.Stats()
 	assert.Equal(t, int64(1), s.Ordered)
 	assert.Zero(t, s.DeviceSyncs, "no device-wide wait")
@@ -295,22 +295,22 @@ func TestReclaimInPlace(t *testing.T) {
 	e := newStreamed(t)
 	kernel := make(chan struct{})
 	require.NoError(t, e.d.Launch(e.s, e.base, g, kernel))
-	require.NoError(t, e.p.ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
+	require.NoError(t, e.p.Lender().ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
 	// (The worker polls the event meanwhile: count the calls that map.)
 	maps, unmaps := e.fd.Calls(faultdriver.MapMem), e.fd.Calls(faultdriver.UnmapMem)
-	c, ok := e.p.Reclaim(e.base)
+	c, ok := e.p.Lender().Reclaim(e.base)
 	require.True(t, ok)
 	assert.Equal(t, e.c, c)
 	assert.Equal(t, maps, e.fd.Calls(faultdriver.MapMem), "no map")
 	assert.Equal(t, unmaps, e.fd.Calls(faultdriver.UnmapMem), "no unmap")
 	assert.Zero(t, e.p.Stats().Pending)
-	_, ok = e.p.Reclaim(e.base)
+	_, ok = e.p.Lender().Reclaim(e.base)
 	assert.False(t, ok, "taken once")
 	close(kernel)
 	require.NoError(t, e.d.SynchronizeStream(e.s))
-	require.NoError(t, e.p.SyncDevice())
-	require.NoError(t, e.p.Release(e.base, c))
-	require.NoError(t, e.p.Put(c))
+	require.NoError(t, e.p.Lender().SyncDevice())
+	require.NoError(t, e.p.Lender().Release(e.base, c))
+	require.NoError(t, e.p.Lender().Put(c))
 }
 
 // When an event cannot be made or recorded, ReleaseAfter says so and
@@ -321,20 +321,20 @@ func TestReleaseAfterEventFailures(t *testing.T) {
 		t.Run(op.String(), func(t *testing.T) {
 			e := newStreamed(t)
 			e.fd.FailNth(op, 1, 0)
-			err := e.p.ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s})
+			err := e.p.Lender().ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s})
 			require.ErrorIs(t, err, chunk.ErrNoOrder)
 			assert.Zero(t, e.p.Stats().Pending, "nothing changed")
 			assert.Equal(t, int64(1), e.p.Stats().SyncFallbacks)
-			require.NoError(t, e.p.SyncDevice())
-			require.NoError(t, e.p.Release(e.base, e.c))
-			require.NoError(t, e.p.Put(e.c))
+			require.NoError(t, e.p.Lender().SyncDevice())
+			require.NoError(t, e.p.Lender().Release(e.base, e.c))
+			require.NoError(t, e.p.Lender().Put(e.c))
 		})
 	}
 	t.Run("QueryEvent", func(t *testing.T) {
 		e := newStreamed(t)
 		e.fd.FailAfter(faultdriver.QueryEvent, 0, 0)
-		require.NoError(t, e.p.ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
-		waitFor(t, func() bool { return !e.p.Pending(e.base) }, "the fallback to settle the chunk")
+		require.NoError(t, e.p.Lender().ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
+		waitFor(t, func() bool { return !e.p.Lender().Pending(e.base) }, "the fallback to settle the chunk")
 		s := e.p.Stats()
 		assert.GreaterOrEqual(t, s.SyncFallbacks, int64(1))
 		assert.GreaterOrEqual(t, s.DeviceSyncs, int64(1), "said so in the stats")
@@ -343,8 +343,8 @@ func TestReleaseAfterEventFailures(t *testing.T) {
 	t.Run("UnmapMem", func(t *testing.T) {
 		e := newStreamed(t)
 		e.fd.FailNth(faultdriver.UnmapMem, 1, 0)
-		require.NoError(t, e.p.ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
-		waitFor(t, func() bool { return !e.p.Pending(e.base) }, "the retry to unmap the chunk")
+		require.NoError(t, e.p.Lender().ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
+		waitFor(t, func() bool { return !e.p.Lender().Pending(e.base) }, "the retry to unmap the chunk")
 		assert.Equal(t, int64(1), e.p.Stats().ReleaseErrors, "the failed unmap was counted, and retried")
 	})
 }
@@ -357,12 +357,12 @@ func TestWaitStreamsDeadline(t *testing.T) {
 	require.NoError(t, e.d.Launch(e.s, e.base, g, kernel))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	err := e.p.WaitStreams(ctx, []acl.Stream{e.s})
+	err := e.p.Lender().WaitStreams(ctx, []acl.Stream{e.s})
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	close(kernel)
-	require.NoError(t, e.p.WaitStreams(context.Background(), []acl.Stream{e.s}))
-	require.NoError(t, e.p.Release(e.base, e.c))
-	require.NoError(t, e.p.Put(e.c))
+	require.NoError(t, e.p.Lender().WaitStreams(context.Background(), []acl.Stream{e.s}))
+	require.NoError(t, e.p.Lender().Release(e.base, e.c))
+	require.NoError(t, e.p.Lender().Put(e.c))
 	assert.Zero(t, e.p.Stats().DeviceSyncs)
 }
 
@@ -371,7 +371,7 @@ func TestCloseSettlesPending(t *testing.T) {
 	e := newStreamed(t)
 	kernel := make(chan struct{})
 	require.NoError(t, e.d.Launch(e.s, e.base, g, kernel))
-	require.NoError(t, e.p.ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
+	require.NoError(t, e.p.Lender().ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
 	time.AfterFunc(5*time.Millisecond, func() { close(kernel) })
 	require.NoError(t, e.p.Close())
 	assert.Zero(t, e.d.Live().Mappings)
@@ -384,15 +384,15 @@ func TestAcquireArguments(t *testing.T) {
 	p, err := chunk.New(d, chunk.Config{})
 	require.NoError(t, err)
 	defer p.Close()
-	_, err = p.Acquire(0, -1)
+	_, err = p.Lender().Acquire(0, -1)
 	require.ErrorIs(t, err, acl.ErrInvalidParam)
-	cs, err := p.Acquire(0, 0)
+	cs, err := p.Lender().Acquire(0, 0)
 	require.NoError(t, err)
 	assert.Empty(t, cs)
 	require.NoError(t, p.Close())
-	_, err = p.Acquire(0, 1)
+	_, err = p.Lender().Acquire(0, 1)
 	require.True(t, errors.Is(err, chunk.ErrClosed))
-	_, err = p.Join(nil, false)
+	_, err = p.Lender().Join(nil, false)
 	require.ErrorIs(t, err, chunk.ErrClosed)
 }
 
@@ -411,14 +411,14 @@ func TestWarm(t *testing.T) {
 	assert.Equal(t, 4, n, "the cache holds 4")
 	assert.Equal(t, 4, p.Stats().Cached)
 	mallocs := fd.Calls(faultdriver.MallocPhysical)
-	cs, err := p.Acquire(chunk.NewTenant(), 4)
+	cs, err := p.Lender().Acquire(chunk.NewTenant(), 4)
 	require.NoError(t, err)
 	assert.Equal(t, mallocs, fd.Calls(faultdriver.MallocPhysical), "served from the warm cache")
 	n, err = p.Warm(10)
 	require.NoError(t, err)
 	assert.Equal(t, 2, n, "the budget (6 chunks) stops it")
 	for _, c := range cs {
-		require.NoError(t, p.Put(c))
+		require.NoError(t, p.Lender().Put(c))
 	}
 	fd.FailNth(faultdriver.MallocPhysical, 1, acl.ErrCodeRTDrvInternal)
 	require.NoError(t, p.Trim())
@@ -447,7 +447,7 @@ func TestRefillRequestsNeverLost(t *testing.T) {
 	require.NoError(t, err)
 	defer p.Close()
 	r := &refiller{}
-	m, err := p.Join(r, true)
+	m, err := p.Lender().Join(r, true)
 	require.NoError(t, err)
 	gaps := []time.Duration{0, 100 * time.Microsecond, time.Millisecond, 3 * time.Millisecond, 45 * time.Millisecond,
 		50 * time.Millisecond, 55 * time.Millisecond, 80 * time.Millisecond}
@@ -469,7 +469,7 @@ func TestIdleWorkerParks(t *testing.T) {
 	require.NoError(t, err)
 	defer p.Close()
 	r := &refiller{}
-	m, err := p.Join(r, true)
+	m, err := p.Lender().Join(r, true)
 	require.NoError(t, err)
 	m.WantRefill()
 	r.waitFor(t, 1)
@@ -507,18 +507,18 @@ func budgeted(t *testing.T, chunks int64) (*host.Driver, *chunk.Pool, acl.Device
 // waiting did not count, and the Acquire failed with room in the cache.
 func TestRegressionReliefCountsSettledChunks(t *testing.T) {
 	d, p, base, s := budgeted(t, 1)
-	c, err := p.Get()
+	c, err := p.Lender().Get()
 	require.NoError(t, err)
-	require.NoError(t, p.Map(base, c))
+	require.NoError(t, p.Lender().Map(base, c))
 	kernel := make(chan struct{})
 	require.NoError(t, d.Launch(s, base, g, kernel))
-	require.NoError(t, p.ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s}))
+	require.NoError(t, p.Lender().ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s}))
 
 	got := make(chan error, 1)
 	go func() {
-		cs, err := p.Acquire(chunk.NewTenant(), 1)
+		cs, err := p.Lender().Acquire(chunk.NewTenant(), 1)
 		if err == nil {
-			err = p.Put(cs[0])
+			err = p.Lender().Put(cs[0])
 		}
 		got <- err
 	}()
@@ -534,15 +534,15 @@ func TestRegressionReliefCountsSettledChunks(t *testing.T) {
 // load). Once the Acquire is done, TryAcquire is itself again.
 func TestTryAcquireStandsAsideDuringRelief(t *testing.T) {
 	d, p, base, s := budgeted(t, 2)
-	cs, err := p.Acquire(0, 2)
+	cs, err := p.Lender().Acquire(0, 2)
 	require.NoError(t, err)
-	require.NoError(t, p.Map(base, cs[0]))
-	require.NoError(t, p.Put(cs[1])) // cached, free
+	require.NoError(t, p.Lender().Map(base, cs[0]))
+	require.NoError(t, p.Lender().Put(cs[1])) // cached, free
 	kernel := make(chan struct{})
 	finish := sync.OnceFunc(func() { close(kernel) })
 	defer finish() // before Close, should the test fail first
 	require.NoError(t, d.Launch(s, base, g, kernel))
-	require.NoError(t, p.ReleaseAfter([]chunk.Mapped{{At: base, C: cs[0]}}, []acl.Stream{s}))
+	require.NoError(t, p.Lender().ReleaseAfter([]chunk.Mapped{{At: base, C: cs[0]}}, []acl.Stream{s}))
 
 	chosen := make(chan struct{})
 	once := sync.OnceFunc(func() { close(chosen) })
@@ -553,21 +553,21 @@ func TestTryAcquireStandsAsideDuringRelief(t *testing.T) {
 	})()
 	got := make(chan []chunk.Chunk, 1)
 	go func() {
-		cs, err := p.Acquire(chunk.NewTenant(), 2) // the cached chunk, and the one the kernel holds
+		cs, err := p.Lender().Acquire(chunk.NewTenant(), 2) // the cached chunk, and the one the kernel holds
 		assert.NoError(t, err)
 		got <- cs
 	}()
 	<-chosen // the relief chose the chunk the kernel holds, and waits for it
-	_, err = p.TryAcquire(0, 1)
+	_, err = p.Lender().TryAcquire(0, 1)
 	require.Error(t, err, "TryAcquire stands aside")
 	assert.Contains(t, err.Error(), "relieving pressure")
 	finish()
 	cs = <-got
 	require.Len(t, cs, 2)
-	_, err = p.TryAcquire(0, 1)
+	_, err = p.Lender().TryAcquire(0, 1)
 	require.Error(t, err, "the budget is full")
 	assert.NotContains(t, err.Error(), "relieving", "no relief under way")
 	for _, c := range cs {
-		require.NoError(t, p.Put(c))
+		require.NoError(t, p.Lender().Put(c))
 	}
 }

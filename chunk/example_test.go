@@ -20,10 +20,10 @@ func ExamplePool() {
 	}
 	defer pool.Close()
 
-	c, _ := pool.Get() // a miss: MallocPhysical
-	_ = pool.Put(c)    // into the cache
-	c, _ = pool.Get()  // a hit: no driver call
-	_ = pool.Put(c)
+	c, _ := pool.Lender().Get() // a miss: MallocPhysical
+	_ = pool.Lender().Put(c)    // into the cache
+	c, _ = pool.Lender().Get()  // a hit: no driver call
+	_ = pool.Lender().Put(c)
 	s := pool.Stats()
 	fmt.Printf("chunk %d MiB, hits %d, misses %d, cached %d\n", s.ChunkSize>>20, s.Hits, s.Misses, s.Cached)
 	// Output: chunk 4 MiB, hits 1, misses 1, cached 1

@@ -10,7 +10,7 @@ import (
 )
 
 // Map maps c at ptr for its tenant, with no stream: MapRange(ptr, [c], nil).
-func (p *Pool) Map(ptr acl.DevicePtr, c Chunk) error {
+func (p Lender) Map(ptr acl.DevicePtr, c Chunk) error {
 	_, err := p.MapRange(ptr, []Chunk{c}, nil)
 	return err
 }
@@ -53,7 +53,7 @@ func (e *LeftMappedError) Is(target error) bool { return target == ErrMapped }
 // A failed MapRange unmaps what it mapped, top down; should some of those
 // unmaps fail too, the error is a *LeftMappedError (matching ErrMapped) that
 // lists the chunks still mapped.
-func (p *Pool) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (scrubbed int, err error) {
+func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (scrubbed int, err error) {
 	if len(cs) == 0 {
 		return 0, nil
 	}
@@ -217,7 +217,7 @@ func (p *Pool) setLease(h acl.PhysicalHandle, l lease) {
 // Unmap removes the mapping of a chunk at ptr. The chunk can then be Put
 // back or mapped again. The caller has made sure that no device work still
 // touches it (see SyncDevice and ReleaseAfter).
-func (p *Pool) Unmap(ptr acl.DevicePtr) error {
+func (p Lender) Unmap(ptr acl.DevicePtr) error {
 	if err := p.drv.UnmapMem(ptr); err != nil {
 		return fmt.Errorf("chunk: unmap at %v: %w", ptr, err)
 	}
@@ -228,7 +228,7 @@ func (p *Pool) Unmap(ptr acl.DevicePtr) error {
 // fallback that orders an unmap after the device work that may touch the
 // range when no stream says which work that is. It is counted in
 // Stats.DeviceSyncs.
-func (p *Pool) SyncDevice() error {
+func (p Lender) SyncDevice() error {
 	p.mu.Lock()
 	p.stats.DeviceSyncs++
 	p.mu.Unlock()
@@ -248,7 +248,7 @@ func (p *Pool) SyncDevice() error {
 // ScrubOnRelease mode it clears the chunk first. The caller has ordered the
 // unmap after the device work that touches the chunk (SyncDevice). A failed
 // Release leaves c mapped (and, if the unmap failed, maybe cleared).
-func (p *Pool) Release(ptr acl.DevicePtr, c Chunk) error {
+func (p Lender) Release(ptr acl.DevicePtr, c Chunk) error {
 	defer region(RegionRelease).End()
 	l, err := p.leaseOf("release", ptr, c)
 	if err != nil {

@@ -27,20 +27,20 @@ func TestEvents(t *testing.T) {
 
 	// a's chunks are fresh (zeroed on the host driver): no scrub. b gets one
 	// of a's: a scrub of a moved chunk.
-	cs, err := p.Acquire(a, 2)
+	cs, err := p.Lender().Acquire(a, 2)
 	require.NoError(t, err)
-	_, err = p.MapRange(base, cs, nil)
+	_, err = p.Lender().MapRange(base, cs, nil)
 	require.NoError(t, err)
 	assert.Empty(t, log.Find(chunk.EventScrub))
-	require.NoError(t, p.SyncDevice())
+	require.NoError(t, p.Lender().SyncDevice())
 	syncs := log.Find(chunk.EventDeviceSync)
 	require.Len(t, syncs, 1)
 	assert.Equal(t, slog.KindDuration, syncs[0].Attrs["dur"].Kind())
-	require.NoError(t, p.Release(base, cs[0]))
-	require.NoError(t, p.Put(cs[0]))
-	c, err := p.GetFor(b)
+	require.NoError(t, p.Lender().Release(base, cs[0]))
+	require.NoError(t, p.Lender().Put(cs[0]))
+	c, err := p.Lender().GetFor(b)
 	require.NoError(t, err)
-	require.NoError(t, p.Map(base, c))
+	require.NoError(t, p.Lender().Map(base, c))
 	scrubs := log.Find(chunk.EventScrub)
 	require.Len(t, scrubs, 1)
 	assert.Equal(t, slog.LevelDebug, scrubs[0].Level)
@@ -51,7 +51,7 @@ func TestEvents(t *testing.T) {
 
 	// The budget is spent: the pool relieves (nobody to reclaim from) and
 	// reports the failure with what was asked and held.
-	_, err = p.Acquire(a, 1)
+	_, err = p.Lender().Acquire(a, 1)
 	require.ErrorIs(t, err, chunk.ErrBudget)
 	relief := log.Find(chunk.EventRelieve)
 	require.Len(t, relief, 1)
@@ -68,11 +68,11 @@ func TestEvents(t *testing.T) {
 	assert.Equal(t, int64(2), o["in_use"].Int64())
 	assert.ErrorIs(t, o["err"].Any().(error), chunk.ErrBudget)
 
-	require.NoError(t, p.SyncDevice())
-	require.NoError(t, p.Release(base, c))
-	require.NoError(t, p.Put(c))
-	require.NoError(t, p.Release(base+acl.DevicePtr(g), cs[1]))
-	require.NoError(t, p.Put(cs[1]))
+	require.NoError(t, p.Lender().SyncDevice())
+	require.NoError(t, p.Lender().Release(base, c))
+	require.NoError(t, p.Lender().Put(c))
+	require.NoError(t, p.Lender().Release(base+acl.DevicePtr(g), cs[1]))
+	require.NoError(t, p.Lender().Put(cs[1]))
 }
 
 // A release ordered by events is reported once its chunks are unmapped.
@@ -88,10 +88,10 @@ func TestEventRelease(t *testing.T) {
 	at, err := d.ReserveMemAddress(g, 0, 0, 0)
 	require.NoError(t, err)
 	defer d.ReleaseMemAddress(at)
-	c, err := p.Get()
+	c, err := p.Lender().Get()
 	require.NoError(t, err)
-	require.NoError(t, p.Map(at, c))
-	require.NoError(t, p.ReleaseAfter([]chunk.Mapped{{At: at, C: c}}, []acl.Stream{s}))
+	require.NoError(t, p.Lender().Map(at, c))
+	require.NoError(t, p.Lender().ReleaseAfter([]chunk.Mapped{{At: at, C: c}}, []acl.Stream{s}))
 	waitFor(t, func() bool { return len(log.Find(chunk.EventRelease)) == 1 }, "the release event")
 	assert.Equal(t, int64(1), log.Find(chunk.EventRelease)[0].Attrs["chunks"].Int64())
 	assert.Empty(t, log.Find(chunk.EventDeviceSync), "no device-wide wait")

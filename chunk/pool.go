@@ -156,6 +156,8 @@ type Stats struct {
 	WorkerNS    int64 // time the background worker spent working (refills, chunks ahead, releases): off the callers' paths, not free
 	WorkerSpins int64 // rounds of work the worker did
 
+	Waiters int // growths waiting for memory in the pool's queue (GrowContext)
+
 	Exported int64 // chunks exported to other processes (Export); freed, not cached, when put back
 	Imported int64 // chunks imported from other processes (Import); freed when put back
 }
@@ -345,10 +347,10 @@ func (p *Pool) SetBudget(n int64) error {
 }
 
 // Get returns a chunk for an anonymous tenant: GetFor(0).
-func (p *Pool) Get() (Chunk, error) { return p.GetFor(0) }
+func (p Lender) Get() (Chunk, error) { return p.GetFor(0) }
 
 // GetFor returns one chunk for tenant t: Acquire(t, 1).
-func (p *Pool) GetFor(t Tenant) (Chunk, error) {
+func (p Lender) GetFor(t Tenant) (Chunk, error) {
 	cs, err := p.Acquire(t, 1)
 	if err != nil {
 		return Chunk{}, err
@@ -365,7 +367,7 @@ func (p *Pool) GetFor(t Tenant) (Chunk, error) {
 // chunks that exceed the budget by themselves fail at once, before any
 // driver call. The caller must hold no lock that a member's Give takes (see
 // Client).
-func (p *Pool) Acquire(t Tenant, n int) ([]Chunk, error) {
+func (p Lender) Acquire(t Tenant, n int) ([]Chunk, error) {
 	return p.acquire(context.Background(), t, n, relieve, nil, nil)
 }
 
@@ -379,7 +381,7 @@ func (p *Pool) Acquire(t Tenant, n int) ([]Chunk, error) {
 // memory, asks the other pools on the device to free their caches. It holds
 // no chunk while it waits. It fails as Acquire does, and when ctx is done.
 // The caller must hold no lock that a member's Give takes (see Client).
-func (p *Pool) Relieve(ctx context.Context, t Tenant, n int, g *Growth, short error) ([]Chunk, error) {
+func (p Lender) Relieve(ctx context.Context, t Tenant, n int, g *Growth, short error) ([]Chunk, error) {
 	if short == nil || !errors.Is(short, acl.ErrOutOfMemory) {
 		return nil, fmt.Errorf("chunk: relieve: %w: the shortage %v is not a lack of memory", acl.ErrInvalidParam, short)
 	}
@@ -391,7 +393,7 @@ func (p *Pool) Relieve(ctx context.Context, t Tenant, n int, g *Growth, short er
 // and takes nothing from anyone, so a caller may hold a member's lock. A
 // shortage is not counted in Stats.Failures (nor logged): its caller is
 // expected to Relieve next, which is.
-func (p *Pool) TakeFree(t Tenant, n int) ([]Chunk, error) {
+func (p Lender) TakeFree(t Tenant, n int) ([]Chunk, error) {
 	return p.acquire(context.Background(), t, n, takeFree, nil, nil)
 }
 
@@ -399,7 +401,7 @@ func (p *Pool) TakeFree(t Tenant, n int) ([]Chunk, error) {
 // refills of headroom): while an Acquire relieves pressure it takes
 // nothing, and fails with an error matching acl.ErrOutOfMemory, since the
 // memory being freed is for that Acquire.
-func (p *Pool) TryAcquire(t Tenant, n int) ([]Chunk, error) {
+func (p Lender) TryAcquire(t Tenant, n int) ([]Chunk, error) {
 	return p.acquire(context.Background(), t, n, standAside, nil, nil)
 }
 
@@ -613,7 +615,7 @@ func (p *Pool) freshHolder() Tenant {
 func (p *Pool) putAll(cs []Chunk) error {
 	var errs []error
 	for _, c := range cs {
-		errs = append(errs, p.Put(c))
+		errs = append(errs, p.lend().Put(c))
 	}
 	return errors.Join(errs...)
 }
@@ -624,7 +626,7 @@ func (p *Pool) putAll(cs []Chunk) error {
 // chunk that is not out of this pool (put back twice, or never got). Should
 // the driver fail to free the chunk, the pool keeps it in the cache, where
 // Trim and Close try again and report the error.
-func (p *Pool) Put(c Chunk) error {
+func (p Lender) Put(c Chunk) error {
 	p.mu.Lock()
 	l, ok := p.out[c.Handle]
 	if !ok {
@@ -709,6 +711,7 @@ func (p *Pool) Stats() Stats {
 	s := p.stats
 	s.HeldBytes = int64(p.held)
 	s.Pending = p.pending.chunks
+	s.Waiters = len(p.wq.q)
 	return s
 }
 
@@ -742,3 +745,19 @@ func (p *Pool) Close() error {
 	}
 	return err
 }
+
+// A Lender is a pool's side of its protocol with the arenas it lends chunks
+// to: taking and giving back chunks, mapping and unmapping them, ordering
+// their unmaps after device work, membership, relief under pressure, the
+// queue of waiting growths, and sharing with other processes. Package arena
+// is its user; it is exported for those who write an arena of their own. A
+// user of a pool needs only the Pool's own methods.
+//
+// A Lender is a small value; Pool.Lender returns one.
+type Lender struct{ *Pool }
+
+// Lender returns the pool's protocol with its arenas.
+func (p *Pool) Lender() Lender { return Lender{p} }
+
+// lend is Lender, for the pool's own code.
+func (p *Pool) lend() Lender { return Lender{p} }

@@ -49,22 +49,22 @@ func TestCacheReuse(t *testing.T) {
 	require.NoError(t, err)
 	var cs []chunk.Chunk
 	for range 4 {
-		c, err := p.Get()
+		c, err := p.Lender().Get()
 		require.NoError(t, err)
 		cs = append(cs, c)
 	}
 	for _, c := range cs {
-		require.NoError(t, p.Put(c))
+		require.NoError(t, p.Lender().Put(c))
 	}
 	s := p.Stats()
 	assert.Equal(t, chunk.Stats{ChunkSize: 2 * g, Cached: 2, HeldBytes: 4 * g, Misses: 4, Allocs: 4, Frees: 2, Evictions: 2}, s)
 	assert.Equal(t, 2, d.Live().Handles, "the cache bound freed the rest")
 	// LIFO: the chunk put back last comes out first.
-	c, err := p.Get()
+	c, err := p.Lender().Get()
 	require.NoError(t, err)
 	assert.Equal(t, cs[1], c)
 	assert.Equal(t, int64(1), p.Stats().Hits)
-	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Lender().Put(c))
 	require.NoError(t, p.Trim())
 	assert.Zero(t, d.Live().Handles)
 	assert.Zero(t, p.Stats().HeldBytes)
@@ -75,9 +75,9 @@ func TestNoCache(t *testing.T) {
 	d := newDriver(t, 64<<20)
 	p, err := chunk.New(d, chunk.Config{MaxCached: -1})
 	require.NoError(t, err)
-	c, err := p.Get()
+	c, err := p.Lender().Get()
 	require.NoError(t, err)
-	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Lender().Put(c))
 	assert.Zero(t, d.Live().Handles)
 	require.NoError(t, p.Close())
 }
@@ -88,21 +88,21 @@ func TestBudget(t *testing.T) {
 	require.NoError(t, err)
 	var cs []chunk.Chunk
 	for range 3 {
-		c, err := p.Get()
+		c, err := p.Lender().Get()
 		require.NoError(t, err)
 		cs = append(cs, c)
 	}
-	_, err = p.Get()
+	_, err = p.Lender().Get()
 	require.ErrorIs(t, err, chunk.ErrBudget)
 	require.ErrorIs(t, err, acl.ErrOutOfMemory)
 	assert.Equal(t, int64(1), p.Stats().Failures)
 	// A cached chunk counts against the budget but serves the next Get.
-	require.NoError(t, p.Put(cs[0]))
-	c, err := p.Get()
+	require.NoError(t, p.Lender().Put(cs[0]))
+	c, err := p.Lender().Get()
 	require.NoError(t, err)
 	cs[0] = c
 	for _, c := range cs {
-		require.NoError(t, p.Put(c))
+		require.NoError(t, p.Lender().Put(c))
 	}
 	require.NoError(t, p.Close())
 }
@@ -111,18 +111,18 @@ func TestDeviceOOM(t *testing.T) {
 	d := newDriver(t, 2*g)
 	p, err := chunk.New(d, chunk.Config{})
 	require.NoError(t, err)
-	a, err := p.Get()
+	a, err := p.Lender().Get()
 	require.NoError(t, err)
-	b, err := p.Get()
+	b, err := p.Lender().Get()
 	require.NoError(t, err)
-	_, err = p.Get()
+	_, err = p.Lender().Get()
 	require.ErrorIs(t, err, acl.ErrOutOfMemory)
 	code, ok := acl.CodeOf(err)
 	require.True(t, ok)
 	require.Equal(t, acl.ErrCodeRTMemoryAllocation, code)
 	assert.Equal(t, int64(2*g), p.Stats().HeldBytes, "a failed allocation holds nothing")
-	require.NoError(t, p.Put(a))
-	require.NoError(t, p.Put(b))
+	require.NoError(t, p.Lender().Put(a))
+	require.NoError(t, p.Lender().Put(b))
 	require.NoError(t, p.Close())
 }
 
@@ -130,13 +130,13 @@ func TestCloseReportsChunksInUse(t *testing.T) {
 	d := newDriver(t, 64<<20)
 	p, err := chunk.New(d, chunk.Config{})
 	require.NoError(t, err)
-	c, err := p.Get()
+	c, err := p.Lender().Get()
 	require.NoError(t, err)
 	require.ErrorContains(t, p.Close(), "1 chunks still in use")
 	require.NoError(t, p.Close(), "second Close")
-	_, err = p.Get()
+	_, err = p.Lender().Get()
 	require.ErrorIs(t, err, chunk.ErrClosed)
-	require.NoError(t, p.Put(c), "a chunk put back after Close is freed")
+	require.NoError(t, p.Lender().Put(c), "a chunk put back after Close is freed")
 	assert.Zero(t, d.Live().Handles)
 }
 
@@ -146,16 +146,16 @@ func TestMapUnmap(t *testing.T) {
 	require.NoError(t, err)
 	base, err := d.ReserveMemAddress(4*g, 0, 0, 0)
 	require.NoError(t, err)
-	c, err := p.Get()
+	c, err := p.Lender().Get()
 	require.NoError(t, err)
-	require.NoError(t, p.Map(base, c))
+	require.NoError(t, p.Lender().Map(base, c))
 	b, err := d.Bytes(base, g)
 	require.NoError(t, err, "Map granted access")
 	b[0] = 1
-	require.Error(t, p.Map(base, c), "double map")
-	require.NoError(t, p.Unmap(base))
-	require.Error(t, p.Unmap(base))
-	require.NoError(t, p.Put(c))
+	require.Error(t, p.Lender().Map(base, c), "double map")
+	require.NoError(t, p.Lender().Unmap(base))
+	require.Error(t, p.Lender().Unmap(base))
+	require.NoError(t, p.Lender().Put(c))
 	require.NoError(t, d.ReleaseMemAddress(base))
 	require.NoError(t, p.Close())
 }
@@ -170,12 +170,12 @@ func TestConcurrentGetPut(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 50 {
-				c, err := p.Get()
+				c, err := p.Lender().Get()
 				if err != nil {
 					assert.ErrorIs(t, err, chunk.ErrBudget)
 					continue
 				}
-				assert.NoError(t, p.Put(c))
+				assert.NoError(t, p.Lender().Put(c))
 			}
 		}()
 	}

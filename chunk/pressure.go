@@ -100,13 +100,13 @@ type Member struct {
 // Join makes c a member of the pool: it may be asked to give chunks back
 // under pressure and, if refill is set, to refill its headroom from the
 // pool's background worker (which Join starts). Leave ends the membership.
-func (p *Pool) Join(c Client, refill bool) (*Member, error) {
+func (p Lender) Join(c Client, refill bool) (*Member, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return nil, ErrClosed
 	}
-	m := &Member{p: p, c: c}
+	m := &Member{p: p.Pool, c: c}
 	if refill {
 		m.w = p.workerLocked()
 	}

@@ -99,7 +99,7 @@ var ErrNoOrder = errFallback
 // On success the caller no longer owns the chunks (it may take one back
 // with Reclaim while it waits). If an event cannot be created or recorded, it
 // returns an error matching ErrNoOrder and nothing changed.
-func (p *Pool) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
+func (p Lender) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
 	if len(ms) == 0 {
 		return nil
 	}
@@ -265,7 +265,7 @@ func (p *Pool) dropEvents() error {
 }
 
 // Pending reports whether a chunk of this pool waits at ptr for the device.
-func (p *Pool) Pending(ptr acl.DevicePtr) bool {
+func (p Lender) Pending(ptr acl.DevicePtr) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	_, ok := p.pending.byAddr[ptr]
@@ -275,7 +275,7 @@ func (p *Pool) Pending(ptr acl.DevicePtr) bool {
 // PendingRange reports, for each of the n chunk-sized slots from ptr,
 // whether a chunk of this pool waits there for the device. It returns nil,
 // allocating nothing, when no chunk of the pool waits anywhere.
-func (p *Pool) PendingRange(ptr acl.DevicePtr, n int) []bool {
+func (p Lender) PendingRange(ptr acl.DevicePtr, n int) []bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.pending.byAddr) == 0 {
@@ -292,7 +292,7 @@ func (p *Pool) PendingRange(ptr acl.DevicePtr, n int) []bool {
 // ptr, still mapped there: no driver call. It waits for an unmap that is
 // under way, or for a relief that claimed the chunk to unmap it (and then has
 // nothing to give). ok is false when no chunk waits at ptr.
-func (p *Pool) Reclaim(ptr acl.DevicePtr) (c Chunk, ok bool) {
+func (p Lender) Reclaim(ptr acl.DevicePtr) (c Chunk, ok bool) {
 	for {
 		p.mu.Lock()
 		it := p.pending.byAddr[ptr]
@@ -316,7 +316,7 @@ func (p *Pool) Reclaim(ptr acl.DevicePtr) (c Chunk, ok bool) {
 
 // ReclaimRange takes back every chunk waiting for the device in
 // [base, base+size), as Reclaim does, in no particular order.
-func (p *Pool) ReclaimRange(base acl.DevicePtr, size uintptr) []Mapped {
+func (p Lender) ReclaimRange(base acl.DevicePtr, size uintptr) []Mapped {
 	var out []Mapped
 	for {
 		p.mu.Lock()
@@ -394,7 +394,7 @@ func (p *Pool) await(ctx context.Context, claims []*batch) []*batch {
 		var ok bool
 		switch {
 		case b.sync && !synced:
-			ok = p.SyncDevice() == nil
+			ok = p.lend().SyncDevice() == nil
 			synced = ok
 			if ok {
 				p.mu.Lock()
@@ -488,7 +488,7 @@ func (p *Pool) complete(b *batch, wait bool) bool {
 	if sync {
 		// No event says when the device is done with these chunks: only a
 		// device-wide wait does, and only when asked to wait.
-		if !wait || p.SyncDevice() != nil {
+		if !wait || p.lend().SyncDevice() != nil {
 			return false
 		}
 		p.mu.Lock()
@@ -511,7 +511,7 @@ func (p *Pool) complete(b *batch, wait bool) bool {
 			p.mu.Lock()
 			p.stats.SyncFallbacks++
 			p.mu.Unlock()
-			if p.SyncDevice() != nil {
+			if p.lend().SyncDevice() != nil {
 				return false // try again later
 			}
 			done = true
@@ -595,7 +595,7 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 				p.out[it.C.Handle] = l
 			}
 			p.mu.Unlock()
-			_ = p.Put(it.C) // out of the pool until now, so it cannot be refused
+			_ = p.lend().Put(it.C) // out of the pool until now, so it cannot be refused
 		}
 		close(it.done) // whoever waits for the unmap finds the chunk back
 		n++
@@ -611,7 +611,7 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 // deadline is honoured while the device is busy. Without streams, or when
 // an event call fails, it waits for the whole device instead (SyncDevice,
 // which ctx cannot cut short).
-func (p *Pool) WaitStreams(ctx context.Context, streams []acl.Stream) error {
+func (p Lender) WaitStreams(ctx context.Context, streams []acl.Stream) error {
 	if len(streams) == 0 {
 		return p.SyncDevice()
 	}

@@ -44,9 +44,9 @@ func scrubPool(t *testing.T, cfg chunk.Config) (*host.Driver, *chunk.Pool, acl.D
 // mapped gets a chunk for owner, maps it at at and returns its bytes.
 func mapped(t *testing.T, d *host.Driver, p *chunk.Pool, o chunk.Tenant, at acl.DevicePtr) (chunk.Chunk, []byte) {
 	t.Helper()
-	c, err := p.GetFor(o)
+	c, err := p.Lender().GetFor(o)
 	require.NoError(t, err)
-	require.NoError(t, p.Map(at, c))
+	require.NoError(t, p.Lender().Map(at, c))
 	b, err := d.Bytes(at, chunkG)
 	require.NoError(t, err)
 	return c, b
@@ -61,30 +61,30 @@ func TestScrubOnReuse(t *testing.T) {
 	c, mem := mapped(t, d, p, a, base)
 	assert.Zero(t, p.Stats().Scrubs, "fresh memory the driver zeroed needs no scrub")
 	copy(mem, "a's secret")
-	require.NoError(t, p.Release(base, c))
-	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Lender().Release(base, c))
+	require.NoError(t, p.Lender().Put(c))
 
 	c, mem = mapped(t, d, p, a, base)
 	assert.Equal(t, "a's secret", string(mem[:10]), "a took its own chunk back, unscrubbed")
 	assert.Zero(t, p.Stats().Scrubs)
-	require.NoError(t, p.Release(base, c))
-	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Lender().Release(base, c))
+	require.NoError(t, p.Lender().Put(c))
 
 	c, mem = mapped(t, d, p, b, base)
 	assert.Equal(t, make([]byte, chunkG), mem, "b sees none of a's bytes")
 	assert.Equal(t, int64(1), p.Stats().Scrubs)
-	require.NoError(t, p.Unmap(base))
-	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Lender().Unmap(base))
+	require.NoError(t, p.Lender().Put(c))
 
 	c, mem = mapped(t, d, p, 0, base)
 	assert.Equal(t, int64(2), p.Stats().Scrubs, "an anonymous owner is a new owner every time")
 	copy(mem, "anon")
-	require.NoError(t, p.Unmap(base))
-	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Lender().Unmap(base))
+	require.NoError(t, p.Lender().Put(c))
 	c, _ = mapped(t, d, p, 0, base)
 	assert.Equal(t, int64(3), p.Stats().Scrubs)
-	require.NoError(t, p.Unmap(base))
-	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Lender().Unmap(base))
+	require.NoError(t, p.Lender().Put(c))
 }
 
 // In ScrubOnRelease mode the chunk is cleared when it is given back, so
@@ -94,21 +94,21 @@ func TestScrubOnRelease(t *testing.T) {
 	a, b := chunk.NewTenant(), chunk.NewTenant()
 	c, mem := mapped(t, d, p, a, base)
 	copy(mem, "a's secret")
-	require.NoError(t, p.Release(base, c))
+	require.NoError(t, p.Lender().Release(base, c))
 	assert.Equal(t, int64(1), p.Stats().Scrubs)
-	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Lender().Put(c))
 	c, mem = mapped(t, d, p, b, base)
 	assert.Equal(t, make([]byte, chunkG), mem)
 	assert.Equal(t, int64(1), p.Stats().Scrubs, "no second scrub on reuse")
 	// A chunk that comes back without Release is scrubbed on reuse instead.
 	copy(mem, "b's secret")
-	require.NoError(t, p.Unmap(base))
-	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Lender().Unmap(base))
+	require.NoError(t, p.Lender().Put(c))
 	c, mem = mapped(t, d, p, a, base)
 	assert.Equal(t, make([]byte, chunkG), mem)
 	assert.Equal(t, int64(2), p.Stats().Scrubs)
-	require.NoError(t, p.Release(base, c))
-	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Lender().Release(base, c))
+	require.NoError(t, p.Lender().Put(c))
 }
 
 // GetFor prefers a cached chunk that needs no scrub.
@@ -117,14 +117,14 @@ func TestGetForPrefersOwnChunk(t *testing.T) {
 	a, b := chunk.NewTenant(), chunk.NewTenant()
 	ca, _ := mapped(t, d, p, a, base)
 	cb, _ := mapped(t, d, p, b, base+chunkG)
-	require.NoError(t, p.Unmap(base))
-	require.NoError(t, p.Put(ca))
-	require.NoError(t, p.Unmap(base+chunkG))
-	require.NoError(t, p.Put(cb)) // on top of the cache
-	c, err := p.GetFor(a)
+	require.NoError(t, p.Lender().Unmap(base))
+	require.NoError(t, p.Lender().Put(ca))
+	require.NoError(t, p.Lender().Unmap(base+chunkG))
+	require.NoError(t, p.Lender().Put(cb)) // on top of the cache
+	c, err := p.Lender().GetFor(a)
 	require.NoError(t, err)
 	assert.Equal(t, ca, c, "a gets its own chunk, not the one on top")
-	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Lender().Put(c))
 }
 
 // Bug: a chunk put back twice sat in the cache twice, so two owners could
@@ -134,18 +134,18 @@ func TestRegressionDoublePutRefused(t *testing.T) {
 	p, err := chunk.New(d, chunk.Config{})
 	require.NoError(t, err)
 	defer p.Close()
-	c, err := p.Get()
+	c, err := p.Lender().Get()
 	require.NoError(t, err)
-	require.NoError(t, p.Put(c))
-	require.ErrorIs(t, p.Put(c), acl.ErrInvalidParam)
+	require.NoError(t, p.Lender().Put(c))
+	require.ErrorIs(t, p.Lender().Put(c), acl.ErrInvalidParam)
 	require.Equal(t, 1, p.Stats().Cached)
-	x, err := p.Get()
+	x, err := p.Lender().Get()
 	require.NoError(t, err)
-	y, err := p.Get()
+	y, err := p.Lender().Get()
 	require.NoError(t, err)
 	require.NotEqual(t, x, y, "two Gets never share a chunk")
-	require.NoError(t, p.Put(x))
-	require.NoError(t, p.Put(y))
+	require.NoError(t, p.Lender().Put(x))
+	require.NoError(t, p.Lender().Put(y))
 }
 
 // Bug: a chunk the driver failed to free was dropped from the cache, though
@@ -158,20 +158,20 @@ func TestRegressionFreeFailureKeepsChunk(t *testing.T) {
 	require.NoError(t, err)
 	var cs []chunk.Chunk
 	for range 3 {
-		c, err := p.Get()
+		c, err := p.Lender().Get()
 		require.NoError(t, err)
 		cs = append(cs, c)
 	}
-	require.NoError(t, p.Put(cs[0])) // cached
+	require.NoError(t, p.Lender().Put(cs[0])) // cached
 	fd.FailNth(faultdriver.FreePhysical, 1, 0)
-	require.NoError(t, p.Put(cs[1]), "the cache is full: the free fails, the pool keeps the chunk")
+	require.NoError(t, p.Lender().Put(cs[1]), "the cache is full: the free fails, the pool keeps the chunk")
 	s := p.Stats()
 	assert.Equal(t, 2, s.Cached)
 	assert.Equal(t, int64(3*chunkG), s.HeldBytes)
 	assert.Equal(t, 3, d.Live().Handles)
-	c, err := p.Get()
+	c, err := p.Lender().Get()
 	require.NoError(t, err, "a kept chunk serves a Get")
-	require.NoError(t, p.Put(c))
+	require.NoError(t, p.Lender().Put(c))
 
 	fd.FailNth(faultdriver.FreePhysical, 1, 0)
 	err = p.Trim()
@@ -182,7 +182,7 @@ func TestRegressionFreeFailureKeepsChunk(t *testing.T) {
 	assert.Equal(t, 1, d.Live().Handles)
 
 	fd.FailNth(faultdriver.FreePhysical, 1, 0)
-	require.NoError(t, p.Put(cs[2]))
+	require.NoError(t, p.Lender().Put(cs[2]))
 	require.Error(t, p.Close(), "Close reports what it could not free")
 	assert.Equal(t, 1, d.Live().Handles)
 	require.NoError(t, p.Close(), "and a second Close frees it")
@@ -200,22 +200,22 @@ func TestMapErrMapped(t *testing.T) {
 	base, err := d.ReserveMemAddress(2*chunkG, 0, 0, 0)
 	require.NoError(t, err)
 	defer d.ReleaseMemAddress(base)
-	c, err := p.Get()
+	c, err := p.Lender().Get()
 	require.NoError(t, err)
-	defer p.Put(c)
+	defer p.Lender().Put(c)
 
 	fd.FailNth(faultdriver.MemSetAccess, 1, 0)
-	err = p.Map(base, c)
+	err = p.Lender().Map(base, c)
 	require.Error(t, err)
 	require.NotErrorIs(t, err, chunk.ErrMapped, "undone: not mapped")
 	require.Zero(t, d.Live().Mappings)
 
 	fd.FailNth(faultdriver.MemSetAccess, 1, 0)
 	fd.FailNth(faultdriver.UnmapMem, 1, 0)
-	err = p.Map(base, c)
+	err = p.Lender().Map(base, c)
 	require.ErrorIs(t, err, chunk.ErrMapped)
 	require.Equal(t, 1, d.Live().Mappings)
-	require.NoError(t, p.Unmap(base))
+	require.NoError(t, p.Lender().Unmap(base))
 }
 
 // BenchmarkScrub measures what scrubbing costs in each mode, per chunk
@@ -246,21 +246,21 @@ func BenchmarkScrub(b *testing.B) {
 				cs := make([]chunk.Chunk, n)
 				cycle := func(o chunk.Tenant) {
 					for i := range cs {
-						c, err := p.GetFor(o)
+						c, err := p.Lender().GetFor(o)
 						if err != nil {
 							b.Fatal(err)
 						}
 						at := base.Add(uintptr(i) * chunkG)
-						if err := p.Map(at, c); err != nil {
+						if err := p.Lender().Map(at, c); err != nil {
 							b.Fatal(err)
 						}
 						cs[i] = c
 					}
 					for i := n - 1; i >= 0; i-- {
-						if err := p.Release(base.Add(uintptr(i)*chunkG), cs[i]); err != nil {
+						if err := p.Lender().Release(base.Add(uintptr(i)*chunkG), cs[i]); err != nil {
 							b.Fatal(err)
 						}
-						if err := p.Put(cs[i]); err != nil {
+						if err := p.Lender().Put(cs[i]); err != nil {
 							b.Fatal(err)
 						}
 					}

@@ -105,7 +105,7 @@ func (p *Pool) putSharedLocked(c Chunk, l lease) error {
 // be Config.Shareable where the driver shares descriptors. A chunk exported
 // read-only (ExportReadOnly) cannot be exported read-write, nor the other
 // way round.
-func (p *Pool) Export(c Chunk, pid int32) (acl.ShareableHandle, error) {
+func (p Lender) Export(c Chunk, pid int32) (acl.ShareableHandle, error) {
 	return p.export(c, pid, false)
 }
 
@@ -114,7 +114,7 @@ func (p *Pool) Export(c Chunk, pid int32) (acl.ShareableHandle, error) {
 // seals the memory against writes through the importer's mappings; ACL
 // and CUDA cannot, and the importer's own API enforces it). This process's
 // mapping of c stays writable.
-func (p *Pool) ExportReadOnly(c Chunk, pid int32) (acl.ShareableHandle, error) {
+func (p Lender) ExportReadOnly(c Chunk, pid int32) (acl.ShareableHandle, error) {
 	return p.export(c, pid, true)
 }
 
@@ -170,7 +170,7 @@ func (p *Pool) export(c Chunk, pid int32, readOnly bool) (acl.ShareableHandle, e
 // never scrubbed; it is freed, not cached, when put back. Importing memory
 // the pool holds already returns the same chunk, which must then be put back
 // as many times.
-func (p *Pool) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
+func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 	if t == 0 {
 		t = NewTenant()
 	}
@@ -234,7 +234,7 @@ func (p *Pool) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 // shared. A failed MapImported unmaps what it mapped, top down; a chunk it
 // cannot unmap is listed in a *LeftMappedError. The chunks are given back as
 // any others: Release or ReleaseAfter, then Put.
-func (p *Pool) MapImported(ptr acl.DevicePtr, cs []Chunk, readOnly bool) error {
+func (p Lender) MapImported(ptr acl.DevicePtr, cs []Chunk, readOnly bool) error {
 	for i, c := range cs {
 		if _, err := p.leaseOf("map", p.at(ptr, i), c); err != nil {
 			return err

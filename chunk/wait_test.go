@@ -25,28 +25,28 @@ func TestWaitQueueOrder(t *testing.T) {
 	p, err := chunk.New(d, chunk.Config{Budget: 2 * g})
 	require.NoError(t, err)
 	defer p.Close()
-	cs, err := p.Acquire(0, 2)
+	cs, err := p.Lender().Acquire(0, 2)
 	require.NoError(t, err)
 
-	mark := p.Mark()
-	_, err = p.Acquire(0, 1)
+	mark := p.Lender().Mark()
+	_, err = p.Lender().Acquire(0, 1)
 	require.ErrorIs(t, err, chunk.ErrBudget)
-	first, err := p.Enqueue(mark)
+	first, err := p.Lender().Enqueue(mark)
 	require.NoError(t, err)
-	second, err := p.Enqueue(p.Mark())
+	second, err := p.Lender().Enqueue(p.Lender().Mark())
 	require.NoError(t, err)
-	assert.Equal(t, 2, p.Waiters())
+	assert.Equal(t, 2, p.Lender().Waiters())
 	assert.False(t, woken(first, 20*time.Millisecond), "nothing was released")
 
-	go func() { assert.NoError(t, p.Put(cs[0])) }()
+	go func() { assert.NoError(t, p.Lender().Put(cs[0])) }()
 	assert.True(t, woken(first, 5*time.Second), "a Put wakes the head")
 	assert.False(t, woken(second, 20*time.Millisecond), "and only the head")
 	first.Done()
 	assert.True(t, woken(second, 5*time.Second), "the head's leaving gives the next its turn")
 	second.Done()
 	second.Done() // twice is harmless
-	assert.Zero(t, p.Waiters())
-	require.NoError(t, p.Put(cs[1]))
+	assert.Zero(t, p.Lender().Waiters())
+	require.NoError(t, p.Lender().Put(cs[1]))
 }
 
 // A release between a failed try and Enqueue is not lost: the mark taken
@@ -56,13 +56,13 @@ func TestWaitMarkCatchesEarlyRelease(t *testing.T) {
 	p, err := chunk.New(d, chunk.Config{Budget: g})
 	require.NoError(t, err)
 	defer p.Close()
-	c, err := p.Get()
+	c, err := p.Lender().Get()
 	require.NoError(t, err)
-	mark := p.Mark()
-	_, err = p.Get()
+	mark := p.Lender().Mark()
+	_, err = p.Lender().Get()
 	require.ErrorIs(t, err, chunk.ErrBudget)
-	require.NoError(t, p.Put(c)) // before the Enqueue
-	w, err := p.Enqueue(mark)
+	require.NoError(t, p.Lender().Put(c)) // before the Enqueue
+	w, err := p.Lender().Enqueue(mark)
 	require.NoError(t, err)
 	defer w.Done()
 	assert.True(t, woken(w, time.Second))
@@ -80,7 +80,7 @@ func TestWaitWokenByFreeAndClose(t *testing.T) {
 	_, err = peer.Warm(2)
 	require.NoError(t, err)
 
-	w, err := p.Enqueue(p.Mark())
+	w, err := p.Lender().Enqueue(p.Lender().Mark())
 	require.NoError(t, err)
 	assert.False(t, woken(w, 20*time.Millisecond))
 	require.NoError(t, peer.Trim())
@@ -93,6 +93,6 @@ func TestWaitWokenByFreeAndClose(t *testing.T) {
 	assert.True(t, woken(w, 5*time.Second), "Close wakes the waiters")
 	w.Done()
 	require.NoError(t, p.Close())
-	_, err = p.Enqueue(p.Mark())
+	_, err = p.Lender().Enqueue(p.Lender().Mark())
 	require.ErrorIs(t, err, chunk.ErrClosed)
 }

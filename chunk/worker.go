@@ -246,7 +246,7 @@ func (p *Pool) fill(target, limit int) (int, error) {
 // whose events have completed (it does not wait for the device). Tests and
 // benchmarks use it to observe a quiet pool; it is never needed for
 // correctness. It returns at once when there is no worker.
-func (p *Pool) Settle() {
+func (p Lender) Settle() {
 	p.mu.Lock()
 	w := p.w
 	p.mu.Unlock()

@@ -251,7 +251,7 @@ func (r *Registry) Collect(f func(Sample)) {
 		for _, row := range poolRows {
 			f(Sample{Metric: row.m, Name: m.name, Label: row.label, Value: row.value(&s)})
 		}
-		f(Sample{Metric: waiters, Name: m.name, Value: float64(m.v.Waiters())})
+		f(Sample{Metric: waiters, Name: m.name, Value: float64(m.v.Stats().Waiters)})
 	}
 }
 

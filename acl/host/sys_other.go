@@ -26,3 +26,5 @@ func memAvailable() uintptr                                          { return 0 
 func maxMapCount() int                                               { return 65530 }
 func sysIsMemfile(fd int) bool                                       { return false }
 func isFDLimit(err error) bool                                       { return false }
+func sysHostAlloc(size uintptr) ([]byte, error)                      { return nil, errNotLinux }
+func sysHostFree(b []byte) error                                     { return errNotLinux }

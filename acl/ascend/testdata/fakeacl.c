@@ -1342,6 +1342,66 @@ API aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t *free_, size_t *total) {
 
 API const char *aclrtGetSocName(void) { return "FakeAscend910B"; }
 
+// ---- page-locked host memory ----
+
+// A host buffer is ordinary memory with a 64-byte-aligned start, as ACL
+// promises, kept on a list so that aclrtFreeHost refuses a pointer
+// aclrtMallocHost did not return (and a second free), and fakeacl_host_live
+// can count what is live.
+struct hostbuf {
+    void *p;
+    size_t size;
+    struct hostbuf *next;
+};
+
+static struct hostbuf *hostbufs;
+
+API aclError aclrtMallocHost(void **hostPtr, size_t size) {
+    ENTER();
+    if (hostPtr == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "hostPtr is NULL");
+    if (size == 0) FAIL(ACL_ERROR_INVALID_PARAM, "size is 0");
+    struct hostbuf *b = calloc(1, sizeof *b);
+    void *p = NULL;
+    if (b == NULL || posix_memalign(&p, 64, size) != 0) {
+        free(b);
+        FAIL(ACL_ERROR_RT_MEMORY_ALLOCATION, "%zu bytes of host memory", size);
+    }
+    b->p = p;
+    b->size = size;
+    b->next = hostbufs;
+    hostbufs = b;
+    *hostPtr = p;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtFreeHost(void *hostPtr) {
+    ENTER();
+    if (hostPtr == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "hostPtr is NULL");
+    for (struct hostbuf **q = &hostbufs; *q != NULL; q = &(*q)->next) {
+        if ((*q)->p == hostPtr) {
+            struct hostbuf *b = *q;
+            *q = b->next;
+            free(b->p);
+            free(b);
+            RET(ACL_SUCCESS);
+        }
+    }
+    FAIL(ACL_ERROR_RT_PARAM_INVALID, "%p is not host memory from aclrtMallocHost", hostPtr);
+}
+
+// fakeacl_host_live reports the host buffers aclrtMallocHost made that
+// aclrtFreeHost has not freed, and their bytes.
+API void fakeacl_host_live(int64_t *n, size_t *bytes) {
+    pthread_mutex_lock(&mu);
+    *n = 0;
+    *bytes = 0;
+    for (struct hostbuf *b = hostbufs; b != NULL; b = b->next) {
+        (*n)++;
+        *bytes += b->size;
+    }
+    pthread_mutex_unlock(&mu);
+}
+
 // ---- sharing between processes ----
 
 #ifndef FAKEACL_NO_SHARE

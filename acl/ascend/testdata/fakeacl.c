@@ -270,6 +270,8 @@ typedef struct {
     uint64_t imported_bytes; // of physical_bytes, those of imported handles
     int64_t streams; // created with aclrtCreateStream and not destroyed
     int64_t events;  // created with aclrtCreateEvent and not destroyed
+    int64_t host_buffers; // made by aclrtMallocHost and not freed
+    uint64_t host_bytes;  // their bytes
 } fakeacl_live_t;
 
 // Everything else a test asserts on.
@@ -1346,8 +1348,8 @@ API const char *aclrtGetSocName(void) { return "FakeAscend910B"; }
 
 // A host buffer is ordinary memory with a 64-byte-aligned start, as ACL
 // promises, kept on a list so that aclrtFreeHost refuses a pointer
-// aclrtMallocHost did not return (and a second free), and fakeacl_host_live
-// can count what is live.
+// aclrtMallocHost did not return (and a second free); fakeacl_live counts
+// the live ones.
 struct hostbuf {
     void *p;
     size_t size;
@@ -1370,6 +1372,8 @@ API aclError aclrtMallocHost(void **hostPtr, size_t size) {
     b->size = size;
     b->next = hostbufs;
     hostbufs = b;
+    live.host_buffers++;
+    live.host_bytes += size;
     *hostPtr = p;
     RET(ACL_SUCCESS);
 }
@@ -1381,6 +1385,8 @@ API aclError aclrtFreeHost(void *hostPtr) {
         if ((*q)->p == hostPtr) {
             struct hostbuf *b = *q;
             *q = b->next;
+            live.host_buffers--;
+            live.host_bytes -= b->size;
             free(b->p);
             free(b);
             RET(ACL_SUCCESS);
@@ -1389,16 +1395,6 @@ API aclError aclrtFreeHost(void *hostPtr) {
     FAIL(ACL_ERROR_RT_PARAM_INVALID, "%p is not host memory from aclrtMallocHost", hostPtr);
 }
 
-// fakeacl_host_live reports the host buffers aclrtMallocHost made that
-// aclrtFreeHost has not freed, and their bytes.
-API void fakeacl_host_live(int64_t *n, size_t *bytes) {
-    pthread_mutex_lock(&mu);
-    *n = 0;
-    *bytes = 0;
-    for (struct hostbuf *b = hostbufs; b != NULL; b = b->next) {
-        (*n)++;
-        *bytes += b->size;
-    }
     pthread_mutex_unlock(&mu);
 }
 

@@ -43,7 +43,7 @@ func (c client) Reclaim(n int) (int, bool) {
 		a.mu.Lock() // the worker's refill, which ends (see client)
 	}
 	defer a.mu.Unlock()
-	if a.closed.Load() {
+	if a.closed.Load() || a.sl.asleep.Load() {
 		return 0, false
 	}
 	defer region(RegionReclaim).End()
@@ -73,7 +73,7 @@ func (c client) Refill() {
 	defer a.mu.Unlock()
 	a.refilling.Store(true)
 	defer a.refilling.Store(false)
-	if a.closed.Load() {
+	if a.closed.Load() || a.sl.asleep.Load() {
 		return
 	}
 	target := min(a.state.Load()&lenMask+a.headroom, a.reserved)

@@ -380,6 +380,10 @@ func (a *Arena) sleepLocked(ctx context.Context, mode SleepMode, note *BackingCh
 		}
 	}
 	if st.awake() {
+		// Every chunk is mapped again, some of them new ones.
+		for i, sl := range st.slots {
+			a.chunks[i] = sl.c
+		}
 		a.thaw(s, l)
 		return err
 	}
@@ -398,9 +402,17 @@ func (a *Arena) sleepLocked(ctx context.Context, mode SleepMode, note *BackingCh
 	a.sl.asleep.Store(true)
 	a.member.Dropped() // growths waiting for memory may take it now
 	*note = a.changed(BackingSlept)
-	a.obs.emit(a, slog.LevelInfo, EventSleep, slog.String("mode", mode.String()), slog.Int("chunks", len(st.slots)))
+	a.logSleep(EventSleep, mode, len(st.slots))
 	return err
 }
+
+// logSleep reports a sleep or a wake to Config.Logger.
+func (a *Arena) logSleep(ev string, mode SleepMode, chunks int) {
+	if a.obs.on(slog.LevelInfo) {
+		a.obs.emit(a, slog.LevelInfo, ev, slog.String("mode", mode.String()), slog.Int("chunks", chunks))
+	}
+}
+
 
 // asleep reports whether a failed Sleep must stay asleep: a Discard that
 // freed chunks (their bytes are gone, by request).
@@ -590,7 +602,7 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	s := a.state.Load()
 	a.thaw(s, s&lenMask)
 	*note = a.changed(BackingWoke)
-	a.obs.emit(a, slog.LevelInfo, EventWake, slog.String("mode", st.mode.String()), slog.Int("chunks", len(st.slots)))
+	a.logSleep(EventWake, st.mode, len(st.slots))
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/units"
 )
@@ -413,7 +414,6 @@ func (a *Arena) logSleep(ev string, mode SleepMode, chunks int) {
 	}
 }
 
-
 // asleep reports whether a failed Sleep must stay asleep: a Discard that
 // freed chunks (their bytes are gone, by request).
 func (st *sleepState) asleep() bool {
@@ -460,46 +460,61 @@ func (a *Arena) freeStrays() error {
 	return errors.Join(errs...)
 }
 
-// offload copies each chunk's bytes below Len to the host copy, on a
-// goroutine of its own, while this one unmaps and frees the chunks whose
-// copy is done: the copy of chunk i+1 overlaps the unmap and free of chunk
-// i. It stops at the first failure, leaving st to say what went.
+// pipeStep is the most bytes one copy of Sleep's and Wake's pipelines
+// moves: large enough that a copy runs at the link's speed and costs one
+// call, small enough that the unmaps (or maps) of one step overlap the
+// copy of the next.
+const pipeStep = 16 << 20
+
+// step is the chunks one pipeline step covers.
+func (a *Arena) step() int { return max(1, int(pipeStep/a.chunkSize)) }
+
+// offload copies the bytes below Len to the host copy, a step of chunks at
+// a time, on a goroutine of its own, while this one unmaps and frees the
+// chunks whose copy is done: the copy of step j+1 overlaps the unmaps and
+// frees of step j. It stops at the first failure, leaving st to say what
+// went.
 func (a *Arena) offload(st *sleepState) error {
 	cs := a.chunkSize
 	data := int((st.len + cs - 1) / cs) // chunks holding bytes in use
-	done := make(chan error, data)
+	k := a.step()
+	steps := (data + k - 1) / k
+	done := make(chan error, steps)
 	var stop atomic.Bool
 	go func() {
-		for i := 0; i < data; i++ {
+		for j := range steps {
 			if stop.Load() {
 				done <- errStopped
 				continue
 			}
-			lo := uint64(i) * cs
-			hi := min(lo+cs, st.len)
-			done <- a.drv.MemcpyDtoH(a.sl.host[lo:hi], a.at(i))
+			lo := uint64(j*k) * cs
+			hi := min(lo+uint64(k)*cs, st.len)
+			done <- a.drv.MemcpyDtoH(a.sl.host[lo:hi], a.at(j*k))
 		}
 	}()
-	drain := func(from int) {
+	waited := 0 // steps whose copy was received
+	drain := func() {
 		stop.Store(true)
-		for j := from; j < data; j++ {
+		for ; waited < steps; waited++ {
 			<-done
 		}
 	}
 	for i := range st.slots {
-		if i < data {
-			if err := <-done; err != nil {
-				drain(i + 1)
-				return fmt.Errorf("copy chunk %d to the host: %w", i, err)
+		if i < data && i%k == 0 {
+			err := <-done
+			waited++
+			if err != nil {
+				drain()
+				return fmt.Errorf("copy to the host at chunk %d: %w", i, err)
 			}
 		}
 		if err := a.pool.Unmap(a.at(i)); err != nil {
-			drain(min(i+1, data))
+			drain()
 			return err
 		}
 		st.slots[i].state = slotHeld
 		if err := a.pool.Free(st.slots[i].c); err != nil {
-			drain(min(i+1, data))
+			drain()
 			return err
 		}
 		st.slots[i] = slot{state: slotGone}
@@ -606,29 +621,18 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	return nil
 }
 
-// restore maps every slot of st that is not mapped, from the bottom up:
-// held chunks as they are, gone ones with chunks from the pool; and, in
-// Offload mode, copies each one's bytes below st.len back from the host
-// copy, on a goroutine of its own, while the next is mapped. With undo set
-// (a failed Sleep putting back what it took) the chunks are mapped without
-// streams. On failure it unmaps what it mapped (gone slots' new chunks go
-// back to the pool, held ones stay held), so st is as it was, and returns
-// the error; a chunk it cannot unmap stays mapped, marked pending when its
-// bytes were not restored. Call with mu held.
+// restore maps every slot of st that is not mapped, from the bottom up, a
+// run of up to a step of adjacent slots at a time: held chunks as they
+// are, gone ones with chunks the pool's Acquire gives (it may reclaim memory
+// other arenas hold unused), a run at a time. In Offload mode it copies each
+// run's bytes below st.len back from the host copy, on a goroutine of its
+// own, while the next run is mapped. With undo set (a failed Sleep putting
+// back what it took) nothing is queued on the streams. On failure it
+// unmaps what it mapped (gone slots' new chunks go back to the pool, held
+// ones stay held), so st is as it was, and returns the error; a chunk it
+// cannot unmap stays mapped, marked pending (its bytes not restored). Call
+// with mu held.
 func (a *Arena) restore(st *sleepState, undo bool) error {
-	need := 0
-	for _, s := range st.slots {
-		if s.state == slotGone {
-			need++
-		}
-	}
-	var fresh []chunk.Chunk
-	if need > 0 {
-		var err error
-		if fresh, err = a.pool.Acquire(a.tenant, need); err != nil {
-			return err
-		}
-	}
 	cs := a.chunkSize
 	offload := st.mode == Offload
 	// Scrubs queued on a stream would race the host copy's synchronous
@@ -637,18 +641,23 @@ func (a *Arena) restore(st *sleepState, undo bool) error {
 	if offload || undo {
 		streams = nil
 	}
-	type job struct {
-		i      int
-		lo, hi uint64
-	}
+	type job struct{ lo, hi uint64 }
 	jobs := make(chan job, len(st.slots))
 	done := make(chan error, len(st.slots))
 	if offload {
 		go func() {
 			for j := range jobs {
-				done <- a.drv.MemcpyHtoD(a.at(j.i), a.sl.host[j.lo:j.hi])
+				done <- a.drv.MemcpyHtoD(a.base.Add(uintptr(j.lo)), a.sl.host[j.lo:j.hi])
 			}
 		}()
+	}
+	copyRun := func(from, to int) int { // queue the copy of slots [from, to)
+		lo, hi := uint64(from)*cs, min(uint64(to)*cs, st.len)
+		if !offload || lo >= hi {
+			return 0
+		}
+		jobs <- job{lo, hi}
+		return 1
 	}
 	prev := make([]slotState, len(st.slots)) // what each slot was, for the undo
 	for i, s := range st.slots {
@@ -656,41 +665,73 @@ func (a *Arena) restore(st *sleepState, undo bool) error {
 	}
 	var mapped, touched []int // slots this call mapped; those and the pending ones it restores
 	var unplaced []chunk.Chunk
-	scrubbed, copies, k := 0, 0, 0
+	scrubbed, copies := 0, 0
 	var err error
-	for i := range st.slots {
-		s := st.slots[i]
-		if s.state == slotMapped {
+	k := a.step()
+	for i := 0; i < len(st.slots) && err == nil; {
+		switch st.slots[i].state {
+		case slotMapped:
+			i++
+			continue
+		case slotPending: // mapped by an earlier try; its bytes still to restore
+			touched = append(touched, i)
+			copies += copyRun(i, i+1)
+			i++
 			continue
 		}
-		if s.state != slotPending {
-			c := s.c
-			if s.state == slotGone {
-				c = fresh[k]
-				k++
+		// A run of up to a step of slots to map; the chunks for the gone
+		// ones come from the pool now, while the copy of the run before
+		// runs.
+		j, need := i, 0
+		for j < len(st.slots) && j-i < k && (st.slots[j].state == slotHeld || st.slots[j].state == slotGone) {
+			if st.slots[j].state == slotGone {
+				need++
 			}
-			sc, merr := a.pool.MapRange(a.at(i), []chunk.Chunk{c}, streams)
-			if merr != nil {
-				err = merr
-				var left *chunk.LeftMappedError
-				switch {
-				case errors.As(merr, &left):
-					st.slots[i] = slot{c: c, state: slotPending} // mapped, bytes not restored
-					mapped = append(mapped, i)
-				case s.state == slotGone:
-					unplaced = append(unplaced, c)
-				}
+			j++
+		}
+		var fresh []chunk.Chunk
+		if need > 0 {
+			if fresh, err = a.pool.Acquire(a.tenant, need); err != nil {
 				break
 			}
-			scrubbed += sc
-			st.slots[i] = slot{c: c, state: slotPending}
-			mapped = append(mapped, i)
 		}
-		touched = append(touched, i)
-		if lo := uint64(i) * cs; offload && lo < st.len {
-			jobs <- job{i, lo, min(lo+cs, st.len)}
-			copies++
+		run := make([]chunk.Chunk, 0, j-i)
+		for x := i; x < j; x++ {
+			c := st.slots[x].c
+			if st.slots[x].state == slotGone {
+				c, fresh = fresh[0], fresh[1:]
+			}
+			run = append(run, c)
 		}
+		sc, merr := a.pool.MapRange(a.at(i), run, streams)
+		if merr != nil {
+			err = merr
+			left := map[acl.DevicePtr]bool{}
+			var lm *chunk.LeftMappedError
+			if errors.As(merr, &lm) {
+				for _, m := range lm.Left {
+					left[m.At] = true
+				}
+			}
+			for x, c := range run {
+				switch {
+				case left[a.at(i+x)]:
+					st.slots[i+x] = slot{c: c, state: slotPending} // mapped, bytes not restored
+					mapped = append(mapped, i+x)
+				case prev[i+x] == slotGone:
+					unplaced = append(unplaced, c)
+				}
+			}
+			break
+		}
+		scrubbed += sc
+		for x, c := range run {
+			st.slots[i+x] = slot{c: c, state: slotPending}
+			mapped = append(mapped, i+x)
+			touched = append(touched, i+x)
+		}
+		copies += copyRun(i, j)
+		i = j
 	}
 	close(jobs)
 	for ; copies > 0; copies-- {
@@ -722,7 +763,7 @@ func (a *Arena) restore(st *sleepState, undo bool) error {
 			st.slots[i].state = slotHeld
 		}
 	}
-	for _, c := range append(unplaced, fresh[k:]...) {
+	for _, c := range unplaced {
 		err = errors.Join(err, a.pool.Put(c))
 	}
 	return err

@@ -28,6 +28,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -68,13 +69,14 @@ type options struct {
 	kv      workload.KV
 	scratch workload.Scratch
 	churn   workload.Churn
+	swap    workload.Swap
 
 	calibrate   bool   // measure the driver and write a model profile instead (calibrate.go)
 	profileOut  string // where -calibrate writes the profile
 	profileBase string // the profile -calibrate carries estimates over from
 }
 
-var workloadNames = []string{"kv", "scratch", "churn"}
+var workloadNames = []string{"kv", "scratch", "churn", "swap"}
 
 var scrubs = map[string]chunk.Scrub{"reuse": chunk.ScrubOnReuse, "release": chunk.ScrubOnRelease, "never": chunk.ScrubNever}
 
@@ -96,6 +98,7 @@ var quickValues = map[string]string{
 	"churn-period":       "15",
 	"churn-demand":       "8MiB:32MiB",
 	"micro-iters":        "20",
+	"swap-size":          "64MiB",
 	"alloc-iters":        "1048576",
 }
 
@@ -110,6 +113,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			SpikeProb: 0.03, SpikeMin: 16 << 20, SpikeMax: 64 << 20, Window: 8},
 		churn: workload.Churn{Tenants: 4, Steps: 160, Period: 40, Lo: 64 << 20, Hi: 512 << 20,
 			Tensor: 4 << 20, Jitter: 0.05},
+		swap: workload.Swap{Size: 1 << 30, Reps: 3},
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	// The flag package prints its error and the whole usage on a bad flag;
@@ -173,6 +177,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.churn.Period, "churn-period", o.churn.Period, "churn: steps per demand cycle")
 	fs.Var(sizeRangeFlag{&o.churn.Lo, &o.churn.Hi}, "churn-demand", "churn: demand per tenant, lo:hi")
 	fs.Var(sizeFlag{&o.churn.Tensor}, "churn-tensor", "churn: tensor size")
+	fs.Var(sizeFlag{&o.swap.Size}, "swap-size", "swap: bytes in the arena that sleeps and wakes")
+	fs.IntVar(&o.swap.Reps, "swap-reps", o.swap.Reps, "swap: repetitions of each measurement (the median is reported)")
 	fs.Float64Var(&o.churn.Jitter, "churn-jitter", o.churn.Jitter, "churn: demand noise, a fraction")
 	fs.Var(sizeFlag{&o.churn.BudgetBytes}, "churn-budget", "churn: physical budget (0: the most asked at once, ×(1+jitter), +5%, + 2 chunks per tenant)")
 
@@ -217,6 +223,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-headroom %d, -ahead %d: want 0 or more", o.headroom, o.ahead)
 	}
 	o.kv.Seed, o.scratch.Seed, o.churn.Seed = o.seed, o.seed, o.seed
+	o.swap.Chunk = o.chunk
 	return o, nil
 }
 
@@ -226,6 +233,8 @@ func (o *options) workload(name string) workload.Workload {
 		return o.kv
 	case "scratch":
 		return o.scratch
+	case "swap":
+		return o.swap
 	}
 	return o.churn
 }
@@ -259,6 +268,7 @@ type suite struct {
 	gran    int64
 	results []*workload.Result
 	micro   *microResult
+	swap    *workload.SwapResult
 	started time.Time
 	elapsed time.Duration
 }
@@ -298,7 +308,11 @@ func run(o *options, stdout io.Writer) error {
 	}
 	fmt.Fprintln(stdout)
 
+	swap := slices.Contains(o.workloads, "swap")
 	units := o.count * len(o.workloads) * len(o.strategies)
+	if swap {
+		units += 1 - o.count*len(o.strategies) // once, on the arena alone
+	}
 	if o.micro {
 		units++
 	}
@@ -306,6 +320,9 @@ func run(o *options, stdout io.Writer) error {
 	done := 0
 	for rep := range o.count {
 		for wi, wname := range o.workloads {
+			if wname == "swap" {
+				continue // below, once
+			}
 			w := o.workload(wname)
 			// Rotate the order every repetition and workload, so no strategy
 			// always runs first (or right after the most memory-hungry one).
@@ -334,6 +351,16 @@ func run(o *options, stdout io.Writer) error {
 			return err
 		}
 		s.micro = m
+	}
+	if swap {
+		bar.set(done, 0, "swap: sleep and wake")
+		r, err := o.swap.Measure(s.drv)
+		if err != nil {
+			bar.clear()
+			return fmt.Errorf("swap: %w", err)
+		}
+		s.swap = &r
+		done++
 	}
 	bar.clear()
 	s.elapsed = time.Since(s.started)

@@ -6,7 +6,10 @@
 // continuous batching, per-step activation scratch with spikes, tenants
 // churning under one budget). Each runs on four strategies (the arena,
 // realloc-and-copy, preallocate-worst-case, allocate-per-tensor) through a
-// driver wrapper that counts and times every call. The suite prints a table,
+// driver wrapper that counts and times every call. A fourth, swap, runs on
+// the arena alone: it puts an arena to sleep and wakes it (Offload and
+// Discard) and compares the times with the raw copies, the bare driver calls
+// and a full reload. The suite prints a table,
 // and writes results.json, bench.txt (Go benchmark format, for benchstat) and
 // PNG plots to -out.
 //
@@ -78,6 +81,10 @@ type options struct {
 
 var workloadNames = []string{"kv", "scratch", "churn", "swap"}
 
+// replayed are the workloads that replay on every strategy; swap runs on
+// the arena alone, once.
+var replayed = []string{"kv", "scratch", "churn"}
+
 var scrubs = map[string]chunk.Scrub{"reuse": chunk.ScrubOnReuse, "release": chunk.ScrubOnRelease, "never": chunk.ScrubNever}
 
 // quickValues are the flag values -quick uses, for flags not set explicitly.
@@ -130,7 +137,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		fs.PrintDefaults()
 	}
 	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole suite in seconds")
-	fs.Var(listFlag{&o.workloads, workloadNames}, "workloads", "workloads to run: kv, scratch, churn, or all")
+	fs.Var(listFlag{&o.workloads, workloadNames}, "workloads", "workloads to run: kv, scratch, churn, swap, or all")
 	fs.Var(listFlag{&o.strategies, strategy.Names}, "strategies", "strategies to compare: arena, arena-eager, realloc, prealloc, pertensor, or all")
 	fs.IntVar(&o.count, "count", 1, "repetitions; each runs the strategies in a rotated order")
 	fs.StringVar(&o.out, "out", filepath.Join("bench", "out"), "directory for results.json, bench.txt and the plots")

@@ -581,10 +581,11 @@ func (r *report) printTable(w io.Writer) {
 		h := func(ns int64) string { return workload.HumanNS(float64(ns)) }
 		x := sw.Ratios
 		fmt.Fprintf(w, "== swap: %s\n", o.swap.Describe())
-		fmt.Fprintf(w, "  %s in %s chunks; raw copies of it: HtoD %s, DtoH %s (pinned host memory)\n",
-			workload.HumanBytes(sw.Bytes), workload.HumanBytes(sw.ChunkSize), h(sw.RawHtoDNS), h(sw.RawDtoHNS))
-		fmt.Fprintf(w, "  Offload: sleep %s (÷ DtoH %.3f; the first, which pins its host buffer, %s), wake %s (÷ HtoD %.3f)\n",
-			h(sw.OffloadSleepNS), x.OffloadSleepVsDtoH, h(sw.OffloadFirstSleepNS), h(sw.OffloadWakeNS), x.OffloadWakeVsHtoD)
+		fmt.Fprintf(w, "  %s in %s chunks; raw copies of it (pinned host memory, touched device memory): HtoD %s, DtoH %s; in 16 MiB steps %s, %s\n",
+			workload.HumanBytes(sw.Bytes), workload.HumanBytes(sw.ChunkSize), h(sw.RawHtoDNS), h(sw.RawDtoHNS), h(sw.StepHtoDNS), h(sw.StepDtoHNS))
+		fmt.Fprintf(w, "  Offload: sleep %s (÷ DtoH %.3f, ÷ the steps %.3f; the first, which pins its host buffer, %s), wake %s (÷ HtoD %.3f, ÷ the steps %.3f)\n",
+			h(sw.OffloadSleepNS), x.OffloadSleepVsDtoH, x.OffloadSleepVsSteps, h(sw.OffloadFirstSleepNS), h(sw.OffloadWakeNS),
+			x.OffloadWakeVsHtoD, x.OffloadWakeVsSteps)
 		fmt.Fprintf(w, "  Discard: sleep %s + wake %s, ÷ the bare unmap, free, malloc, map and access calls (%s) %.3f\n",
 			h(sw.DiscardSleepNS), h(sw.DiscardWakeNS), h(sw.BareNS), x.DiscardCycleVsBare)
 		fmt.Fprintf(w, "  a full reload (close, new, alloc, copy in from Go memory) %s, %.2f× an Offload wake\n",

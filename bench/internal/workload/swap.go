@@ -40,6 +40,10 @@ type SwapResult struct {
 
 	RawHtoDNS int64 `json:"raw_htod_ns"` // one MemcpyHtoD of Bytes from pinned host memory into mapped device memory
 	RawDtoHNS int64 `json:"raw_dtoh_ns"` // one MemcpyDtoH of Bytes into pinned host memory
+	// The same copies in the steps Sleep and Wake copy in (16 MiB), one
+	// after another: what the copies alone cost at the arena's granularity.
+	StepHtoDNS int64 `json:"step_htod_ns"`
+	StepDtoHNS int64 `json:"step_dtoh_ns"`
 
 	OffloadSleepNS      int64 `json:"offload_sleep_ns"`       // Sleep(Offload), the pinned buffer kept from an earlier cycle
 	OffloadWakeNS       int64 `json:"offload_wake_ns"`        // Wake of it
@@ -79,8 +83,9 @@ func (c Swap) Measure(drv acl.Driver) (r SwapResult, err error) {
 	}
 	reloadSrc := make([]byte, size) // a checkpoint in ordinary memory
 	copy(reloadSrc, host)
+	tenant := chunk.NewTenant() // one model: its memory needs no clearing between its arenas
 	newArena := func() (*arena.Arena, arena.Buffer, error) {
-		a, err := arena.New(arena.Config{Pool: pool, Reserve: size})
+		a, err := arena.New(arena.Config{Pool: pool, Reserve: size, Tenant: tenant})
 		if err != nil {
 			return nil, arena.Buffer{}, err
 		}
@@ -104,6 +109,18 @@ func (c Swap) Measure(drv acl.Driver) (r SwapResult, err error) {
 		return time.Since(t0).Nanoseconds(), err
 	}
 
+	const step = 16 << 20
+	steps := func(fn func(lo, hi int64) error) func() error {
+		return func() error {
+			for lo := int64(0); lo < size; lo += step {
+				if err := fn(lo, min(lo+step, size)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+	}
+	var shtod, sdtoh []int64
 	var htod, dtoh, osleep, owake, dsleep, dwake, bare, reload []int64
 	for rep := range c.Reps {
 		// The raw copies run on memory mapped and touched already: the
@@ -120,6 +137,14 @@ func (c Swap) Measure(drv acl.Driver) (r SwapResult, err error) {
 			return r, err
 		}
 		dtoh = append(dtoh, ns)
+		if ns, err = timed(steps(func(lo, hi int64) error { return drv.MemcpyHtoD(b.Ptr().Add(uintptr(lo)), host[lo:hi]) })); err != nil {
+			return r, err
+		}
+		shtod = append(shtod, ns)
+		if ns, err = timed(steps(func(lo, hi int64) error { return drv.MemcpyDtoH(host[lo:hi], b.Ptr().Add(uintptr(lo))) })); err != nil {
+			return r, err
+		}
+		sdtoh = append(sdtoh, ns)
 
 		if ns, err = timed(func() error { return a.Sleep(ctx, arena.Offload) }); err != nil {
 			return r, err
@@ -170,7 +195,7 @@ func (c Swap) Measure(drv acl.Driver) (r SwapResult, err error) {
 				return err
 			}
 			var err error
-			if ra, err = arena.New(arena.Config{Pool: pool, Reserve: size}); err != nil {
+			if ra, err = arena.New(arena.Config{Pool: pool, Reserve: size, Tenant: tenant}); err != nil {
 				return err
 			}
 			rb, err := ra.Alloc(int(size), 1)
@@ -190,6 +215,7 @@ func (c Swap) Measure(drv acl.Driver) (r SwapResult, err error) {
 		osleep = []int64{r.OffloadFirstSleepNS}
 	}
 	r.RawHtoDNS, r.RawDtoHNS = median(htod), median(dtoh)
+	r.StepHtoDNS, r.StepDtoHNS = median(shtod), median(sdtoh)
 	r.OffloadSleepNS, r.OffloadWakeNS = median(osleep), median(owake)
 	r.DiscardSleepNS, r.DiscardWakeNS = median(dsleep), median(dwake)
 	r.BareNS, r.ReloadNS = median(bare), median(reload)
@@ -279,6 +305,8 @@ type SwapRatios struct {
 	OffloadSleepVsDtoH  float64 `json:"offload_sleep_vs_dtoh"`  // Offload Sleep ÷ raw DtoH
 	DiscardCycleVsBare  float64 `json:"discard_cycle_vs_bare"`  // Discard Sleep + Wake ÷ the bare driver calls
 	ReloadVsOffloadWake float64 `json:"reload_vs_offload_wake"` // full reload ÷ Offload Wake
+	OffloadWakeVsSteps  float64 `json:"offload_wake_vs_steps"`  // Offload Wake ÷ the HtoD copies in 16 MiB steps
+	OffloadSleepVsSteps float64 `json:"offload_sleep_vs_steps"` // Offload Sleep ÷ the DtoH copies in 16 MiB steps
 	FirstSleepVsSteady  float64 `json:"first_sleep_vs_steady"`  // the first Offload Sleep (pinning) ÷ a later one
 }
 
@@ -296,5 +324,7 @@ func (r SwapResult) Ratios() SwapRatios {
 		DiscardCycleVsBare:  div(r.DiscardSleepNS+r.DiscardWakeNS, r.BareNS),
 		ReloadVsOffloadWake: div(r.ReloadNS, r.OffloadWakeNS),
 		FirstSleepVsSteady:  div(r.OffloadFirstSleepNS, r.OffloadSleepNS),
+		OffloadWakeVsSteps:  div(r.OffloadWakeNS, r.StepHtoDNS),
+		OffloadSleepVsSteps: div(r.OffloadSleepNS, r.StepDtoHNS),
 	}
 }

@@ -601,6 +601,9 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	}
 	defer region(RegionWake).End()
 	st := a.sl.st
+	if err := a.trimSlots(st); err != nil {
+		return err
+	}
 	if err := a.restore(st, false); err != nil {
 		return err
 	}
@@ -618,6 +621,33 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	a.thaw(s, s&lenMask)
 	*note = a.changed(BackingWoke)
 	a.logSleep(EventWake, st.mode, len(st.slots))
+	a.wantHeadroom(s & lenMask)
+	return nil
+}
+
+// trimSlots drops the slots a Wake need not map back: those above Len and
+// what Grow promised, which held only headroom or memory the arena had
+// dropped (a pool under pressure could have taken them anyway, and the
+// arena maps them again as it grows). A slot still holding a chunk there is
+// kept, or its chunk given back: held ones are freed, and mapped ones (a
+// double fault's) keep every slot below them. Call with mu held.
+func (a *Arena) trimSlots(st *sleepState) error {
+	keep := int(a.keepBytes(a.state.Load()&lenMask) / a.chunkSize)
+	for i := len(st.slots) - 1; i >= keep; i-- {
+		switch st.slots[i].state {
+		case slotMapped, slotPending:
+			keep = i + 1
+		case slotHeld:
+			if err := a.pool.Free(st.slots[i].c); err != nil {
+				return err
+			}
+			st.slots[i] = slot{state: slotGone}
+		}
+	}
+	if keep < len(st.slots) {
+		clear(st.slots[keep:])
+		st.slots = st.slots[:keep]
+	}
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 
@@ -401,4 +402,133 @@ func TestSleepBadInput(t *testing.T) {
 	require.ErrorIs(t, c.Wake(context.Background()), arena.ErrClosed)
 	require.Zero(t, e.hd.Live().HostBuffers)
 	require.True(t, errors.Is(c.Sleep(context.Background(), arena.Discard), arena.ErrClosed))
+}
+
+// TestSleepRandom mixes Sleep and Wake with the other operations on three
+// arenas that share a budgeted pool, with a fault injected at a random call
+// of about a third of the operations, and checks after every step: an awake
+// arena's bytes below Len are what was written (unless a Discard dropped
+// them), a sleeping one has Cap 0, pointers never move, and with every arena
+// asleep the driver holds no physical memory at all.
+func TestSleepRandom(t *testing.T) {
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { sleepRandom(t, seed) })
+	}
+}
+
+func sleepRandom(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 18))
+	hd, err := host.New(host.Config{Capacity: 256 << 20})
+	require.NoError(t, err)
+	defer hd.Close()
+	fd := faultdriver.New(hd)
+	pool, err := chunk.New(fd, chunk.Config{Budget: 24 << 20, MaxCached: 4})
+	require.NoError(t, err)
+	type model struct {
+		a     *arena.Arena
+		want  []byte // the bytes below Len, when known
+		known bool
+		base  acl.DevicePtr
+	}
+	ms := make([]*model, 3)
+	for i := range ms {
+		a, err := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20})
+		require.NoError(t, err)
+		ms[i] = &model{a: a, known: true, base: a.Base()}
+	}
+	ctx := context.Background()
+	var slept, woke, faulted int
+	for step := range 300 {
+		m := ms[rng.IntN(len(ms))]
+		a := m.a
+		if rng.IntN(3) == 0 {
+			fd.FailNth(faultdriver.Any, 1+rng.IntN(30), 0)
+		}
+		switch op := rng.IntN(7); op {
+		case 0, 1: // allocate and write
+			n := 1 + rng.IntN(3<<20)
+			b, err := a.Alloc(n, 1)
+			if err != nil {
+				break
+			}
+			data := make([]byte, n)
+			for i := range data {
+				data[i] = byte(rng.Uint32())
+			}
+			if err := arena.CopyIn(b, data); err != nil {
+				m.known = false // a failed copy may have written part
+				m.want = append(m.want, make([]byte, n)...)
+				break
+			}
+			m.want = append(m.want, data...)
+		case 2:
+			n := rng.IntN(a.Len() + 1)
+			if a.Truncate(n) == nil {
+				m.want = m.want[:n]
+				m.known = m.known || n == 0
+			}
+		case 3:
+			_ = a.Shrink()
+		case 4:
+			mode := arena.Offload
+			if rng.IntN(3) == 0 {
+				mode = arena.Discard
+			}
+			wasAsleep := a.Asleep()
+			err := a.Sleep(ctx, mode)
+			if (err == nil || a.Asleep()) && mode == arena.Discard && !wasAsleep {
+				m.known = false
+			}
+			if err == nil && !wasAsleep {
+				slept++
+			}
+		case 5, 6:
+			if a.Asleep() && a.Wake(ctx) == nil {
+				woke++
+			}
+		}
+		fd.Clear()
+		for i, x := range ms {
+			require.Equal(t, x.base, x.a.Base())
+			if x.a.Asleep() {
+				require.Zero(t, x.a.Cap(), "step %d arena %d", step, i)
+				continue
+			}
+			require.LessOrEqual(t, x.a.Len(), x.a.Cap(), "step %d arena %d", step, i)
+			require.Equal(t, len(x.want), x.a.Len(), "step %d arena %d", step, i)
+			if x.known && x.a.Len() > 0 {
+				got := make([]byte, x.a.Len())
+				whole, err := x.a.Slice(0, x.a.Len())
+				require.NoError(t, err)
+				require.NoError(t, arena.CopyOut(got, whole))
+				require.True(t, bytes.Equal(x.want, got), "step %d arena %d: bytes changed", step, i)
+			}
+		}
+		if step%50 == 49 {
+			// Everything asleep: the driver holds nothing physical.
+			// (A sleeping arena's Sleep frees what an earlier one could not.)
+			for _, x := range ms {
+				require.NoError(t, x.a.Sleep(ctx, arena.Offload))
+			}
+			require.NoError(t, pool.Trim())
+			require.Zero(t, hd.Live().Handles, "%+v", hd.Live())
+			for _, x := range ms {
+				if err := x.a.Wake(ctx); err != nil {
+					// The arenas may hold more than the budget between them.
+					require.ErrorIs(t, err, arena.ErrOutOfMemory)
+					require.True(t, x.a.Asleep())
+				}
+			}
+		}
+	}
+	faulted = int(fd.Injected(faultdriver.Any))
+	t.Logf("%d sleeps and %d wakes succeeded, %d faults injected", slept, woke, faulted)
+	require.Greater(t, slept, 10)
+	require.Greater(t, woke, 10)
+	require.Greater(t, faulted, 10)
+	for _, x := range ms {
+		require.NoError(t, x.a.Close())
+	}
+	require.NoError(t, pool.Close())
+	require.True(t, hd.Live().Zero(), "%+v", hd.Live())
 }

@@ -405,8 +405,8 @@ func TestSleepBadInput(t *testing.T) {
 }
 
 // TestSleepRandom mixes Sleep and Wake with the other operations on three
-// arenas that share a budgeted pool, with a fault injected at a random call
-// of about a third of the operations, and checks after every step: an awake
+// arenas that share a budgeted pool, with a fault injected at one of the
+// first calls of half the operations, and checks after every step: an awake
 // arena's bytes below Len are what was written (unless a Discard dropped
 // them), a sleeping one has Cap 0, pointers never move, and with every arena
 // asleep the driver holds no physical memory at all.
@@ -438,11 +438,11 @@ func sleepRandom(t *testing.T, seed uint64) {
 	}
 	ctx := context.Background()
 	var slept, woke, faulted int
-	for step := range 300 {
+	for step := range 400 {
 		m := ms[rng.IntN(len(ms))]
 		a := m.a
-		if rng.IntN(3) == 0 {
-			fd.FailNth(faultdriver.Any, 1+rng.IntN(30), 0)
+		if rng.IntN(2) == 0 {
+			fd.FailNth(faultdriver.Any, 1+rng.IntN(6), 0)
 		}
 		switch op := rng.IntN(7); op {
 		case 0, 1: // allocate and write
@@ -523,8 +523,8 @@ func sleepRandom(t *testing.T, seed uint64) {
 	}
 	faulted = int(fd.Injected(faultdriver.Any))
 	t.Logf("%d sleeps and %d wakes succeeded, %d faults injected", slept, woke, faulted)
-	require.Greater(t, slept, 10)
-	require.Greater(t, woke, 10)
+	require.Greater(t, slept, 5)
+	require.Greater(t, woke, 5)
 	require.Greater(t, faulted, 10)
 	for _, x := range ms {
 		require.NoError(t, x.a.Close())

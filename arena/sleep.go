@@ -271,9 +271,9 @@ func (a *Arena) hostFor(n uint64) error {
 // range: it waits for the work queued on Config.Streams (without streams, for
 // the device), then unmaps every chunk and frees it to the driver, not to
 // the pool's cache (a private pool's cache is freed too). In Offload mode
-// the bytes in use are first copied to pinned host memory, a chunk at a
-// time, the copy of one chunk overlapping the unmap and free of the one
-// before. Afterwards Cap is 0, Len is kept, and Alloc, Grow, Truncate,
+// the bytes in use are first copied to pinned host memory, 16 MiB at a
+// time, each copy overlapping the unmaps and frees of the chunks the copy
+// before it moved. Afterwards Cap is 0, Len is kept, and Alloc, Grow, Truncate,
 // Reset, Shrink and the copies fail with ErrAsleep until Wake.
 //
 // Sleep refuses, changing nothing, an arena that shares memory with another
@@ -535,12 +535,12 @@ func (a *Arena) discard(st *sleepState) error {
 		}
 		st.slots[i].state = slotHeld
 	}
-	return a.freeHeld2(st)
+	return a.freeHeldOf(st)
 }
 
-// freeHeld2 frees the held chunks of st, top down. Those the driver refuses
+// freeHeldOf frees the held chunks of st, top down. Those the driver refuses
 // stay held, and the error says how many.
-func (a *Arena) freeHeld2(st *sleepState) error {
+func (a *Arena) freeHeldOf(st *sleepState) error {
 	var errs []error
 	for i := len(st.slots) - 1; i >= 0; i-- {
 		if st.slots[i].state != slotHeld {
@@ -561,12 +561,14 @@ func (a *Arena) freeHeld2(st *sleepState) error {
 
 // freeHeld is Sleep of a sleeping arena: it frees the chunks an earlier
 // Sleep could not. Call with mu held.
-func (a *Arena) freeHeld() error { return a.freeHeld2(a.sl.st) }
+func (a *Arena) freeHeld() error { return a.freeHeldOf(a.sl.st) }
 
 // Wake brings a sleeping arena's memory back: it maps chunks at exactly the
-// addresses they had (so every Buffer's Ptr is unchanged) and, in Offload
-// mode, copies the contents back from the host copy, a chunk at a time, the
-// copy into one chunk overlapping the mapping of the next. In Discard mode
+// addresses they had (so every Buffer's Ptr is unchanged), for Len and what
+// Grow promised (the headroom above comes back as the arena grows), and, in
+// Offload mode, copies the contents back from the host copy, 16 MiB at a
+// time, each copy overlapping the acquiring and mapping of the next step's
+// chunks. In Discard mode
 // the chunks are cleared as the pool's scrub rules say (Config.Streams: the
 // clears are queued on the first stream, as Grow's are). Wake returns when
 // the memory is usable, after the OnBackingChange callbacks; the pinned host

@@ -14,6 +14,7 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/acl/host"
+	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
 )
@@ -531,4 +532,42 @@ func sleepRandom(t *testing.T, seed uint64) {
 	}
 	require.NoError(t, pool.Close())
 	require.True(t, hd.Live().Zero(), "%+v", hd.Live())
+}
+
+// An Imported cannot sleep: the memory is another process's.
+func TestSleepRefusesImported(t *testing.T) {
+	p := spawn(t, peerSpec{Role: "bench-fds", Chunks: 1, ChunkSize: sleepChunk})
+	fds, _, err := ipc.Recv(p.conn, make([]byte, 1), 1)
+	require.NoError(t, err)
+	defer ipc.CloseAll(fds)
+	require.Len(t, fds, 1)
+	d, err := host.New(host.Config{Capacity: 64 << 20})
+	require.NoError(t, err)
+	defer d.Close()
+	v, err := arena.ImportedOf(d, sleepChunk, []acl.ShareableHandle{{Type: acl.MemHandleTypePOSIX, Value: uint64(fds[0])}})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, v.Close()) }()
+	a := v.Buffer().Arena()
+	require.ErrorIs(t, a.Sleep(context.Background(), arena.Offload), arena.ErrImported)
+	require.ErrorIs(t, a.Wake(context.Background()), arena.ErrImported)
+	require.False(t, a.Asleep())
+}
+
+// A sleeping arena holds nothing the pool could reclaim, and the worker
+// refills no headroom into it; after the wake the headroom comes back.
+func TestSleepWithHeadroom(t *testing.T) {
+	e := newSleepEnv(t)
+	a := e.arena(t, arena.Config{Headroom: 4 * sleepChunk})
+	e.pool.Settle()
+	require.Equal(t, 4*sleepChunk, a.Cap(), "the worker mapped the headroom")
+	b, want := fill(t, a, sleepChunk, 6)
+	require.NoError(t, a.Sleep(context.Background(), arena.Offload))
+	e.pool.Settle()
+	require.Zero(t, a.Cap())
+	require.Zero(t, a.Stats().Reclaimable)
+	requireNothingHeld(t, e)
+	require.NoError(t, a.Wake(context.Background()))
+	require.True(t, bytes.Equal(want, contents(t, b)))
+	e.pool.Settle()
+	require.GreaterOrEqual(t, a.Cap(), a.Len()+4*sleepChunk, "the headroom is back")
 }

@@ -124,7 +124,7 @@
 // fails with ErrAsleep; Alloc's fast path falls to the slow path (the state
 // word stays frozen), so it costs nothing. Config.Tag groups arenas (weights,
 // KV cache, scratch) for SleepTag and WakeTag, which act on every arena of a
-// tag at once; Generation and OnBackingChange tell whoever registered the
+// tag on a pool at once (TaggedOn and SleepAll: on a device); Generation and OnBackingChange tell whoever registered the
 // memory elsewhere that Sleep, Wake or Shrink changed it. A fault in Sleep
 // leaves the arena awake with its contents (Offload), a fault in Wake leaves
 // it asleep with its host copy, and either can be retried. Sleep refuses an

@@ -839,18 +839,43 @@ func Tagged(pool *chunk.Pool, tag Tag) []*Arena {
 	return out
 }
 
+// TaggedOn returns the open arenas of tag on the device drv drives (those
+// whose Driver is drv), whatever their pool, in the order they were made.
+func TaggedOn(drv acl.Driver, tag Tag) []*Arena {
+	var out []*Arena
+	for _, a := range Tagged(nil, tag) {
+		if a.drv == drv {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // SleepTag puts every arena of tag on pool (every pool, when pool is nil) to
 // sleep in mode, concurrently, and returns when all are done, with their
 // errors joined (an arena that failed is as its Sleep says).
 func SleepTag(ctx context.Context, pool *chunk.Pool, tag Tag, mode SleepMode) error {
-	return each(Tagged(pool, tag), func(a *Arena) error { return a.Sleep(ctx, mode) })
+	return SleepAll(ctx, Tagged(pool, tag), mode)
 }
 
 // WakeTag wakes every sleeping arena of tag on pool (every pool, when pool
 // is nil), concurrently, and returns when all are usable, or with their
 // errors joined.
 func WakeTag(ctx context.Context, pool *chunk.Pool, tag Tag) error {
-	return each(Tagged(pool, tag), func(a *Arena) error { return a.Wake(ctx) })
+	return WakeAll(ctx, Tagged(pool, tag))
+}
+
+// SleepAll puts the arenas to sleep in mode, each on a goroutine of its
+// own (say, TaggedOn's, for every arena of a tag on a device), and returns
+// when all are done, with their errors joined.
+func SleepAll(ctx context.Context, as []*Arena, mode SleepMode) error {
+	return each(as, func(a *Arena) error { return a.Sleep(ctx, mode) })
+}
+
+// WakeAll wakes the arenas, each on a goroutine of its own, and returns
+// when all are usable, or with their errors joined.
+func WakeAll(ctx context.Context, as []*Arena) error {
+	return each(as, func(a *Arena) error { return a.Wake(ctx) })
 }
 
 func each(as []*Arena, fn func(*Arena) error) error {

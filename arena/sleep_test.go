@@ -186,6 +186,22 @@ func TestSleepTags(t *testing.T) {
 	require.False(t, other.Asleep())
 	require.NoError(t, arena.WakeTag(context.Background(), nil, "mine"))
 	require.False(t, a1.Asleep())
+
+	// On a device: every pool's arenas of the tag.
+	p2, err := chunk.New(e.fd, chunk.Config{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p2.Close()) }()
+	a3, err := arena.New(arena.Config{Pool: p2, Reserve: 16 << 20, Tag: "mine"})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, a3.Close()) }()
+	require.NoError(t, a3.Grow(sleepChunk))
+	require.ElementsMatch(t, []*arena.Arena{a1, a2, a3}, arena.TaggedOn(e.fd, "mine"))
+	require.Empty(t, arena.TaggedOn(e.hd, "mine"), "another driver")
+	require.NoError(t, arena.SleepAll(context.Background(), arena.TaggedOn(e.fd, "mine"), arena.Discard))
+	require.True(t, a3.Asleep())
+	require.True(t, a1.Asleep())
+	require.NoError(t, arena.WakeAll(context.Background(), arena.TaggedOn(e.fd, "mine")))
+	require.False(t, a3.Asleep())
 }
 
 // With streams, Sleep orders its unmaps after the work queued on them: a

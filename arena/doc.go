@@ -114,22 +114,22 @@
 //
 // Sleep gives all of an arena's memory back to the device and keeps its
 // address range; Wake maps memory there again, so every Buffer's Ptr, and
-// every device pointer derived from one, is unchanged. In Offload
-// mode the bytes in use travel to pinned host memory from the driver
-// (acl.Driver.MallocHost) and back, a 16 MiB step at a time, each copy
-// overlapping the unmaps and frees (or the maps) of the step before; in
-// Discard mode they are dropped. The freed chunks go to the driver, not to
-// the pool's cache, so the device's free memory grows by the arena's size.
-// While asleep, Cap is 0, Len is kept, and everything that needs the memory
-// fails with ErrAsleep; Alloc's fast path falls to the slow path (the state
-// word stays frozen), so it costs nothing. Config.Tag groups arenas (weights,
-// KV cache, scratch) for SleepTag and WakeTag, which act on every arena of a
-// tag on a pool at once (TaggedOn and SleepAll: on a device); Generation and OnBackingChange tell whoever registered the
-// memory elsewhere that Sleep, Wake or Shrink changed it. A fault in Sleep
-// leaves the arena awake with its contents (Offload), a fault in Wake leaves
-// it asleep with its host copy, and either can be retried. Sleep refuses an
-// arena that shares memory with another process (ErrShared). See
-// docs/sleep.md.
+// every device pointer derived from one, is unchanged. In Offload mode the
+// bytes in use travel to pinned host memory from the driver
+// (acl.Driver.MallocHost) and back, 16 MiB at a time, each copy overlapping
+// the unmaps and frees (or the maps) of another step; in Discard mode they
+// are dropped. The freed chunks go to the driver, not to the pool's cache,
+// so the device's free memory grows by the arena's size. While asleep, Cap
+// is 0, Len is kept, and everything that needs the memory fails with
+// ErrAsleep; Alloc's fast path falls to the slow path (the state word stays
+// frozen), so it costs nothing. Config.Tag groups arenas (weights, KV cache,
+// scratch) for SleepTag and WakeTag, which act on every arena of a tag on a
+// pool at once (TaggedOn and SleepAll: on a device). Generation and
+// OnBackingChange tell whoever registered the memory elsewhere that Sleep,
+// Wake or Shrink changed it. A fault in Sleep leaves the arena awake with
+// its contents (Offload), a fault in Wake leaves it asleep with its host
+// copy, and either can be retried. Sleep refuses an arena that shares
+// memory with another process (ErrShared). See docs/sleep.md.
 //
 // # Sharing with other processes
 //

@@ -140,7 +140,6 @@ type sleeper struct {
 	tag    Tag
 	st     *sleepState // under mu
 	host   []byte      // the pinned host copy: kept for the next Offload after a Wake, freed by Close or DropHostCopy
-	hostN  uint64      // bytes of host in use
 	cbMu   sync.Mutex
 	cbs    []func(BackingChange)
 }
@@ -246,7 +245,7 @@ func (a *Arena) freeHost() error {
 	if err := a.drv.FreeHost(a.sl.host); err != nil {
 		return fmt.Errorf("arena: free host copy: %w", err)
 	}
-	a.sl.host, a.sl.hostN = nil, 0
+	a.sl.host = nil
 	return nil
 }
 
@@ -396,10 +395,6 @@ func (a *Arena) sleepLocked(ctx context.Context, mode SleepMode, note *BackingCh
 	a.cap.Store(0)
 	a.state.Store((s+epochOne)&epochMask | l | frozen)
 	a.sl.st = st
-	a.sl.hostN = 0
-	if mode == Offload {
-		a.sl.hostN = l
-	}
 	a.sl.asleep.Store(true)
 	a.member.Dropped() // growths waiting for memory may take it now
 	*note = a.changed(BackingSlept)
@@ -617,7 +612,6 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	a.maps += uint64(len(st.slots))
 	a.cap.Store(uint64(len(a.chunks)) * a.chunkSize)
 	a.sl.st = nil
-	a.sl.hostN = 0
 	a.sl.asleep.Store(false)
 	s := a.state.Load()
 	a.thaw(s, s&lenMask)

@@ -113,6 +113,20 @@ type Driver interface {
 	// stay mapped until the memset has run.
 	MemsetAsync(ptr DevicePtr, value byte, n uintptr, s Stream) error
 
+	// Pinned host memory: page-locked, so that copies between it and the
+	// device run at the link's full speed, with no staging through a
+	// bounce buffer (an arena's offload to host goes through it).
+	//
+	// MallocHost is aclrtMallocHost (cuMemHostAlloc with flags 0 on CUDA):
+	// size bytes of page-locked host memory, not initialised. Size 0 fails
+	// with ErrInvalidParam (100000). The host driver and the device model
+	// return ordinary, unpinned memory, and count it.
+	MallocHost(size uintptr) ([]byte, error)
+	// FreeHost is aclrtFreeHost (cuMemFreeHost): free memory MallocHost
+	// returned, given the slice it returned (its first byte names it). It
+	// does not wait for device work that may still copy to or from it.
+	FreeHost(b []byte) error
+
 	// Sharing memory with other processes (see ShareableHandle and
 	// Caps().Sharing). A driver that cannot share fails these calls with
 	// ErrNotSupported (207000), and DeviceGetBareTgid still answers.
@@ -218,6 +232,8 @@ type LiveCounts struct {
 	ImportedBytes uintptr // of PhysicalBytes, those of imported handles
 	Streams       int     // streams created and not destroyed
 	Events        int     // events created and not destroyed
+	HostBuffers   int     // host buffers MallocHost returned and FreeHost has not freed
+	HostBytes     uintptr // bytes in those buffers
 }
 
 // Zero reports whether nothing is held.

@@ -81,6 +81,10 @@ type Config struct {
 	// map per chunk when the arena grows again, and a memset, and it waits
 	// for the device before unmapping, streams or not.
 	TrapStale bool
+	// Tag groups arenas for SleepTag and WakeTag (TagWeights, TagKV,
+	// TagScratch, or the caller's own). The empty Tag is a tag like any
+	// other.
+	Tag Tag
 	// Logger receives the arena's events (EventGrow and the others in
 	// observe.go) as structured records, and is the private pool's logger
 	// too unless Chunk.Logger is set. nil, the default, logs nothing and
@@ -136,8 +140,8 @@ type Arena struct {
 	// pressure; a relief leaves it mapped once growth is Protected.
 	growing atomic.Uint64
 	growth  chunk.Growth
-	// closing is set while Close waits for the device, holding mu: a relief
-	// skips the arena rather than wait for its streams (member.go).
+	// closing is set while Close or Sleep waits for the device, holding mu:
+	// a relief skips the arena rather than wait for its streams (member.go).
 	closing atomic.Bool
 
 	base      acl.DevicePtr
@@ -157,6 +161,7 @@ type Arena struct {
 	fence     fence
 	imp       *importMode // set for an Imported's arena: another process's memory, of a fixed size (share.go)
 	obs       observer    // events, trace regions, counters (observe.go)
+	sl        sleeper     // sleep and wake (sleep.go)
 
 	// growMu serialises the growths that may relieve pressure (Grow, Alloc's
 	// slow path), which release mu while the pool relieves it. Taken before
@@ -256,6 +261,8 @@ func New(cfg Config) (*Arena, error) {
 	if a.headroom > 0 {
 		m.WantRefill() // the worker maps the first headroom
 	}
+	a.sl.tag = cfg.Tag
+	a.enlist()
 	return a, nil
 }
 
@@ -342,6 +349,10 @@ func (a *Arena) lock() error {
 	if a.imp != nil {
 		a.mu.Unlock()
 		return errFixed
+	}
+	if a.sl.asleep.Load() {
+		a.mu.Unlock()
+		return errAsleep
 	}
 	return nil
 }
@@ -1109,6 +1120,8 @@ func (a *Arena) Reset() error { return a.Truncate(0) }
 // the chunks already unmapped are mapped back (their physical memory was
 // kept, so no data is lost) and the arena is as it was.
 func (a *Arena) Shrink() error {
+	var note BackingChange
+	defer a.shrunk(&note) // after the unlock
 	if err := a.lock(); err != nil {
 		return err
 	}
@@ -1126,6 +1139,9 @@ func (a *Arena) Shrink() error {
 	}
 	a.floor.Store(s & lenMask)
 	a.obs.gaveBack(a, EventShrink, c)
+	if a.cap.Load() != c {
+		note = a.changed(BackingShrunk)
+	}
 	return nil
 }
 
@@ -1168,7 +1184,11 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	}
 	s := a.freeze()
 	fail := func(err error) error {
-		a.thaw(s, s&lenMask)
+		if a.sl.asleep.Load() {
+			a.state.Store(s) // frozen, as a sleeping arena is
+		} else {
+			a.thaw(s, s&lenMask)
+		}
 		return fmt.Errorf("arena: close: %w", err)
 	}
 	// The chunks still waiting in the pool for the device lie in the
@@ -1193,6 +1213,11 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	if err := a.unstray(true); err != nil {
 		return fail(err)
 	}
+	if a.sl.asleep.Load() {
+		if err := a.closeAsleep(); err != nil { // sleep.go
+			return fail(err)
+		}
+	}
 	if err := a.detach(0); err != nil {
 		return fail(err)
 	}
@@ -1203,7 +1228,8 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	// Frozen for good: every Alloc takes the slow path and sees closed.
 	a.state.Store(frozen)
 	a.member.Leave()
-	err := a.release(0)
+	a.delist() // sleep.go
+	err := errors.Join(a.release(0), a.freeHost())
 	if a.ownPool {
 		err = errors.Join(err, a.pool.Close())
 	}

@@ -74,6 +74,9 @@ func (b Buffer) check(op string) error {
 	if b.a.closed.Load() {
 		return ErrClosed
 	}
+	if b.a.sl.asleep.Load() {
+		return fmt.Errorf("arena: %s: %w", op, errAsleep)
+	}
 	if l := uintptr(s & lenMask); b.off > l || b.n > l-b.off {
 		return fmt.Errorf("arena: %s [%d, +%d): %w: %d bytes in use", op, b.off, b.n, ErrRange, l)
 	}

@@ -17,6 +17,11 @@
 //	in use     mapped and handed out by Alloc (below Len)
 //	waiting    given back, still mapped, until the device work queued on the
 //	           arena's streams has run (then the pool unmaps it)
+//	asleep     every granule reserved again, its memory freed to the device by
+//	           Sleep; Len kept, Cap 0, the contents on the host (Offload) or
+//	           dropped (Discard)
+//	waking     Wake mapping chunks at the granules they had and restoring the
+//	           contents; the arena's calls wait for it or fail with ErrAsleep
 //
 //	reserved ──Grow / Alloc / the worker's refill (map chunks)──▶ mapped ──Alloc──▶ in use
 //	in use ──Truncate/Reset──▶ mapped (kept: reusing it costs no driver call)
@@ -26,6 +31,8 @@
 //	waiting ──Grow into it again──▶ mapped (taken back where it lies)
 //	claimed ──Grow into it again──▶ waits for the relief's unmap, then maps a chunk of its own
 //	all ──Close (waits for the device work)──▶ released
+//	mapped, in use ──Sleep (waits for the device work; Offload: copy out)──▶ asleep
+//	asleep ──Wake──▶ waking ──chunks mapped where they were, contents back──▶ mapped, in use
 //
 // A growth that finds no room in its pool goes through states of its own
 // (see docs/design.md, "Pressure", for the invariants behind them):
@@ -38,9 +45,11 @@
 //	failed ──GrowContext──▶ waiting in the pool's queue ──woken at its turn──▶ locked
 //
 // Len is the bytes in use, Cap the bytes mapped (a multiple of the chunk
-// size), and Len ≤ Cap ≤ Reserved always holds. Growing maps chunks at Cap and
-// never moves data: a Buffer's device pointer stays valid, and its contents
-// intact, until a Truncate or Reset drops it or Close releases the arena.
+// size), and Len ≤ Cap ≤ Reserved holds whenever the arena is awake.
+// Growing maps chunks at Cap and never moves data: a Buffer's device pointer
+// stays valid, and its contents intact, until a Truncate or Reset drops it
+// or Close releases the arena (or, for its contents, a Sleep in Discard
+// mode).
 //
 // # Deferred reclamation and headroom
 //
@@ -112,6 +121,27 @@
 // the chunks they drop are unmapped at once and the dropped bytes of the
 // chunk kept in part are filled with PoisonByte, so a stale pointer faults or
 // reads poison.
+//
+// # Sleep and wake
+//
+// Sleep gives all of an arena's memory back to the device and keeps its
+// address range; Wake maps memory there again, so every Buffer's Ptr, and
+// every device pointer derived from one, is unchanged. In Offload mode the
+// bytes in use travel to pinned host memory from the driver
+// (acl.Driver.MallocHost) and back, 16 MiB at a time, each copy overlapping
+// the unmaps and frees (or the maps) of another step; in Discard mode they
+// are dropped. The freed chunks go to the driver, not to the pool's cache,
+// so the device's free memory grows by the arena's size. While asleep, Cap
+// is 0, Len is kept, and everything that needs the memory fails with
+// ErrAsleep; Alloc's fast path falls to the slow path (the state word stays
+// frozen), so it costs nothing. Config.Tag groups arenas (weights, KV cache,
+// scratch) for SleepTag and WakeTag, which act on every arena of a tag on a
+// pool at once (TaggedOn and SleepAll: on a device). Generation and
+// OnBackingChange tell whoever registered the memory elsewhere that Sleep,
+// Wake or Shrink changed it. A fault in Sleep leaves the arena awake with
+// its contents (Offload), a fault in Wake leaves it asleep with its host
+// copy, and either can be retried. Sleep refuses an arena that shares
+// memory with another process (ErrShared). See docs/sleep.md.
 //
 // # Sharing with other processes
 //

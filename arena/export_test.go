@@ -36,3 +36,14 @@ func ForgetDefaultDrivers() {
 	defaults.m = nil
 	defaults.Unlock()
 }
+
+// ChunkAt returns the chunk mapped at p in a, for tests that export one.
+func ChunkAt(a *Arena, p acl.DevicePtr) (chunk.Chunk, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	i := int(uint64(p-a.base) / a.chunkSize)
+	if p < a.base || i >= len(a.chunks) {
+		return chunk.Chunk{}, false
+	}
+	return a.chunks[i], true
+}

@@ -49,19 +49,20 @@ func (a *Arena) keepBytes(l uint64) uint64 {
 
 // Give detaches up to n chunks from the top of the arena, above what it
 // keeps, and hands them to the pool still mapped, with the streams that
-// order their unmaps. No byte below Len is touched.
-func (c client) Give(n int) ([]chunk.Mapped, []acl.Stream) {
+// order their unmaps, before it lets go of its lock. No byte below Len is
+// touched.
+func (c client) Give(n int, take func([]chunk.Mapped, []acl.Stream)) int {
 	a := c.a
 	if !a.mu.TryLock() {
 		if a.closing.Load() {
-			return nil, nil
+			return 0
 		}
 		a.mu.Lock()
 	}
 	defer a.mu.Unlock()
 	sched.At(sched.GiveLocked, a)
-	if a.closed.Load() || a.closing.Load() || a.imp != nil {
-		return nil, nil
+	if a.closed.Load() || a.closing.Load() || a.imp != nil || a.sl.asleep.Load() {
+		return 0
 	}
 	defer region(RegionReclaim).End()
 	c0 := a.cap.Load()
@@ -69,7 +70,7 @@ func (c client) Give(n int) ([]chunk.Mapped, []acl.Stream) {
 	defer a.thaw(s, s&lenMask)
 	keep := max(int(a.keepBytes(s&lenMask)/a.chunkSize), len(a.chunks)-n)
 	if keep >= len(a.chunks) {
-		return nil, nil
+		return 0
 	}
 	ms := make([]chunk.Mapped, 0, len(a.chunks)-keep)
 	for i := keep; i < len(a.chunks); i++ {
@@ -80,8 +81,9 @@ func (c client) Give(n int) ([]chunk.Mapped, []acl.Stream) {
 	a.cap.Store(uint64(keep) * a.chunkSize)
 	a.unmaps += uint64(len(ms))
 	a.reclaimed += uint64(len(ms))
+	take(ms, a.streams)
 	a.obs.gaveBack(a, EventReclaim, c0)
-	return ms, a.streams
+	return len(ms)
 }
 
 // Refill maps the headroom back up to Config.Headroom above Len, with memory
@@ -92,7 +94,7 @@ func (c client) Refill() {
 		return // busy: the next Alloc below the low-water mark asks again
 	}
 	defer a.mu.Unlock()
-	if a.closed.Load() {
+	if a.closed.Load() || a.sl.asleep.Load() {
 		return
 	}
 	target := min(a.state.Load()&lenMask+a.headroom, a.reserved)

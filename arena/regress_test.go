@@ -107,6 +107,14 @@ func (d *sparseDriver) DestroyEvent(acl.Event) error                            
 func (d *sparseDriver) MemsetAsync(acl.DevicePtr, byte, uintptr, acl.Stream) error { return nil }
 func (d *sparseDriver) Caps() acl.Caps                                             { return acl.Caps{MaxReserve: tib} }
 
+// The sparse device has no host memory to lend.
+func (d *sparseDriver) MallocHost(uintptr) ([]byte, error) {
+	return nil, acl.NewError("aclrtMallocHost", acl.ErrCodeRTFeatureNotSupport, "sparse")
+}
+func (d *sparseDriver) FreeHost([]byte) error {
+	return acl.NewError("aclrtFreeHost", acl.ErrCodeRTParamInvalid, "sparse")
+}
+
 // The sparse device shares nothing between processes.
 func (d *sparseDriver) MemExportToShareableHandle(acl.PhysicalHandle, acl.MemHandleType, uint64) (acl.ShareableHandle, error) {
 	return acl.ShareableHandle{}, acl.NewError("aclrtMemExportToShareableHandle", acl.ErrCodeRTFeatureNotSupport, "sparse")

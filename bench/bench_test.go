@@ -30,7 +30,7 @@ func TestQuick(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	text := out.String()
-	for _, want := range []string{"== kv:", "== scratch:", "== churn:", "== micro:", "== targets", "waits and scrubs", "on path"} {
+	for _, want := range []string{"== kv:", "== scratch:", "== churn:", "== swap:", "== micro:", "== targets", "waits and scrubs", "on path"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q:\n%s", want, text)
 		}
@@ -80,8 +80,8 @@ func TestQuick(t *testing.T) {
 		}
 	}
 	walk(doc, "")
-	if len(res.Rows) != len(workloadNames)*len(strategy.Names) {
-		t.Errorf("results.json has %d rows, want %d", len(res.Rows), len(workloadNames)*len(strategy.Names))
+	if len(res.Rows) != len(replayed)*len(strategy.Names) {
+		t.Errorf("results.json has %d rows, want %d", len(res.Rows), len(replayed)*len(strategy.Names))
 	}
 	for _, r := range res.Rows {
 		if r.WallNS <= 0 || r.PeakLive <= 0 || r.PeakPhysical < r.PeakLive {
@@ -117,7 +117,7 @@ func TestQuick(t *testing.T) {
 		t.Errorf("bench.txt has %d benchmark lines, want %d", lines, want)
 	}
 
-	for _, w := range workloadNames {
+	for _, w := range replayed {
 		for _, p := range []string{"mem-" + w + ".png", "grow-" + w + ".png"} {
 			st, err := os.Stat(filepath.Join(dir, p))
 			if err != nil || st.Size() == 0 {

@@ -6,7 +6,10 @@
 // continuous batching, per-step activation scratch with spikes, tenants
 // churning under one budget). Each runs on four strategies (the arena,
 // realloc-and-copy, preallocate-worst-case, allocate-per-tensor) through a
-// driver wrapper that counts and times every call. The suite prints a table,
+// driver wrapper that counts and times every call. A fourth, swap, runs on
+// the arena alone: it puts an arena to sleep and wakes it (Offload and
+// Discard) and compares the times with the raw copies, the bare driver calls
+// and a full reload. The suite prints a table,
 // and writes results.json, bench.txt (Go benchmark format, for benchstat) and
 // PNG plots to -out.
 //
@@ -69,13 +72,18 @@ type options struct {
 	kv      workload.KV
 	scratch workload.Scratch
 	churn   workload.Churn
+	swap    workload.Swap
 
 	calibrate   bool   // measure the driver and write a model profile instead (calibrate.go)
 	profileOut  string // where -calibrate writes the profile
 	profileBase string // the profile -calibrate carries estimates over from
 }
 
-var workloadNames = []string{"kv", "scratch", "churn"}
+var workloadNames = []string{"kv", "scratch", "churn", "swap"}
+
+// replayed are the workloads that replay on every strategy; swap runs on
+// the arena alone, once.
+var replayed = []string{"kv", "scratch", "churn"}
 
 var scrubs = map[string]chunk.Scrub{"reuse": chunk.ScrubOnReuse, "release": chunk.ScrubOnRelease, "never": chunk.ScrubNever}
 
@@ -97,6 +105,7 @@ var quickValues = map[string]string{
 	"churn-period":       "15",
 	"churn-demand":       "8MiB:32MiB",
 	"micro-iters":        "20",
+	"swap-size":          "64MiB",
 	"alloc-iters":        "1048576",
 }
 
@@ -111,6 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			SpikeProb: 0.03, SpikeMin: 16 << 20, SpikeMax: 64 << 20, Window: 8},
 		churn: workload.Churn{Tenants: 4, Steps: 160, Period: 40, Lo: 64 << 20, Hi: 512 << 20,
 			Tensor: 4 << 20, Jitter: 0.05},
+		swap: workload.Swap{Size: 1 << 30, Reps: 3},
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	// The flag package prints its error and the whole usage on a bad flag;
@@ -127,7 +137,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		fs.PrintDefaults()
 	}
 	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole suite in seconds")
-	fs.Var(listFlag{&o.workloads, workloadNames}, "workloads", "workloads to run: kv, scratch, churn, or all")
+	fs.Var(listFlag{&o.workloads, workloadNames}, "workloads", "workloads to run: kv, scratch, churn, swap, or all")
 	fs.Var(listFlag{&o.strategies, strategy.Names}, "strategies", "strategies to compare: arena, arena-eager, realloc, prealloc, pertensor, or all")
 	fs.IntVar(&o.count, "count", 1, "repetitions; each runs the strategies in a rotated order")
 	fs.StringVar(&o.out, "out", filepath.Join("bench", "out"), "directory for results.json, bench.txt and the plots")
@@ -174,6 +184,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.churn.Period, "churn-period", o.churn.Period, "churn: steps per demand cycle")
 	fs.Var(sizeRangeFlag{&o.churn.Lo, &o.churn.Hi}, "churn-demand", "churn: demand per tenant, lo:hi")
 	fs.Var(sizeFlag{&o.churn.Tensor}, "churn-tensor", "churn: tensor size")
+	fs.Var(sizeFlag{&o.swap.Size}, "swap-size", "swap: bytes in the arena that sleeps and wakes")
+	fs.IntVar(&o.swap.Reps, "swap-reps", o.swap.Reps, "swap: repetitions of each measurement (the median is reported)")
 	fs.Float64Var(&o.churn.Jitter, "churn-jitter", o.churn.Jitter, "churn: demand noise, a fraction")
 	fs.Var(sizeFlag{&o.churn.BudgetBytes}, "churn-budget", "churn: physical budget (0: the most asked at once, ×(1+jitter), +5%, + 2 chunks per tenant)")
 
@@ -209,6 +221,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		o.img = o.out
 	}
 	o.kv.Seed, o.scratch.Seed, o.churn.Seed = o.seed, o.seed, o.seed
+	o.swap.Chunk = o.chunk
 	return o, nil
 }
 
@@ -303,6 +316,8 @@ func (o *options) workload(name string) workload.Workload {
 		return o.kv
 	case "scratch":
 		return o.scratch
+	case "swap":
+		return o.swap
 	}
 	return o.churn
 }
@@ -336,6 +351,7 @@ type suite struct {
 	gran    int64
 	results []*workload.Result
 	micro   *microResult
+	swap    *workload.SwapResult
 	started time.Time
 	elapsed time.Duration
 }
@@ -382,7 +398,11 @@ func run(o *options, stdout io.Writer) error {
 	}
 	fmt.Fprintln(stdout)
 
+	swap := slices.Contains(o.workloads, "swap")
 	units := o.count * len(o.workloads) * len(o.strategies)
+	if swap {
+		units += 1 - o.count*len(o.strategies) // once, on the arena alone
+	}
 	if o.micro {
 		units++
 	}
@@ -390,6 +410,9 @@ func run(o *options, stdout io.Writer) error {
 	done := 0
 	for rep := range o.count {
 		for wi, wname := range o.workloads {
+			if wname == "swap" {
+				continue // below, once
+			}
 			w := o.workload(wname)
 			// Rotate the order every repetition and workload, so no strategy
 			// always runs first (or right after the most memory-hungry one).
@@ -418,6 +441,16 @@ func run(o *options, stdout io.Writer) error {
 			return err
 		}
 		s.micro = m
+	}
+	if swap {
+		bar.set(done, 0, "swap: sleep and wake")
+		r, err := o.swap.Measure(s.drv)
+		if err != nil {
+			bar.clear()
+			return fmt.Errorf("swap: %w", err)
+		}
+		s.swap = &r
+		done++
 	}
 	bar.clear()
 	s.elapsed = time.Since(s.started)

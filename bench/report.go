@@ -113,8 +113,15 @@ type report struct {
 	Configs  any           `json:"workloads"`
 	Rows     []*row        `json:"rows"`
 	Micro    *microSummary `json:"micro,omitempty"`
+	Swap     *swapSummary  `json:"swap,omitempty"`
 	Targets  []target      `json:"targets"`
 	Series   []series      `json:"series"`
+}
+
+// swapSummary is the swap workload's measurements and their ratios.
+type swapSummary struct {
+	workload.SwapResult
+	Ratios workload.SwapRatios `json:"ratios"`
 }
 
 type series struct {
@@ -204,6 +211,9 @@ func (s *suite) report() *report {
 			r.Series = append(r.Series, series{Workload: w, Strategy: x.Strategy, Samples: thin(x.med.Samples, 400)})
 		}
 		r.Rows = append(r.Rows, rows...)
+	}
+	if s.swap != nil {
+		r.Swap = &swapSummary{SwapResult: *s.swap, Ratios: s.swap.Ratios()}
 	}
 	if s.micro != nil {
 		m := &microSummary{microResult: s.micro}
@@ -432,6 +442,20 @@ func (r *report) targets() []target {
 				fmt.Sprintf("%.3f over %d grows", a.GrowOverhead, len(a.grows)), a.GrowOverhead <= 1.10})
 		}
 	}
+	if sw := r.Swap; sw != nil {
+		x := sw.Ratios
+		ts = append(ts,
+			target{"swap: Offload Wake ÷ raw HtoD of the same bytes", "≤ 1.30",
+				fmt.Sprintf("%.3f (%s vs %s for %s)", x.OffloadWakeVsHtoD, workload.HumanNS(float64(sw.OffloadWakeNS)),
+					workload.HumanNS(float64(sw.RawHtoDNS)), workload.HumanBytes(sw.Bytes)), x.OffloadWakeVsHtoD <= 1.30},
+			target{"swap: Offload Sleep ÷ raw DtoH", "≤ 1.30",
+				fmt.Sprintf("%.3f (%s vs %s)", x.OffloadSleepVsDtoH, workload.HumanNS(float64(sw.OffloadSleepNS)),
+					workload.HumanNS(float64(sw.RawDtoHNS))), x.OffloadSleepVsDtoH <= 1.30},
+			target{"swap: Discard Sleep + Wake ÷ bare driver calls", "≤ 1.10",
+				fmt.Sprintf("%.3f (%s vs %s)", x.DiscardCycleVsBare, workload.HumanNS(float64(sw.DiscardSleepNS+sw.DiscardWakeNS)),
+					workload.HumanNS(float64(sw.BareNS))), x.DiscardCycleVsBare <= 1.10},
+		)
+	}
 	if m := r.Micro; m != nil {
 		ts = append(ts,
 			target{"micro: Alloc fast path", "< 20 ns/op, 0 allocs/op",
@@ -553,6 +577,22 @@ func (r *report) printTable(w io.Writer) {
 			workload.HumanBytes(int64(m.ChunkSize)), workload.HumanNS(m.ColdP50NS), workload.HumanNS(m.ColdP99NS), m.ColdOverhead, len(m.Cold))
 		fmt.Fprintf(w, "  Grow by one chunk from the reuse cache (map+access):   p50 %s, p99 %s, ÷ driver %.3f; cache ÷ cold = %.3f\n\n",
 			workload.HumanNS(m.CacheP50NS), workload.HumanNS(m.CacheP99NS), m.CacheOverhead, m.CacheVsCold)
+	}
+	if sw := r.Swap; sw != nil {
+		h := func(ns int64) string { return workload.HumanNS(float64(ns)) }
+		x := sw.Ratios
+		fmt.Fprintf(w, "== swap: %s\n", o.swap.Describe())
+		fmt.Fprintf(w, "  %s in %s chunks; raw copies of it (pinned host memory, touched device memory): HtoD %s, DtoH %s; in 16 MiB steps %s, %s\n",
+			workload.HumanBytes(sw.Bytes), workload.HumanBytes(sw.ChunkSize), h(sw.RawHtoDNS), h(sw.RawDtoHNS), h(sw.StepHtoDNS), h(sw.StepDtoHNS))
+		fmt.Fprintf(w, "  Offload: sleep %s (÷ DtoH %.3f, ÷ the steps %.3f; the first, which pins its host buffer, %s), wake %s (÷ HtoD %.3f, ÷ the steps %.3f)\n",
+			h(sw.OffloadSleepNS), x.OffloadSleepVsDtoH, x.OffloadSleepVsSteps, h(sw.OffloadFirstSleepNS), h(sw.OffloadWakeNS),
+			x.OffloadWakeVsHtoD, x.OffloadWakeVsSteps)
+		fmt.Fprintf(w, "  Discard: sleep %s + wake %s, ÷ the bare unmap, free, malloc, map and access calls (%s) %.3f\n",
+			h(sw.DiscardSleepNS), h(sw.DiscardWakeNS), h(sw.BareNS), x.DiscardCycleVsBare)
+		fmt.Fprintf(w, "  a full reload (close, new, alloc, copy in from Go memory) %s, %.2f× an Offload wake\n",
+			h(sw.ReloadNS), x.ReloadVsOffloadWake)
+		fmt.Fprintf(w, "  device free memory: %s awake, %s asleep (%s given back)\n\n", workload.HumanBytes(sw.FreeAwake),
+			workload.HumanBytes(sw.FreeAsleep), workload.HumanBytes(sw.FreeAsleep-sw.FreeAwake))
 	}
 	if len(r.Targets) > 0 {
 		fmt.Fprintf(w, "== targets (ratios within this run, driver %s)\n", r.Device)

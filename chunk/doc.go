@@ -16,6 +16,7 @@
 //	mapped ──ReleaseAfter──▶ waiting ──events done: unmap (worker)──▶ cached
 //	waiting ──Reclaim (its tenant grows into it again)──▶ mapped
 //	cached ──Trim/Close, or a peer pool's device OOM (FreePhysical)──▶ none
+//	out ──Free (an arena going to sleep: FreePhysical, never cached)──▶ none
 //
 // Only unmapped chunks go back with Put. A chunk in the cache holds physical
 // memory but no mapping, so the next Acquire skips the driver's most

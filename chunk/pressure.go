@@ -61,9 +61,12 @@ type Client interface {
 	// memory, above what it uses, what it promised and, while its own
 	// growth is Protected, what that growth is growing into. It hands
 	// them over still mapped, lowest address first, with the streams
-	// whose queued work may touch them (none: any work on the device may).
-	// The pool orders their unmaps and owns them from then on.
-	Give(n int) (ms []Mapped, streams []acl.Stream)
+	// whose queued work may touch them (none: any work on the device may),
+	// by calling take while it still holds its lock, so that no growth of
+	// its own can map over them before the pool has them in its books. The
+	// pool orders their unmaps and owns them from then on. It returns how
+	// many it gave.
+	Give(n int, take func(ms []Mapped, streams []acl.Stream)) int
 	// Refill maps the headroom the client keeps, with memory that is free
 	// now (TryAcquire): it takes nothing from anyone.
 	Refill()
@@ -237,13 +240,11 @@ func (p *Pool) choose(want int, g *Growth, budget bool) (claims []*batch, given 
 		if got >= want {
 			break
 		}
-		ms, streams := c.m.c.Give(want - got)
-		if len(ms) == 0 {
-			continue
-		}
-		claims = append(claims, p.enqueue(ms, streams, true))
-		got += len(ms)
-		given += len(ms)
+		n := c.m.c.Give(want-got, func(ms []Mapped, streams []acl.Stream) {
+			claims = append(claims, p.enqueue(ms, streams, true))
+		})
+		got += n
+		given += n
 	}
 	if got < want {
 		p.mu.Lock()

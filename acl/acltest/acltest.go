@@ -58,6 +58,7 @@ func Run(t *testing.T, f Factory) {
 		{"SetAccessRules", testSetAccess},
 		{"CopyRoundTrip", testCopy},
 		{"RemapKeepsData", testRemap},
+		{"HostMemory", testHostMemory},
 		{"GetMemInfo", testMemInfo},
 		{"Concurrent", testConcurrent},
 		{"Streams", testStreams},

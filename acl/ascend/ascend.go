@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/internal/hostmem"
 )
 
 // Config configures Open. The zero value opens NPU 0 through the runtime the
@@ -45,6 +46,8 @@ type Driver struct {
 	closed bool
 
 	books books
+
+	hostBufs hostmem.Table // MallocHost's buffers (pinned.go)
 }
 
 var (
@@ -127,7 +130,11 @@ func (d *Driver) Caps() acl.Caps {
 // it created and has not destroyed, and the reservations, mappings and
 // physical memory made through it. The driver's private copy stream is not
 // counted.
-func (d *Driver) Live() acl.LiveCounts { return d.books.counts() }
+func (d *Driver) Live() acl.LiveCounts {
+	c := d.books.counts()
+	c.HostBuffers, c.HostBytes = d.hostBufs.Live()
+	return c
+}
 
 // on runs fn on a locked OS thread whose current context is the device's
 // default context, and holds the driver open meanwhile. fn reads the error
@@ -482,6 +489,9 @@ func (d *Driver) releaseLeaks() error {
 	}
 	if mem := d.books.memoryString(); mem != "" {
 		errs = append(errs, fmt.Errorf("memory still held, left to the runtime: %s", mem))
+	}
+	if n, bytes := d.hostBufs.Live(); n > 0 {
+		errs = append(errs, fmt.Errorf("%d host buffers of aclrtMallocHost (%d bytes) still held, left to the runtime", n, bytes))
 	}
 	return errors.Join(errs...)
 }

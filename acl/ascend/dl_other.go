@@ -20,3 +20,6 @@ func dlsym(uintptr, string) (uintptr, error) { return 0, errPlatform }
 func dlclose(uintptr) error                  { return nil }
 func register(any, uintptr)                  {}
 func call1(uintptr, uintptr) int32           { return acl.ErrCodeRTFeatureNotSupport }
+
+// hostSlice is never called on this platform: no runtime loads.
+func hostSlice(*byte, uintptr) []byte { return nil }

@@ -46,8 +46,9 @@
 //     books count imports, and learn an import's size from its first map.
 //
 // The stream calls (aclrtCreateStream, aclrtDestroyStream,
-// aclrtSynchronizeStream, aclrtSynchronizeDevice) are resolved at load with
-// the VMM core: every runtime has them. The library is never unloaded.
+// aclrtSynchronizeStream, aclrtSynchronizeDevice) and aclrtMallocHost and
+// aclrtFreeHost are resolved at load with the VMM core: every runtime has
+// them. The library is never unloaded.
 //
 // # Runtime and device states
 //

@@ -8,7 +8,8 @@ import (
 	"github.com/vmarena/vmarena/acl"
 )
 
-// The only use of unsafe in the package: compile-time proof that the acl
+// The uses of unsafe in the package: hostSlice, below, and compile-time
+// proof that the acl
 // types the driver hands to the runtime by pointer have the C layouts of
 // acl_rt.h's structs on LP64 (purego copies no struct and inserts no padding; C
 // reads the Go memory as it lies). Each pair of array lengths is negative,
@@ -42,3 +43,9 @@ var (
 	_ [unsafe.Sizeof(acl.PhysicalHandle(0)) - 8]byte
 	_ [8 - unsafe.Sizeof(acl.PhysicalHandle(0))]byte
 )
+
+// hostSlice views the n bytes of page-locked host memory aclrtMallocHost
+// returned at p as a slice. Sound because the runtime owns those n bytes
+// until aclrtFreeHost, which the driver calls only with a slice it made here;
+// the garbage collector ignores a pointer outside the Go heap.
+func hostSlice(p *byte, n uintptr) []byte { return unsafe.Slice(p, n) }

@@ -38,6 +38,11 @@ type symbols struct {
 	memcpyAsync func(dst acl.DevicePtr, destMax uintptr, src acl.DevicePtr, count uintptr, kind acl.MemcpyKind, stream acl.Stream) int32
 	memset      func(devPtr acl.DevicePtr, maxCount uintptr, value int32, count uintptr) int32
 	getMemInfo  func(attr acl.MemAttr, free, total *uintptr) int32
+
+	// aclrtMallocHost writes a void* to page-locked host memory, which
+	// the runtime owns until aclrtFreeHost.
+	mallocHost func(hostPtr **byte, size uintptr) int32
+	freeHost   func(hostPtr *byte) int32
 }
 
 // symbol is one entry of the table resolved when a library loads.
@@ -76,6 +81,8 @@ func (s *symbols) table() []symbol {
 		{"aclrtMemcpyAsync", &s.memcpyAsync, true},
 		{"aclrtMemset", &s.memset, true},
 		{"aclrtGetMemInfo", &s.getMemInfo, true},
+		{"aclrtMallocHost", &s.mallocHost, true},
+		{"aclrtFreeHost", &s.freeHost, true},
 	}
 }
 

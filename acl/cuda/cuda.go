@@ -10,6 +10,7 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/internal/book"
 	"github.com/vmarena/vmarena/acl/internal/handles"
+	"github.com/vmarena/vmarena/acl/internal/hostmem"
 	"github.com/vmarena/vmarena/acl/internal/rules"
 )
 
@@ -72,7 +73,9 @@ type Driver struct {
 	book    book.Book[struct{}, *handle]
 	handles map[acl.PhysicalHandle]*handle
 	nextID  acl.PhysicalHandle
-	live    acl.LiveCounts // every count but Streams and Events
+	live    acl.LiveCounts // every count but Streams, Events and host buffers
+
+	hostBufs hostmem.Table // MallocHost's buffers (pinned.go)
 
 	omu     sync.Mutex
 	streams map[acl.Stream]*stream // the streams CreateStream made, by CUstream; guarded by omu
@@ -337,6 +340,7 @@ func (d *Driver) liveLocked() acl.LiveCounts {
 	d.omu.Lock()
 	l.Streams, l.Events = len(d.streams), len(d.events)
 	d.omu.Unlock()
+	l.HostBuffers, l.HostBytes = d.hostBufs.Live()
 	return l
 }
 
@@ -901,6 +905,10 @@ func (d *Driver) releaseAllLocked(live acl.LiveCounts) []error {
 	}
 	for _, r := range d.book.All() {
 		check("cuMemAddressFree", d.lib.cuMemAddressFree(uint64(r.Base), r.Size))
+	}
+	for p, n := range d.hostBufs.All() {
+		check("cuMemFreeHost", d.lib.cuMemFreeHost(p))
+		d.hostBufs.Remove(hostSlice(p, uintptr(n)))
 	}
 	return errs
 }

@@ -838,3 +838,28 @@ func returnsSoon(t testing.TB, unblock func(), fn func() error) error {
 		return nil
 	}
 }
+
+// MallocHost and FreeHost are cuMemHostAlloc and cuMemFreeHost, and the
+// double agrees with the binding's books at every step.
+func TestHostMemoryCalls(t *testing.T) {
+	d, f := openFake(t, 0, Config{})
+	b, err := d.MallocHost(3 << 20)
+	require.NoError(t, err)
+	require.Len(t, b, 3<<20)
+	require.Equal(t, int64(1), f.calls(t, "cuMemHostAlloc"))
+	require.Equal(t, int64(1), f.live().HostBuffers)
+	require.Equal(t, uintptr(3<<20), f.live().HostBytes)
+	require.Equal(t, 1, d.Live().HostBuffers)
+
+	f.fail(t, "cuMemFreeHost", 1, ResultUnknown)
+	require.Error(t, d.FreeHost(b))
+	require.Equal(t, 1, d.Live().HostBuffers, "a failed free keeps the buffer")
+	require.NoError(t, d.FreeHost(b))
+	require.Zero(t, f.live().HostBuffers)
+	require.Zero(t, d.Live().HostBuffers)
+
+	f.fail(t, "cuMemHostAlloc", 1, ResultOutOfMemory)
+	_, err = d.MallocHost(1 << 20)
+	require.ErrorIs(t, err, acl.ErrOutOfMemory)
+	require.Zero(t, d.Live().HostBuffers)
+}

@@ -69,6 +69,7 @@
 //	QueryEvent                         cuEventQuery: CUDA_SUCCESS complete, CUDA_ERROR_NOT_READY not yet
 //	SynchronizeEvent                   cuEventSynchronize
 //	MemsetAsync                        cuMemsetD8Async on the caller's stream (its own, or the driver's)
+//	MallocHost, FreeHost               cuMemHostAlloc (flags 0), cuMemFreeHost (a slice MallocHost did not return: 107000, no call)
 //	Caps                               {AccessSpan: true, Fresh: FreshProcess, Sharing: SharingFD, ReadOnly: true} (no call)
 //	Close                              (release what is left), cuStreamDestroy_v2, cuDevicePrimaryCtxRelease_v2
 //

@@ -101,6 +101,7 @@ type fake struct {
 	launchFn   func(s uintptr, p uint64, n uintptr) int32 // a kernel's id, or -CUresult
 	finish     func(id int32) int32
 	faults     func() int64
+	hostLive   func(n *int64, bytes *uintptr)
 
 	foreignStream        func(dev int32, flags uint32) uintptr // a CUstream, or 0
 	destroyForeignStream func(h uintptr) int32                 // a CUresult
@@ -133,6 +134,7 @@ func newFake(t testing.TB, env ...string) *fake {
 		"fakecuda_launch":      &f.launchFn,
 		"fakecuda_finish":      &f.finish,
 		"fakecuda_faults":      &f.faults,
+		"fakecuda_host_live":   &f.hostLive,
 
 		"fakecuda_foreign_stream":         &f.foreignStream,
 		"fakecuda_destroy_foreign_stream": &f.destroyForeignStream,
@@ -197,11 +199,14 @@ type fakeLive struct {
 	Bytes                               uintptr
 	ContextRefs                         int64
 	Streams, Events                     int64
+	HostBuffers                         int64 // cuMemHostAlloc's, not yet freed
+	HostBytes                           uintptr
 }
 
 func (f *fake) live() fakeLive {
 	var l fakeLive
 	f.liveFn(&l.Allocations, &l.Mappings, &l.Reservations, &l.Bytes, &l.ContextRefs, &l.Streams, &l.Events)
+	f.hostLive(&l.HostBuffers, &l.HostBytes)
 	return l
 }
 

@@ -108,6 +108,8 @@ type library struct {
 	cuEventSynchronize            func(e uintptr) Result
 	cuEventDestroy                func(e uintptr) Result // cuEventDestroy_v2
 	cuGetErrorName                func(r Result, s **byte) Result
+	cuMemHostAlloc                func(p **byte, size uintptr, flags uint32) Result
+	cuMemFreeHost                 func(p *byte) Result
 	cuGetErrorString              func(r Result, s **byte) Result
 
 	// cuMemExportToShareableHandle writes, for a POSIX descriptor, an int
@@ -160,6 +162,8 @@ func (l *library) symbols() []symbol {
 		{"cuEventSynchronize", &l.cuEventSynchronize},
 		{"cuEventDestroy_v2", &l.cuEventDestroy},
 		{"cuGetErrorName", &l.cuGetErrorName},
+		{"cuMemHostAlloc", &l.cuMemHostAlloc},
+		{"cuMemFreeHost", &l.cuMemFreeHost},
 		{"cuGetErrorString", &l.cuGetErrorString},
 	}
 }

@@ -20,3 +20,6 @@ func (l *library) load() error {
 
 // goString is never called on this platform: no library loads.
 func goString(*byte) string { return "" }
+
+// hostSlice is never called on this platform: no library loads.
+func hostSlice(*byte, uintptr) []byte { return nil }

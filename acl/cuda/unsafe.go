@@ -37,3 +37,9 @@ func goString(p *byte) string {
 	}
 	return string(unsafe.Slice(p, n))
 }
+
+// hostSlice views the n bytes of page-locked host memory cuMemHostAlloc
+// returned at p as a slice. Sound because the driver owns those n bytes
+// until cuMemFreeHost, which the binding calls only with a slice it made
+// here; the garbage collector ignores a pointer outside the Go heap.
+func hostSlice(p *byte, n uintptr) []byte { return unsafe.Slice(p, n) }

@@ -74,6 +74,8 @@ const (
 	MemSetPidToShareableHandle
 	MemImportFromShareableHandle
 	DeviceGetBareTgid
+	MallocHost
+	FreeHost
 	numOps
 )
 
@@ -84,6 +86,7 @@ var Ops = []Op{
 	CreateStream, DestroyStream, SynchronizeStream, SynchronizeDevice,
 	CreateEvent, RecordEvent, QueryEvent, SynchronizeEvent, DestroyEvent, MemsetAsync,
 	MemExportToShareableHandle, MemSetPidToShareableHandle, MemImportFromShareableHandle, DeviceGetBareTgid,
+	MallocHost, FreeHost,
 }
 
 var opNames = [numOps]string{
@@ -116,6 +119,9 @@ var opNames = [numOps]string{
 	MemSetPidToShareableHandle:   "aclrtMemSetPidToShareableHandle",
 	MemImportFromShareableHandle: "aclrtMemImportFromShareableHandle",
 	DeviceGetBareTgid:            "aclrtDeviceGetBareTgid",
+
+	MallocHost: "aclrtMallocHost",
+	FreeHost:   "aclrtFreeHost",
 }
 
 // String returns the ACL function the kind stands for, or "any".
@@ -141,7 +147,7 @@ func (o Op) String() string {
 // error (507899) for the rest.
 func DefaultCode(op Op) int32 {
 	switch op {
-	case MallocPhysical, ReserveMemAddress:
+	case MallocPhysical, ReserveMemAddress, MallocHost:
 		return acl.ErrCodeRTMemoryAllocation
 	case CreateStream, CreateEvent:
 		return acl.ErrCodeRTResourceAllocFail
@@ -524,6 +530,22 @@ func (d *Driver) DeviceGetBareTgid() (int32, error) {
 		return 0, err
 	}
 	return d.inner.DeviceGetBareTgid()
+}
+
+// MallocHost forwards, or fails by injection (and nothing is allocated).
+func (d *Driver) MallocHost(size uintptr) ([]byte, error) {
+	if err := d.check(MallocHost); err != nil {
+		return nil, err
+	}
+	return d.inner.MallocHost(size)
+}
+
+// FreeHost forwards, or fails by injection (and the buffer stays).
+func (d *Driver) FreeHost(b []byte) error {
+	if err := d.check(FreeHost); err != nil {
+		return err
+	}
+	return d.inner.FreeHost(b)
 }
 
 // Caps returns the wrapped driver's.

@@ -120,7 +120,7 @@ func TestBadRules(t *testing.T) {
 	assert.Panics(t, func() { faultdriver.New(nil) })
 	assert.Equal(t, "aclrtMapMem", faultdriver.MapMem.String())
 	assert.Equal(t, "fault(host)", d.Name())
-	assert.Equal(t, len(faultdriver.Ops), int(faultdriver.DeviceGetBareTgid), "Ops lists every kind")
+	assert.Equal(t, len(faultdriver.Ops), int(faultdriver.FreeHost), "Ops lists every kind")
 }
 
 // The sharing calls forward, and fail by injection without effect: an
@@ -151,4 +151,21 @@ func TestShareOps(t *testing.T) {
 	assert.Equal(t, int64(3), d.Injected(faultdriver.Any))
 	require.NoError(t, d.FreePhysical(h))
 	assert.True(t, d.Live().Zero())
+}
+
+// The host memory calls forward, and fail by injection without effect.
+func TestHostMemoryOps(t *testing.T) {
+	d := faultdriver.New(newHost(t, 64<<20))
+	defer d.Close()
+	d.FailNth(faultdriver.MallocHost, 1, 0)
+	_, err := d.MallocHost(4096)
+	assert.ErrorIs(t, err, acl.ErrOutOfMemory)
+	assert.Zero(t, d.Live().HostBuffers)
+	b, err := d.MallocHost(4096)
+	require.NoError(t, err)
+	d.FailNth(faultdriver.FreeHost, 1, 0)
+	assert.Error(t, d.FreeHost(b))
+	assert.Equal(t, 1, d.Live().HostBuffers, "a failed free keeps the buffer")
+	require.NoError(t, d.FreeHost(b))
+	assert.Equal(t, "aclrtMallocHost", faultdriver.MallocHost.String())
 }

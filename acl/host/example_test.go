@@ -33,5 +33,5 @@ func ExampleDriver() {
 	fmt.Printf("%+v\n", d.Live())
 	// Output:
 	// device bytes, 2 MiB mapped
-	// {Reservations:0 ReservedBytes:0 Mappings:0 MappedBytes:0 Handles:0 PhysicalBytes:0 Imported:0 ImportedBytes:0 Streams:0 Events:0}
+	// {Reservations:0 ReservedBytes:0 Mappings:0 MappedBytes:0 Handles:0 PhysicalBytes:0 Imported:0 ImportedBytes:0 Streams:0 Events:0 HostBuffers:0 HostBytes:0}
 }

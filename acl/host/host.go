@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/internal/book"
+	"github.com/vmarena/vmarena/acl/internal/hostmem"
 	"github.com/vmarena/vmarena/acl/internal/rules"
 	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/internal/units"
@@ -73,6 +74,8 @@ type Driver struct {
 	vmas    int     // kernel VMAs our reservations occupy
 	live    acl.LiveCounts
 	maxVMAs int // high-water mark of vmas
+
+	hostBufs hostmem.Table // MallocHost's buffers (pinned.go)
 
 	ss queues // device work in flight (streams.go); its lock is taken after mu, never before
 }
@@ -187,8 +190,10 @@ func (d *Driver) Capacity() uintptr { return d.cfg.Capacity }
 // holds.
 func (d *Driver) Live() acl.LiveCounts {
 	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.live
+	c := d.live
+	d.mu.RUnlock()
+	c.HostBuffers, c.HostBytes = d.hostBufs.Live()
+	return c
 }
 
 // VMAs returns the kernel memory areas the driver's reservations occupy now,
@@ -743,8 +748,17 @@ func (d *Driver) Close() error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.live.Zero() {
-		errs = append(errs, fmt.Errorf("host driver: closed with objects still live: %+v", d.live))
+	if n, _ := d.hostBufs.Live(); !d.live.Zero() || n > 0 {
+		c := d.live
+		c.HostBuffers, c.HostBytes = d.hostBufs.Live()
+		errs = append(errs, fmt.Errorf("host driver: closed with objects still live: %+v", c))
+	}
+	for p, n := range d.hostBufs.All() {
+		b := unsafe.Slice(p, n)
+		d.hostBufs.Remove(b)
+		if err := sysHostFree(b); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, r := range d.book.All() {
 		if err := sysRelease(r.X.mem, r.Size); err != nil {

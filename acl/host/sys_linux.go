@@ -159,3 +159,19 @@ func isFDLimit(err error) bool { return errors.Is(err, unix.EMFILE) || errors.Is
 
 // memfileName names the driver's memory files (in /proc/PID/fd and maps).
 const memfileName = "vmarena-host"
+
+// sysHostAlloc maps size bytes of private anonymous memory, populated.
+func sysHostAlloc(size uintptr) ([]byte, error) {
+	p, err := unix.MmapPtr(-1, 0, nil, size, unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	if err != nil {
+		return nil, err
+	}
+	// unsafe: p is the start of a mapping of size bytes that we own until sysHostFree.
+	return unsafe.Slice((*byte)(p), size), nil
+}
+
+// sysHostFree unmaps a buffer sysHostAlloc made, given whole.
+func sysHostFree(b []byte) error {
+	return unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(b)), uintptr(len(b)))
+}

@@ -25,3 +25,5 @@ func sysDecommit(fd int, off, size uintptr) error                    { return er
 func memAvailable() uintptr                                          { return 0 }
 func maxMapCount() int                                               { return 65530 }
 func isFDLimit(err error) bool                                       { return false }
+func sysHostAlloc(size uintptr) ([]byte, error)                      { return nil, errNotLinux }
+func sysHostFree(b []byte) error                                     { return errNotLinux }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/internal/book"
+	"github.com/vmarena/vmarena/acl/internal/hostmem"
 	"github.com/vmarena/vmarena/acl/internal/queue"
 	"github.com/vmarena/vmarena/acl/internal/rules"
 	"github.com/vmarena/vmarena/acl/ipc"
@@ -73,6 +74,8 @@ type Driver struct {
 	data sync.Mutex // the pages of every handle; taken after ss's lock
 
 	ss queues // device work in flight (streams.go); its lock is taken after mu and before data
+
+	hostBufs hostmem.Table // MallocHost's buffers (pinned.go)
 }
 
 type handle struct {
@@ -182,8 +185,10 @@ func (d *Driver) Capacity() uintptr { return d.capa }
 // events the driver holds.
 func (d *Driver) Live() acl.LiveCounts {
 	d.mu.RLock()
-	defer d.mu.RUnlock()
-	return d.live
+	c := d.live
+	d.mu.RUnlock()
+	c.HostBuffers, c.HostBytes = d.hostBufs.Live()
+	return c
 }
 
 const errClosedMsg = "driver closed"
@@ -702,8 +707,10 @@ func (d *Driver) Close() error {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.live.Zero() {
-		errs = append(errs, fmt.Errorf("model driver: closed with objects still live: %+v", d.live))
+	c := d.live
+	c.HostBuffers, c.HostBytes = d.hostBufs.Live()
+	if !c.Zero() {
+		errs = append(errs, fmt.Errorf("model driver: closed with objects still live: %+v", c))
 	}
 	for _, h := range d.handles {
 		d.closeOwnLocked(h) // leaked, and reported above: the files at least go

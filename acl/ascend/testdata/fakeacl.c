@@ -270,6 +270,8 @@ typedef struct {
     uint64_t imported_bytes; // of physical_bytes, those of imported handles
     int64_t streams; // created with aclrtCreateStream and not destroyed
     int64_t events;  // created with aclrtCreateEvent and not destroyed
+    int64_t host_buffers; // made by aclrtMallocHost and not freed
+    uint64_t host_bytes;  // their bytes
 } fakeacl_live_t;
 
 // Everything else a test asserts on.
@@ -1341,6 +1343,60 @@ API aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t *free_, size_t *total) {
 }
 
 API const char *aclrtGetSocName(void) { return "FakeAscend910B"; }
+
+// ---- page-locked host memory ----
+
+// A host buffer is ordinary memory with a 64-byte-aligned start, as ACL
+// promises, kept on a list so that aclrtFreeHost refuses a pointer
+// aclrtMallocHost did not return (and a second free); fakeacl_live counts
+// the live ones.
+struct hostbuf {
+    void *p;
+    size_t size;
+    struct hostbuf *next;
+};
+
+static struct hostbuf *hostbufs;
+
+API aclError aclrtMallocHost(void **hostPtr, size_t size) {
+    ENTER();
+    if (hostPtr == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "hostPtr is NULL");
+    if (size == 0) FAIL(ACL_ERROR_INVALID_PARAM, "size is 0");
+    struct hostbuf *b = calloc(1, sizeof *b);
+    void *p = NULL;
+    if (b == NULL || posix_memalign(&p, 64, size) != 0) {
+        free(b);
+        FAIL(ACL_ERROR_RT_MEMORY_ALLOCATION, "%zu bytes of host memory", size);
+    }
+    b->p = p;
+    b->size = size;
+    b->next = hostbufs;
+    hostbufs = b;
+    live.host_buffers++;
+    live.host_bytes += size;
+    *hostPtr = p;
+    RET(ACL_SUCCESS);
+}
+
+API aclError aclrtFreeHost(void *hostPtr) {
+    ENTER();
+    if (hostPtr == NULL) FAIL(ACL_ERROR_INVALID_PARAM, "hostPtr is NULL");
+    for (struct hostbuf **q = &hostbufs; *q != NULL; q = &(*q)->next) {
+        if ((*q)->p == hostPtr) {
+            struct hostbuf *b = *q;
+            *q = b->next;
+            live.host_buffers--;
+            live.host_bytes -= b->size;
+            free(b->p);
+            free(b);
+            RET(ACL_SUCCESS);
+        }
+    }
+    FAIL(ACL_ERROR_RT_PARAM_INVALID, "%p is not host memory from aclrtMallocHost", hostPtr);
+}
+
+    pthread_mutex_unlock(&mu);
+}
 
 // ---- sharing between processes ----
 

@@ -303,6 +303,7 @@ static struct fn_stat stats[] = {
 	{"cuStreamSynchronize", 0, 0, 0}, {"cuEventCreate", 0, 0, 0}, {"cuEventRecord", 0, 0, 0},
 	{"cuEventQuery", 0, 0, 0}, {"cuEventSynchronize", 0, 0, 0}, {"cuEventDestroy_v2", 0, 0, 0},
 	{"cuGetErrorName", 0, 0, 0}, {"cuGetErrorString", 0, 0, 0},
+	{"cuMemHostAlloc", 0, 0, 0}, {"cuMemFreeHost", 0, 0, 0},
 };
 #define NSTATS (sizeof(stats) / sizeof(stats[0]))
 
@@ -1356,6 +1357,66 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_, size_t *total) {
 	*free_ = capacity > used ? capacity - used : 0;
 	*total = capacity;
 	END(CUDA_SUCCESS);
+}
+
+// ---- page-locked host memory ----
+
+// A host buffer is ordinary malloc'd memory, kept on a list so that
+// cuMemFreeHost refuses a pointer cuMemHostAlloc did not return (and a
+// second free) with CUDA_ERROR_INVALID_VALUE, and fakecuda_host_live can
+// count what is live.
+struct hostbuf {
+	void *p;
+	size_t size;
+	struct hostbuf *next;
+};
+
+static struct hostbuf *hostbufs;
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
+	BEGIN("cuMemHostAlloc", need_ctx());
+	if (pp == NULL || size == 0 || flags > 0xf)
+		END(CUDA_ERROR_INVALID_VALUE);
+	struct hostbuf *b = calloc(1, sizeof *b);
+	void *p = malloc(size);
+	if (b == NULL || p == NULL) {
+		free(b);
+		free(p);
+		END(CUDA_ERROR_OUT_OF_MEMORY);
+	}
+	b->p = p;
+	b->size = size;
+	b->next = hostbufs;
+	hostbufs = b;
+	*pp = p;
+	END(CUDA_SUCCESS);
+}
+
+EXPORT CUresult cuMemFreeHost(void *p) {
+	BEGIN("cuMemFreeHost", need_ctx());
+	for (struct hostbuf **q = &hostbufs; *q != NULL; q = &(*q)->next) {
+		if ((*q)->p == p) {
+			struct hostbuf *b = *q;
+			*q = b->next;
+			free(b->p);
+			free(b);
+			END(CUDA_SUCCESS);
+		}
+	}
+	END(CUDA_ERROR_INVALID_VALUE);
+}
+
+// fakecuda_host_live reports the host buffers cuMemHostAlloc made that
+// cuMemFreeHost has not freed, and their bytes.
+EXPORT void fakecuda_host_live(long *n, size_t *bytes) {
+	pthread_mutex_lock(&mu);
+	*n = 0;
+	*bytes = 0;
+	for (struct hostbuf *b = hostbufs; b != NULL; b = b->next) {
+		(*n)++;
+		*bytes += b->size;
+	}
+	pthread_mutex_unlock(&mu);
 }
 
 // ---- errors ----

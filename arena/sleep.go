@@ -1,0 +1,988 @@
+package arena
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// Sleep and wake: giving the device back while keeping every address.
+//
+// Sleep waits for the work queued on the arena's streams, then unmaps every
+// chunk and frees it to the driver (not to the pool's cache: the point is
+// that the device, and so other processes, get the memory back), and keeps
+// the reservation. Wake maps chunks at the same addresses again, so every
+// Buffer's Ptr, and every device pointer a captured graph holds, stays valid.
+//
+// While asleep the arena keeps, per chunk slot it had mapped, what became of
+// it (a slot): gone to the driver, held unmapped (Sleep could not free it),
+// or still mapped (a double fault stopped Sleep's undo half-way). Wake, and
+// the undo of a failed Sleep, restore whatever is not mapped, so either one
+// can be retried after a failure. In Offload mode a chunk is unmapped only
+// after its bytes below Len reached the host copy, so every slot that is not
+// mapped has its bytes on the host.
+
+// ErrAsleep is returned by Alloc (beyond the fast path's reach), Grow,
+// Truncate, Reset, Shrink and the copies of an arena that is asleep: its
+// memory was given back to the device by Sleep, and Wake brings it back.
+var ErrAsleep = errors.New("arena: asleep")
+
+// ErrShared is returned by Sleep while a chunk of the arena is shared with
+// another process (Share): the other process maps that memory, so the
+// arena cannot give it back or change it under that process.
+var ErrShared = errors.New("arena: memory shared with another process")
+
+// SleepMode says what Sleep does with the arena's contents.
+type SleepMode int
+
+const (
+	// Discard drops the contents: after Wake the bytes below Len are
+	// whatever the pool's scrub rules give a new mapping (zeros, or the
+	// arena's own tenant's old bytes; never another tenant's). For KV
+	// caches and scratch memory.
+	Discard SleepMode = iota + 1
+	// Offload copies the bytes in use (below Len) to pinned host memory from
+	// the driver (acl.Driver.MallocHost) before their chunks go, and Wake
+	// copies them back. For weights.
+	Offload
+)
+
+// String returns "discard" or "offload".
+func (m SleepMode) String() string {
+	switch m {
+	case Discard:
+		return "discard"
+	case Offload:
+		return "offload"
+	}
+	return fmt.Sprintf("arena.SleepMode(%d)", int(m))
+}
+
+// Tag groups arenas for SleepTag and WakeTag: the weights of a model, its KV
+// cache, its scratch memory, or any name of the caller's own.
+type Tag string
+
+// Tags the field uses; any other string works as well.
+const (
+	TagWeights Tag = "weights"
+	TagKV      Tag = "kv"
+	TagScratch Tag = "scratch"
+)
+
+// BackingCause says what changed an arena's backing.
+type BackingCause int
+
+const (
+	// BackingSlept: Sleep gave every chunk back; the addresses are
+	// reserved, backed by nothing.
+	BackingSlept BackingCause = iota + 1
+	// BackingWoke: Wake mapped new memory at the same addresses.
+	BackingWoke
+	// BackingShrunk: Shrink gave back the chunks above Len.
+	BackingShrunk
+)
+
+// String returns "slept", "woke" or "shrunk".
+func (c BackingCause) String() string {
+	switch c {
+	case BackingSlept:
+		return "slept"
+	case BackingWoke:
+		return "woke"
+	case BackingShrunk:
+		return "shrunk"
+	}
+	return fmt.Sprintf("arena.BackingCause(%d)", int(c))
+}
+
+// BackingChange tells an OnBackingChange callback what changed.
+type BackingChange struct {
+	Arena      *Arena
+	Cause      BackingCause
+	Generation uint64 // the arena's generation after the change
+	Mapped     int    // Cap after the change
+}
+
+// slot is what became of one chunk of a sleeping arena.
+type slot struct {
+	c     chunk.Chunk
+	state slotState
+}
+
+type slotState uint8
+
+const (
+	slotMapped  slotState = iota // mapped where it was, bytes intact
+	slotHeld                     // unmapped, held (physical memory and bytes kept)
+	slotGone                     // freed to the driver
+	slotPending                  // mapped by a Wake whose undo could not unmap it: bytes not restored
+)
+
+// sleepState is a sleeping arena's record.
+type sleepState struct {
+	mode  SleepMode
+	slots []slot // chunk i of the arena, for every chunk it had mapped
+	len   uint64 // Len when it fell asleep: the bytes the host copy holds (Offload)
+}
+
+// sleeper is the arena's sleep and wake state (see Arena.sl).
+type sleeper struct {
+	asleep atomic.Bool   // set under mu; read without it by copies and the pool
+	gen    atomic.Uint64 // advanced by Sleep, Wake and Shrink
+	tag    Tag
+	st     *sleepState // under mu
+	host   []byte      // the pinned host copy: kept for the next Offload after a Wake, freed by Close or DropHostCopy
+	cbMu   sync.Mutex
+	cbs    []func(BackingChange)
+}
+
+// Tag returns the arena's Config.Tag.
+func (a *Arena) Tag() Tag {
+	if a == nil {
+		return ""
+	}
+	return a.sl.tag
+}
+
+// Asleep reports whether the arena is asleep: Sleep gave its memory back and
+// Wake has not brought it back.
+func (a *Arena) Asleep() bool { return a != nil && a.sl.asleep.Load() }
+
+// Generation counts the changes of the arena's backing: every Sleep, Wake
+// and Shrink that changed it advances it by one. Whatever registered the
+// arena's memory elsewhere (a collective-communication buffer, an RDMA
+// registration, a cache of device pointers) is stale when the generation
+// moved.
+func (a *Arena) Generation() uint64 {
+	if a == nil {
+		return 0
+	}
+	return a.sl.gen.Load()
+}
+
+// OnBackingChange registers fn to run after every change of the arena's
+// backing: after Sleep has given the memory back, after Wake has mapped it
+// again (the memory is usable when fn runs), and after a Shrink that gave
+// chunks back. fn runs on the goroutine that made the change, after the
+// arena's lock is released, so it may call the arena's methods; a Wake
+// returns after its callbacks. What must happen before the memory goes (a
+// deregistration) is the caller's to do before it calls Sleep.
+func (a *Arena) OnBackingChange(fn func(BackingChange)) {
+	if a == nil || fn == nil {
+		return
+	}
+	a.sl.cbMu.Lock()
+	a.sl.cbs = append(a.sl.cbs, fn)
+	a.sl.cbMu.Unlock()
+}
+
+// changed advances the generation, under mu, and returns the change for
+// notify to report once mu is released.
+func (a *Arena) changed(cause BackingCause) BackingChange {
+	return BackingChange{Arena: a, Cause: cause, Generation: a.sl.gen.Add(1), Mapped: int(a.cap.Load())}
+}
+
+// notify runs the callbacks. Call without mu.
+func (a *Arena) notify(c BackingChange) {
+	a.sl.cbMu.Lock()
+	cbs := a.sl.cbs
+	a.sl.cbMu.Unlock()
+	for _, fn := range cbs {
+		fn(c)
+	}
+}
+
+// shrunk is Shrink's deferred notification: it runs the callbacks when the
+// Shrink gave chunks back. Deferred before the lock is taken, so that it
+// runs after the unlock.
+func (a *Arena) shrunk(c *BackingChange) {
+	if c.Cause != 0 {
+		a.notify(*c)
+	}
+}
+
+// HostCopy returns the bytes of pinned host memory the arena holds for its
+// offloads: the host copy of a sleeping arena's contents, or, after a Wake,
+// the buffer kept for the next Offload (so that pinning happens once, as a
+// caching host allocator does).
+func (a *Arena) HostCopy() int {
+	if a == nil {
+		return 0
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.sl.host)
+}
+
+// DropHostCopy frees the pinned host buffer an awake arena keeps for its
+// next Offload. It fails with ErrAsleep while the arena is asleep in Offload
+// mode (the buffer holds its contents).
+func (a *Arena) DropHostCopy() error {
+	if a == nil || a.drv == nil {
+		return nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.sl.asleep.Load() && a.sl.st.mode == Offload {
+		return fmt.Errorf("arena: drop host copy: %w: it holds the contents", ErrAsleep)
+	}
+	return a.freeHost()
+}
+
+// freeHost frees the kept host buffer. Call with mu held.
+func (a *Arena) freeHost() error {
+	if a.sl.host == nil {
+		return nil
+	}
+	if err := a.drv.FreeHost(a.sl.host); err != nil {
+		return fmt.Errorf("arena: free host copy: %w", err)
+	}
+	a.sl.host = nil
+	return nil
+}
+
+// hostFor makes sure the host buffer holds n bytes, reusing the kept one
+// when it is large enough. Call with mu held.
+func (a *Arena) hostFor(n uint64) error {
+	if uint64(len(a.sl.host)) >= n {
+		return nil
+	}
+	if err := a.freeHost(); err != nil {
+		return err
+	}
+	b, err := a.drv.MallocHost(uintptr(n))
+	if err != nil {
+		return fmt.Errorf("arena: host copy of %s: %w", units.Ubytes(n), err)
+	}
+	a.sl.host = b
+	return nil
+}
+
+// Sleep gives the arena's memory back to the device and keeps its address
+// range: it waits for the work queued on Config.Streams (without streams, for
+// the device), then unmaps every chunk and frees it to the driver, not to
+// the pool's cache (a private pool's cache is freed too). In Offload mode
+// the bytes in use are first copied to pinned host memory, 16 MiB at a
+// time, each copy overlapping the unmaps and frees of the chunks the copy
+// before it moved. Afterwards Cap is 0, Len is kept, and Alloc, Grow, Truncate,
+// Reset, Shrink and the copies fail with ErrAsleep until Wake.
+//
+// Sleep refuses, changing nothing, an arena that shares memory with another
+// process (ErrShared) or is an import (ErrImported). Waiting for the streams
+// honours ctx. A fault in Offload mode, or before the first chunk is freed in
+// Discard mode, leaves the arena awake with its contents intact (the chunks
+// freed already are mapped again and refilled from the host copy); should
+// that undo fail too, the arena stays asleep, with its host copy intact, and
+// Wake brings it back. A failed free in Discard mode leaves the arena asleep
+// holding the chunks it could not free, and returns the error: Sleep again
+// tries once more. Sleep of a sleeping arena does only that.
+func (a *Arena) Sleep(ctx context.Context, mode SleepMode) error {
+	if mode != Discard && mode != Offload {
+		return fmt.Errorf("arena: sleep: %w: mode %v", ErrInvalid, mode)
+	}
+	if err := a.lockSleep(); err != nil {
+		return fmt.Errorf("arena: sleep: %w", err)
+	}
+	var note BackingChange
+	err := a.sleepLocked(ctx, mode, &note)
+	a.mu.Unlock()
+	if note.Cause != 0 {
+		a.notify(note)
+	}
+	if err != nil {
+		return fmt.Errorf("arena: sleep (%v): %w", mode, err)
+	}
+	return nil
+}
+
+// lockSleep takes mu for Sleep or Wake, or says why it cannot.
+func (a *Arena) lockSleep() error {
+	if a == nil {
+		return ErrClosed
+	}
+	if a.drv == nil {
+		return errNotMade
+	}
+	a.mu.Lock()
+	switch {
+	case a.closed.Load():
+		a.mu.Unlock()
+		return ErrClosed
+	case a.imp != nil:
+		a.mu.Unlock()
+		return errFixed
+	}
+	return nil
+}
+
+func (a *Arena) sleepLocked(ctx context.Context, mode SleepMode, note *BackingChange) error {
+	if a.sl.asleep.Load() {
+		return a.freeHeld()
+	}
+	for _, c := range a.chunks {
+		if a.lend.Shared(c) {
+			return fmt.Errorf("%w: a chunk is exported; Sleep refuses until the arena gives the shared memory back", ErrShared)
+		}
+	}
+	defer region(RegionSleep).End()
+	s := a.freeze()
+	l := s & lenMask
+	// The chunks still waiting in the pool for the device lie in the
+	// reservation: take them back, to free with the rest once the device is
+	// done with them.
+	back := a.lend.ReclaimRange(a.base, uintptr(a.reserved))
+	a.closing.Store(true) // a relief skips the arena instead of waiting for the device with it
+	werr := a.lend.WaitStreams(ctx, a.streams)
+	a.closing.Store(false)
+	if werr != nil {
+		a.thaw(s, l)
+		return errors.Join(werr, a.dropMapped(back))
+	}
+	for _, m := range back {
+		a.maps++ // strays: mapped above Cap
+		a.strays = append(a.strays, stray{m.At, m.C})
+	}
+	if err := a.freeStrays(); err != nil {
+		a.thaw(s, l)
+		return err
+	}
+	if a.ownPool {
+		if err := a.pool.Trim(); err != nil {
+			a.thaw(s, l)
+			return err
+		}
+	}
+	if mode == Offload && l > 0 {
+		if err := a.hostFor(l); err != nil {
+			a.thaw(s, l)
+			return err
+		}
+	}
+	st := &sleepState{mode: mode, slots: make([]slot, len(a.chunks)), len: l}
+	for i, c := range a.chunks {
+		st.slots[i] = slot{c: c}
+	}
+	var err error
+	if mode == Offload {
+		err = a.offload(st)
+	} else {
+		err = a.discard(st)
+	}
+	if err != nil && !st.asleep() {
+		// Put back what went: the arena wakes as it was.
+		if werr := a.restore(st, true, nil); werr != nil {
+			err = errors.Join(err, fmt.Errorf("and the undo left it asleep: %w", werr))
+		}
+	}
+	if st.awake() {
+		// Every chunk is mapped again, some of them new ones.
+		for i, sl := range st.slots {
+			a.chunks[i] = sl.c
+		}
+		a.thaw(s, l)
+		return err
+	}
+	// Asleep: Cap 0, Len kept, the state word frozen for good (every Alloc
+	// goes to the slow path and finds ErrAsleep).
+	a.unmaps += uint64(len(a.chunks))
+	clear(a.chunks)
+	a.chunks = a.chunks[:0]
+	a.cap.Store(0)
+	a.state.Store((s+epochOne)&epochMask | l | frozen)
+	a.sl.st = st
+	a.sl.asleep.Store(true)
+	a.member.Dropped() // growths waiting for memory may take it now
+	*note = a.changed(BackingSlept)
+	a.logSleep(EventSleep, mode, len(st.slots))
+	return err
+}
+
+// logSleep reports a sleep or a wake to Config.Logger.
+func (a *Arena) logSleep(ev string, mode SleepMode, chunks int) {
+	if a.obs.on(slog.LevelInfo) {
+		a.obs.emit(a, slog.LevelInfo, ev, slog.String("mode", mode.String()), slog.Int("chunks", chunks))
+	}
+}
+
+// asleep reports whether a failed Sleep must stay asleep: a Discard that
+// freed chunks (their bytes are gone, by request).
+func (st *sleepState) asleep() bool {
+	if st.mode == Offload {
+		return false
+	}
+	for _, s := range st.slots {
+		if s.state == slotGone {
+			return true
+		}
+	}
+	return false
+}
+
+// awake reports whether every chunk is mapped with its bytes.
+func (st *sleepState) awake() bool {
+	for _, s := range st.slots {
+		if s.state != slotMapped {
+			return false
+		}
+	}
+	return true
+}
+
+// freeStrays unmaps the strays and frees them to the driver; their device
+// work has been waited for. One that cannot be unmapped stays a stray; one
+// that cannot be freed goes to the pool. Call with mu held.
+func (a *Arena) freeStrays() error {
+	var errs []error
+	kept := a.strays[:0]
+	for _, s := range a.strays {
+		if err := a.lend.Unmap(s.at); err != nil {
+			errs = append(errs, err)
+			kept = append(kept, s)
+			continue
+		}
+		a.unmaps++
+		if err := a.lend.Free(s.c); err != nil {
+			errs = append(errs, err, a.lend.Put(s.c))
+		}
+	}
+	clear(a.strays[len(kept):])
+	a.strays = kept
+	return errors.Join(errs...)
+}
+
+// pipeStep is the most bytes one copy of Sleep's and Wake's pipelines
+// moves: large enough that a copy runs at the link's speed and costs one
+// call, small enough that the unmaps (or maps) of one step overlap the
+// copy of the next.
+const pipeStep = 16 << 20
+
+// step is the chunks one pipeline step covers.
+func (a *Arena) step() int { return max(1, int(pipeStep/a.chunkSize)) }
+
+// offload copies the bytes below Len to the host copy, a step of chunks at
+// a time, on a goroutine of its own, while this one unmaps and frees the
+// chunks whose copy is done: the copy of step j+1 overlaps the unmaps and
+// frees of step j. It stops at the first failure, leaving st to say what
+// went.
+func (a *Arena) offload(st *sleepState) error {
+	cs := a.chunkSize
+	data := int((st.len + cs - 1) / cs) // chunks holding bytes in use
+	k := a.step()
+	steps := (data + k - 1) / k
+	done := make(chan error, steps)
+	var stop atomic.Bool
+	go func() {
+		for j := range steps {
+			if stop.Load() {
+				done <- errStopped
+				continue
+			}
+			lo := uint64(j*k) * cs
+			hi := min(lo+uint64(k)*cs, st.len)
+			done <- a.drv.MemcpyDtoH(a.sl.host[lo:hi], a.at(j*k))
+		}
+	}()
+	waited := 0 // steps whose copy was received
+	drain := func() {
+		stop.Store(true)
+		for ; waited < steps; waited++ {
+			<-done
+		}
+	}
+	for i := range st.slots {
+		if i < data && i%k == 0 {
+			err := <-done
+			waited++
+			if err != nil {
+				drain()
+				return fmt.Errorf("copy to the host at chunk %d: %w", i, err)
+			}
+		}
+		if err := a.lend.Unmap(a.at(i)); err != nil {
+			drain()
+			return err
+		}
+		st.slots[i].state = slotHeld
+		if err := a.lend.Free(st.slots[i].c); err != nil {
+			drain()
+			return err
+		}
+		st.slots[i] = slot{state: slotGone}
+	}
+	return nil
+}
+
+var errStopped = errors.New("stopped")
+
+// discard unmaps every chunk, top down, then frees them all: a failed unmap
+// leaves the bytes intact (the undo maps the held chunks back), and only
+// once every chunk is unmapped does any go. A failed free leaves that chunk
+// held, and the arena asleep.
+func (a *Arena) discard(st *sleepState) error {
+	for i := len(st.slots) - 1; i >= 0; i-- {
+		if err := a.lend.Unmap(a.at(i)); err != nil {
+			return err
+		}
+		st.slots[i].state = slotHeld
+	}
+	return a.freeHeldOf(st)
+}
+
+// freeHeldOf frees the held chunks of st, top down. Those the driver refuses
+// stay held, and the error says how many.
+func (a *Arena) freeHeldOf(st *sleepState) error {
+	var errs []error
+	for i := len(st.slots) - 1; i >= 0; i-- {
+		if st.slots[i].state != slotHeld {
+			continue
+		}
+		if err := a.lend.Free(st.slots[i].c); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		st.slots[i] = slot{state: slotGone}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%d chunks could not be freed (they stay with the sleeping arena; Sleep again to retry): %w",
+			len(errs), errors.Join(errs...))
+	}
+	return nil
+}
+
+// freeHeld is Sleep of a sleeping arena: it frees the chunks an earlier
+// Sleep could not. Call with mu held.
+func (a *Arena) freeHeld() error { return a.freeHeldOf(a.sl.st) }
+
+// Wake brings a sleeping arena's memory back: it maps chunks at exactly the
+// addresses they had (so every Buffer's Ptr is unchanged), for Len and what
+// Grow promised (the headroom above comes back as the arena grows), and, in
+// Offload mode, copies the contents back from the host copy, 16 MiB at a
+// time, each copy overlapping the acquiring and mapping of the next step's
+// chunks. In Discard mode
+// the chunks are cleared as the pool's scrub rules say (Config.Streams: the
+// clears are queued on the first stream, as Grow's are). Wake returns when
+// the memory is usable, after the OnBackingChange callbacks; the pinned host
+// buffer is kept for the next Offload (DropHostCopy frees it).
+//
+// The chunks come from the pool's Acquire, which may reclaim memory other
+// arenas hold unused. A failure (no memory, a driver fault) leaves the arena
+// asleep with its host copy intact, and Wake can be retried. Wake of an awake
+// arena does nothing; ctx is checked before any driver call.
+func (a *Arena) Wake(ctx context.Context) error {
+	if err := a.lockSleep(); err != nil {
+		return fmt.Errorf("arena: wake: %w", err)
+	}
+	var note BackingChange
+	err := a.wakeLocked(ctx, &note)
+	a.mu.Unlock()
+	if note.Cause != 0 {
+		a.notify(note)
+	}
+	if err != nil {
+		return fmt.Errorf("arena: wake: %w", err)
+	}
+	return nil
+}
+
+func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
+	if !a.sl.asleep.Load() {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	defer region(RegionWake).End()
+	st := a.sl.st
+	if err := a.trimSlots(st); err != nil {
+		return err
+	}
+	if err := a.restoreRelieving(ctx, &st); err != nil || st == nil {
+		return err
+	}
+	// Awake: the chunks are where they were, and Len with them.
+	a.chunks = a.chunks[:0]
+	for _, s := range st.slots {
+		a.chunks = append(a.chunks, s.c)
+	}
+	a.maps += uint64(len(st.slots))
+	a.cap.Store(uint64(len(a.chunks)) * a.chunkSize)
+	a.sl.st = nil
+	a.sl.asleep.Store(false)
+	s := a.state.Load()
+	a.thaw(s, s&lenMask)
+	*note = a.changed(BackingWoke)
+	a.logSleep(EventWake, st.mode, len(st.slots))
+	a.wantHeadroom(s & lenMask)
+	return nil
+}
+
+// restoreRelieving restores st as restore does and, when the pool has no
+// room, releases mu (holding no chunk) while the pool relieves the pressure
+// for the chunks it lacks, then tries again, as a growth does (see
+// growLocked). It sets *st to nil when another Wake or a Close got there
+// while mu was released. Call with mu held; it returns with mu held.
+func (a *Arena) restoreRelieving(ctx context.Context, st **sleepState) (err error) {
+	var have []chunk.Chunk
+	defer func() { err = errors.Join(err, a.putChunks(have)) }()
+	for round := 0; ; round++ {
+		err := a.restore(*st, false, &have)
+		missing := 0
+		for _, s := range (*st).slots {
+			if s.state == slotGone {
+				missing++
+			}
+		}
+		if err == nil || !errors.Is(err, ErrOutOfMemory) || missing == 0 || round == growRounds {
+			return err
+		}
+		if perr := a.putChunks(have); perr != nil {
+			return errors.Join(err, perr)
+		}
+		a.mu.Unlock()
+		var rerr error
+		have, rerr = a.lend.Relieve(ctx, a.tenant, missing, nil, err)
+		a.mu.Lock()
+		switch {
+		case rerr != nil:
+			return rerr
+		case a.closed.Load():
+			return ErrClosed
+		case !a.sl.asleep.Load() || a.sl.st != *st:
+			*st = nil // another Wake did it
+			return nil
+		}
+	}
+}
+
+// takeChunks returns n chunks: from *have first, then free in the pool now.
+func (a *Arena) takeChunks(n int, have *[]chunk.Chunk) ([]chunk.Chunk, error) {
+	if have != nil && len(*have) >= n {
+		cs := (*have)[:n:n]
+		*have = (*have)[n:]
+		return cs, nil
+	}
+	var cs []chunk.Chunk
+	if have != nil {
+		cs, *have = *have, nil
+	}
+	more, err := a.lend.TakeFree(a.tenant, n-len(cs))
+	if err != nil {
+		return nil, errors.Join(err, a.putChunks(cs))
+	}
+	return append(cs, more...), nil
+}
+
+// trimSlots drops the slots a Wake need not map back: those above Len and
+// what Grow promised, which held only headroom or memory the arena had
+// dropped (a pool under pressure could have taken them anyway, and the
+// arena maps them again as it grows). A slot still holding a chunk there is
+// kept, or its chunk given back: held ones are freed, and mapped ones (a
+// double fault's) keep every slot below them. Call with mu held.
+func (a *Arena) trimSlots(st *sleepState) error {
+	keep := int(a.keepBytes(a.state.Load()&lenMask) / a.chunkSize)
+	for i := len(st.slots) - 1; i >= keep; i-- {
+		switch st.slots[i].state {
+		case slotMapped, slotPending:
+			keep = i + 1
+		case slotHeld:
+			if err := a.lend.Free(st.slots[i].c); err != nil {
+				return err
+			}
+			st.slots[i] = slot{state: slotGone}
+		}
+	}
+	if keep < len(st.slots) {
+		clear(st.slots[keep:])
+		st.slots = st.slots[:keep]
+	}
+	return nil
+}
+
+// restore maps every slot of st that is not mapped, from the bottom up, a
+// run of up to a step of adjacent slots at a time: held chunks as they
+// are, gone ones with chunks from have (what a relief found), then memory
+// free in the pool now (TakeFree: it never waits, since mu is held), a run
+// at a time. In Offload mode it copies each
+// run's bytes below st.len back from the host copy, on a goroutine of its
+// own, while the next run is mapped. With undo set (a failed Sleep putting
+// back what it took) nothing is queued on the streams. On failure it
+// unmaps what it mapped (gone slots' new chunks go back to the pool, held
+// ones stay held), so st is as it was, and returns the error; a chunk it
+// cannot unmap stays mapped, marked pending (its bytes not restored). Call
+// with mu held.
+func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
+	cs := a.chunkSize
+	offload := st.mode == Offload
+	// Scrubs queued on a stream would race the host copy's synchronous
+	// writes: an offload's chunks are cleared synchronously, if at all.
+	streams := a.streams
+	if offload || undo {
+		streams = nil
+	}
+	type job struct{ lo, hi uint64 }
+	jobs := make(chan job, len(st.slots))
+	done := make(chan error, len(st.slots))
+	if offload {
+		go func() {
+			for j := range jobs {
+				done <- a.drv.MemcpyHtoD(a.base.Add(uintptr(j.lo)), a.sl.host[j.lo:j.hi])
+			}
+		}()
+	}
+	copyRun := func(from, to int) int { // queue the copy of slots [from, to)
+		lo, hi := uint64(from)*cs, min(uint64(to)*cs, st.len)
+		if !offload || lo >= hi {
+			return 0
+		}
+		jobs <- job{lo, hi}
+		return 1
+	}
+	prev := make([]slotState, len(st.slots)) // what each slot was, for the undo
+	for i, s := range st.slots {
+		prev[i] = s.state
+	}
+	var mapped, touched []int // slots this call mapped; those and the pending ones it restores
+	var unplaced []chunk.Chunk
+	scrubbed, copies := 0, 0
+	var err error
+	k := a.step()
+	for i := 0; i < len(st.slots) && err == nil; {
+		switch st.slots[i].state {
+		case slotMapped:
+			i++
+			continue
+		case slotPending: // mapped by an earlier try; its bytes still to restore
+			touched = append(touched, i)
+			copies += copyRun(i, i+1)
+			i++
+			continue
+		}
+		// A run of up to a step of slots to map; the chunks for the gone
+		// ones come from the pool now, while the copy of the run before
+		// runs.
+		j, need := i, 0
+		for j < len(st.slots) && j-i < k && (st.slots[j].state == slotHeld || st.slots[j].state == slotGone) {
+			if st.slots[j].state == slotGone {
+				need++
+			}
+			j++
+		}
+		var fresh []chunk.Chunk
+		if need > 0 {
+			if fresh, err = a.takeChunks(need, have); err != nil {
+				break
+			}
+		}
+		run := make([]chunk.Chunk, 0, j-i)
+		for x := i; x < j; x++ {
+			c := st.slots[x].c
+			if st.slots[x].state == slotGone {
+				c, fresh = fresh[0], fresh[1:]
+			}
+			run = append(run, c)
+		}
+		sc, merr := a.lend.MapRange(a.at(i), run, streams)
+		if merr != nil {
+			err = merr
+			left := map[acl.DevicePtr]bool{}
+			var lm *chunk.LeftMappedError
+			if errors.As(merr, &lm) {
+				for _, m := range lm.Left {
+					left[m.At] = true
+				}
+			}
+			for x, c := range run {
+				switch {
+				case left[a.at(i+x)]:
+					st.slots[i+x] = slot{c: c, state: slotPending} // mapped, bytes not restored
+					mapped = append(mapped, i+x)
+				case prev[i+x] == slotGone:
+					unplaced = append(unplaced, c)
+				}
+			}
+			break
+		}
+		scrubbed += sc
+		for x, c := range run {
+			st.slots[i+x] = slot{c: c, state: slotPending}
+			mapped = append(mapped, i+x)
+			touched = append(touched, i+x)
+		}
+		copies += copyRun(i, j)
+		i = j
+	}
+	close(jobs)
+	for ; copies > 0; copies-- {
+		err = errors.Join(err, <-done)
+	}
+	if err == nil && scrubbed > 0 {
+		err = a.fence.record(a.drv, a.streams[0])
+	}
+	if err == nil {
+		for _, i := range touched {
+			st.slots[i].state = slotMapped
+		}
+		return nil
+	}
+	// Undo: unmap what this call mapped, after the clears it queued; the
+	// chunks it took from the pool go back there.
+	if scrubbed > 0 {
+		err = errors.Join(err, a.drv.SynchronizeStream(a.streams[0]))
+	}
+	for _, i := range slices.Backward(mapped) {
+		if uerr := a.lend.Unmap(a.at(i)); uerr != nil {
+			err = errors.Join(err, uerr) // stays mapped, pending
+			continue
+		}
+		if prev[i] == slotGone {
+			err = errors.Join(err, a.lend.Put(st.slots[i].c))
+			st.slots[i] = slot{state: slotGone}
+		} else {
+			st.slots[i].state = slotHeld
+		}
+	}
+	for _, c := range unplaced {
+		err = errors.Join(err, a.lend.Put(c))
+	}
+	return err
+}
+
+// closeAsleep gives back what a sleeping arena still holds, for Close: the
+// chunks still mapped (a double fault's) are unmapped, and every chunk held
+// goes to the pool. It leaves the arena asleep, with what it could not give
+// back, on failure. Call with mu held, the device's work waited for.
+func (a *Arena) closeAsleep() error {
+	st := a.sl.st
+	var errs []error
+	for i := len(st.slots) - 1; i >= 0; i-- {
+		s := st.slots[i]
+		switch s.state {
+		case slotMapped, slotPending:
+			if err := a.lend.Unmap(a.at(i)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			fallthrough
+		case slotHeld:
+			errs = append(errs, a.lend.Put(s.c))
+			st.slots[i] = slot{state: slotGone}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Tagged returns the open arenas of tag that draw from pool (every pool,
+// when pool is nil), in the order they were made.
+func Tagged(pool *chunk.Pool, tag Tag) []*Arena {
+	tags.mu.Lock()
+	defer tags.mu.Unlock()
+	var out []*Arena
+	for _, a := range tags.all {
+		if a.sl.tag == tag && (pool == nil || a.pool == pool) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// TaggedOn returns the open arenas of tag on the device drv drives (those
+// whose Driver is drv), whatever their pool, in the order they were made.
+func TaggedOn(drv acl.Driver, tag Tag) []*Arena {
+	var out []*Arena
+	for _, a := range Tagged(nil, tag) {
+		if a.drv == drv {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// SleepTag puts every arena of tag on pool (every pool, when pool is nil) to
+// sleep in mode, concurrently, and returns when all are done, with their
+// errors joined (an arena that failed is as its Sleep says).
+func SleepTag(ctx context.Context, pool *chunk.Pool, tag Tag, mode SleepMode) error {
+	return SleepAll(ctx, Tagged(pool, tag), mode)
+}
+
+// WakeTag wakes every sleeping arena of tag on pool (every pool, when pool
+// is nil), concurrently, and returns when all are usable, or with their
+// errors joined.
+func WakeTag(ctx context.Context, pool *chunk.Pool, tag Tag) error {
+	return WakeAll(ctx, Tagged(pool, tag))
+}
+
+// SleepAll puts the arenas to sleep in mode, each on a goroutine of its
+// own (say, TaggedOn's, for every arena of a tag on a device), and returns
+// when all are done, with their errors joined.
+func SleepAll(ctx context.Context, as []*Arena, mode SleepMode) error {
+	return each(as, func(a *Arena) error { return a.Sleep(ctx, mode) })
+}
+
+// WakeAll wakes the arenas, each on a goroutine of its own, and returns
+// when all are usable, or with their errors joined.
+func WakeAll(ctx context.Context, as []*Arena) error {
+	return each(as, func(a *Arena) error { return a.Wake(ctx) })
+}
+
+func each(as []*Arena, fn func(*Arena) error) error {
+	errs := make([]error, len(as))
+	var wg sync.WaitGroup
+	for i, a := range as {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = fn(a)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// tags lists the open arenas, for Tagged.
+var tags struct {
+	mu  sync.Mutex
+	all []*Arena
+}
+
+// enlist adds a new arena to the list Tagged reads.
+func (a *Arena) enlist() {
+	tags.mu.Lock()
+	tags.all = append(tags.all, a)
+	tags.mu.Unlock()
+}
+
+// delist takes a closed arena off the list.
+func (a *Arena) delist() {
+	tags.mu.Lock()
+	defer tags.mu.Unlock()
+	for i, b := range tags.all {
+		if b == a {
+			tags.all = append(tags.all[:i], tags.all[i+1:]...)
+			clear(tags.all[len(tags.all):cap(tags.all)][:1])
+			return
+		}
+	}
+}
+
+// Events and trace regions of sleep and wake (see observe.go).
+const (
+	// EventSleep: Sleep gave the arena's memory back (Info). Attributes:
+	// mode, chunks.
+	EventSleep = "arena.sleep"
+	// EventWake: Wake mapped it again (Info). As EventSleep.
+	EventWake = "arena.wake"
+
+	RegionSleep = "vmarena.sleep" // Sleep
+	RegionWake  = "vmarena.wake"  // Wake
+)
+
+// errAsleep is the error of an operation refused while asleep.
+var errAsleep = fmt.Errorf("%w: Wake it first", ErrAsleep)

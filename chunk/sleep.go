@@ -1,0 +1,51 @@
+package chunk
+
+import (
+	"fmt"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// Giving memory back to the device.
+//
+// Put keeps a chunk in the cache, where the next Acquire finds it without a
+// driver call; but a cached chunk still holds device memory that no other
+// process (and no other pool) can have. Free gives a chunk straight back to
+// the driver instead: what an arena going to sleep does with every chunk it
+// holds, so that the device's free memory grows by exactly that much.
+
+// Free gives c, a chunk out of this pool and no longer mapped, straight back
+// to the driver (FreePhysical), never to the cache. The budget no longer
+// counts it, and growths waiting for memory in any pool on the device are
+// woken. A shared chunk is handled as Put handles it (it is never cached
+// anyway). Free fails with acl.ErrInvalidParam, and changes nothing, for a
+// chunk that is not out of this pool; if the driver refuses to free it, the
+// chunk stays out, with the caller, who still owns it (to map it again, or
+// to try again).
+func (p Lender) Free(c Chunk) error {
+	p.mu.Lock()
+	l, ok := p.out[c.Handle]
+	if !ok {
+		p.mu.Unlock()
+		return fmt.Errorf("chunk: %w: free of chunk %#x, which is not out of this pool", acl.ErrInvalidParam, uintptr(c.Handle))
+	}
+	if l.shared != nil {
+		return p.putSharedLocked(c, l) // freed, never cached
+	}
+	p.mu.Unlock()
+	if err := p.drv.FreePhysical(c.Handle); err != nil {
+		return fmt.Errorf("chunk: free: %w", err)
+	}
+	p.mu.Lock()
+	delete(p.out, c.Handle)
+	p.stats.InUse--
+	p.stats.Frees++
+	p.held -= p.size
+	p.mu.Unlock()
+	p.freed() // wait.go
+	return nil
+}
+
+// Shared reports whether c, a chunk out of this pool, is shared with
+// another process: exported (Export) or imported (Import).
+func (p Lender) Shared(c Chunk) bool { return p.isShared(c) }

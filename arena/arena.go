@@ -159,9 +159,13 @@ type Arena struct {
 	member    *chunk.Member
 	trap      bool // Config.TrapStale
 	fence     fence
-	imp       *importMode // set for an Imported's arena: another process's memory, of a fixed size (share.go)
-	obs       observer    // events, trace regions, counters (observe.go)
-	sl        sleeper     // sleep and wake (sleep.go)
+	scratch   struct {
+		slots, fresh []chunk.Chunk
+		back         []bool
+	} // growLocked's, reused under mu
+	imp *importMode // set for an Imported's arena: another process's memory, of a fixed size (share.go)
+	obs observer    // events, trace regions, counters (observe.go)
+	sl  sleeper     // sleep and wake (sleep.go)
 
 	// growMu serialises the growths that may relieve pressure (Grow, Alloc's
 	// slow path), which release mu while the pool relieves it. Taken before
@@ -229,6 +233,7 @@ func New(cfg Config) (*Arena, error) {
 	a := &Arena{drv: drv, pool: pool, lend: pool.Lender(), ownPool: own, chunkSize: uint64(pool.ChunkSize()),
 		tenant: tenant, streams: slices.Clone(cfg.Streams), trap: cfg.TrapStale}
 	a.obs.log = cfg.Logger
+	a.obs.timed.Store(cfg.Logger != nil) // its events carry the durations
 	if cfg.Headroom > 0 {
 		a.headroom = a.roundUp(uint64(cfg.Headroom))
 		a.lowWater = uint64(cfg.LowWater)
@@ -745,8 +750,13 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (miss
 			ErrOutOfMemory, units.Ubytes(uint64(n0)*a.chunkSize), units.Ubytes(uint64(need)*a.chunkSize), units.Ubytes(b)),
 			a.putChunks(have))
 	}
-	slots := make([]chunk.Chunk, need) // the chunks to place at n0, n0+1, …
-	back := make([]bool, need)         // slots[i] was taken back in place: already mapped
+	// The arena's scratch, reused under mu: a growth from the cache makes
+	// no heap allocation.
+	slots := slices.Grow(a.scratch.slots[:0], need)[:need] // the chunks to place at n0, n0+1, …
+	back := slices.Grow(a.scratch.back[:0], need)[:need]   // slots[i] was taken back in place: already mapped
+	clear(slots)
+	clear(back)
+	a.scratch.slots, a.scratch.back = slots, back
 	nback := 0
 	// Chunks wait in the arena's range after its stream-ordered releases, and
 	// after a relief took them (until it unmaps them).
@@ -766,13 +776,14 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (miss
 		}
 		have = have[:want]
 	}
-	fresh := have
-	if len(have) < want {
+	fresh := append(a.scratch.fresh[:0], have...)
+	if len(fresh) < want {
 		take := a.lend.TakeFree
 		if speculative {
 			take = a.lend.TryAcquire
 		}
-		more, err := take(a.tenant, want-len(have))
+		var err error
+		fresh, err = take(fresh, a.tenant, want-len(fresh))
 		if err != nil {
 			if errors.Is(err, chunk.ErrClosed) {
 				err = poolClosed{err}
@@ -780,10 +791,10 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (miss
 			if !errors.Is(err, ErrOutOfMemory) {
 				want = 0 // not a shortage: no relief
 			}
-			return want, errors.Join(err, a.putChunks(have), a.giveBack(n0, slots, back))
+			return want, errors.Join(err, a.putChunks(fresh), a.giveBack(n0, slots, back))
 		}
-		fresh = append(have, more...)
 	}
+	a.scratch.fresh = fresh
 	sched.At(sched.GrowTaken, a)
 	k := 0
 	for i := range slots {

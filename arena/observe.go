@@ -60,6 +60,7 @@ type observer struct {
 	log      *slog.Logger // Config.Logger; nil: no events
 	mu       sync.Mutex   // guards growTime, so that Activity never waits for a growth
 	growTime Histogram
+	timed    atomic.Bool // someone asked (Activity) or listens (Logger): time the growths
 	shrinks  atomic.Int64
 	ooms     atomic.Int64
 	waits    atomic.Int64
@@ -74,7 +75,7 @@ type Activity struct {
 	OOMs     int64         // growths on a caller's path that failed for want of memory (a wait that gives up counts once)
 	Waits    int64         // GrowContext and AllocContext calls that waited for memory
 	WaitTime time.Duration // the time they waited, in all
-	GrowTime Histogram     // how long the growths that mapped took on callers' paths (Grow, Alloc beyond Cap; not the worker's refills), failed ones included
+	GrowTime Histogram     // how long the growths that mapped took on callers' paths (Grow, Alloc beyond Cap; not the worker's refills), failed ones included, since the first Activity call (or New, with a Logger): until then the arena reads no clock
 }
 
 // Activity returns the arena's activity counters. It takes no lock the
@@ -85,6 +86,7 @@ func (a *Arena) Activity() Activity {
 		return Activity{}
 	}
 	o := &a.obs
+	o.timed.Store(true) // from now on, growths are timed
 	o.mu.Lock()
 	h := o.growTime
 	o.mu.Unlock()
@@ -116,18 +118,25 @@ func (o *observer) begin(speculative bool) growth {
 	if speculative {
 		name = RegionRefill
 	}
-	return growth{start: time.Now(), r: region(name)}
+	g := growth{r: region(name)}
+	if o.timed.Load() {
+		g.start = time.Now()
+	}
+	return g
 }
 
 // end records a growth from Cap c towards target that ended with err. Call
 // with Arena.mu held.
 func (o *observer) end(a *Arena, g growth, c, target uint64, speculative bool, err error) {
 	g.r.End()
-	d := time.Since(g.start)
-	if !speculative {
-		o.mu.Lock()
-		o.growTime.Add(d)
-		o.mu.Unlock()
+	var d time.Duration
+	if !g.start.IsZero() {
+		d = time.Since(g.start)
+		if !speculative {
+			o.mu.Lock()
+			o.growTime.Add(d)
+			o.mu.Unlock()
+		}
 	}
 	if err != nil && !speculative && errors.Is(err, ErrOutOfMemory) {
 		if o.quiet.Load() == 0 {

@@ -673,7 +673,7 @@ func (a *Arena) takeChunks(n int, have *[]chunk.Chunk) ([]chunk.Chunk, error) {
 	if have != nil {
 		cs, *have = *have, nil
 	}
-	more, err := a.lend.TakeFree(a.tenant, n-len(cs))
+	more, err := a.lend.TakeFree(nil, a.tenant, n-len(cs))
 	if err != nil {
 		return nil, errors.Join(err, a.putChunks(cs))
 	}

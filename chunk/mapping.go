@@ -57,13 +57,14 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 	if len(cs) == 0 {
 		return 0, nil
 	}
-	ls := make([]lease, len(cs))
+	var buf [16]lease // no heap allocation for a run of up to 16 chunks
+	ls := buf[:0]
 	for i, c := range cs {
 		l, err := p.leaseOf("map", p.at(ptr, i), c)
 		if err != nil {
 			return 0, err
 		}
-		ls[i] = l
+		ls = append(ls, l)
 	}
 	for i, c := range cs {
 		at := p.at(ptr, i)

@@ -368,7 +368,7 @@ func (p Lender) GetFor(t Tenant) (Chunk, error) {
 // driver call. The caller must hold no lock that a member's Give takes (see
 // Client).
 func (p Lender) Acquire(t Tenant, n int) ([]Chunk, error) {
-	return p.acquire(context.Background(), t, n, relieve, nil, nil)
+	return p.acquire(context.Background(), nil, t, n, relieve, nil, nil)
 }
 
 // Relieve returns n chunks for tenant t, all or none, for the growth g,
@@ -385,24 +385,25 @@ func (p Lender) Relieve(ctx context.Context, t Tenant, n int, g *Growth, short e
 	if short == nil || !errors.Is(short, acl.ErrOutOfMemory) {
 		return nil, fmt.Errorf("chunk: relieve: %w: the shortage %v is not a lack of memory", acl.ErrInvalidParam, short)
 	}
-	return p.acquire(ctx, t, n, relieve, g, short)
+	return p.acquire(ctx, nil, t, n, relieve, g, short)
 }
 
-// TakeFree is Acquire without relieving pressure: it takes only memory
-// that is free now (the cache, the budget's room, the device's), never waits
-// and takes nothing from anyone, so a caller may hold a member's lock. A
-// shortage is not counted in Stats.Failures (nor logged): its caller is
-// expected to Relieve next, which is.
-func (p Lender) TakeFree(t Tenant, n int) ([]Chunk, error) {
-	return p.acquire(context.Background(), t, n, takeFree, nil, nil)
+// TakeFree appends to dst n chunks for tenant t, all or none, taking only
+// memory that is free now (the cache, the budget's room, the device's): it
+// never waits and takes nothing from anyone, so a caller may hold a member's
+// lock. With a dst of room enough it allocates nothing. A shortage is not
+// counted in Stats.Failures (nor logged): its caller is expected to Relieve
+// next, which is. On failure it returns dst as it was.
+func (p Lender) TakeFree(dst []Chunk, t Tenant, n int) ([]Chunk, error) {
+	return p.acquire(context.Background(), dst, t, n, takeFree, nil, nil)
 }
 
 // TryAcquire is TakeFree for speculative growth (the background worker's
 // refills of headroom): while an Acquire relieves pressure it takes
 // nothing, and fails with an error matching acl.ErrOutOfMemory, since the
-// memory being freed is for that Acquire.
-func (p Lender) TryAcquire(t Tenant, n int) ([]Chunk, error) {
-	return p.acquire(context.Background(), t, n, standAside, nil, nil)
+// memory being freed is for that Acquire. Its shortages count as failures.
+func (p Lender) TryAcquire(dst []Chunk, t Tenant, n int) ([]Chunk, error) {
+	return p.acquire(context.Background(), dst, t, n, standAside, nil, nil)
 }
 
 // The ways an Acquire may get its chunks.
@@ -417,9 +418,10 @@ const (
 // reliefRounds bounds how often one Acquire relieves pressure and retries.
 const reliefRounds = 3
 
-// acquire takes n chunks for t as mode says; short, when set, is why the
-// caller's own take fell short, and the relief starts at once.
-func (p *Pool) acquire(ctx context.Context, t Tenant, n int, mode acquireMode, g *Growth, short error) ([]Chunk, error) {
+// acquire appends n chunks for t to dst as mode says (nil: it makes a slice
+// of its own); short, when set, is why the caller's own take fell short, and
+// the relief starts at once. On failure it returns dst as it was.
+func (p *Pool) acquire(ctx context.Context, dst []Chunk, t Tenant, n int, mode acquireMode, g *Growth, short error) ([]Chunk, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("chunk: acquire %d chunks: %w", n, acl.ErrInvalidParam)
 	}
@@ -439,16 +441,20 @@ func (p *Pool) acquire(ctx context.Context, t Tenant, n int, mode acquireMode, g
 		t = NewTenant()
 	}
 	p.dev.note(t)
-	got := make([]Chunk, 0, n)
+	if dst == nil {
+		dst = make([]Chunk, 0, n)
+	}
+	base, end := len(dst), len(dst)+n
+	got := dst
 	var err error
 	if short == nil {
-		short, err = p.take(t, n, &got)
+		short, err = p.take(t, end, &got)
 	}
 	if err == nil && short != nil && mode == relieve {
 		// Hold nothing while relieving: a growth that holds part of what it
 		// needs while it waits could keep another from being served.
-		err = p.putAll(got)
-		got = got[:0]
+		err = p.putAll(got[base:])
+		got = got[:base]
 		p.relieving.Add(1)
 		defer p.relieving.Add(-1)
 		for round := 0; err == nil && round < reliefRounds; round++ {
@@ -464,12 +470,12 @@ func (p *Pool) acquire(ctx context.Context, t Tenant, n int, mode acquireMode, g
 			if err != nil {
 				break
 			}
-			short, err = p.take(t, n, &got)
+			short, err = p.take(t, end, &got)
 			if err != nil || short == nil {
 				break
 			}
-			err = p.putAll(got) // and again, between rounds
-			got = got[:0]
+			err = p.putAll(got[base:]) // and again, between rounds
+			got = got[:base]
 			if cerr := ctx.Err(); cerr != nil {
 				short = fmt.Errorf("%w (%w)", short, cerr)
 				break
@@ -477,17 +483,17 @@ func (p *Pool) acquire(ctx context.Context, t Tenant, n int, mode acquireMode, g
 		}
 	}
 	if err != nil {
-		return nil, errors.Join(err, p.putAll(got))
+		return dst[:base], errors.Join(err, p.putAll(got[base:]))
 	}
 	if short != nil {
-		err := errors.Join(short, p.putAll(got))
+		err := errors.Join(short, p.putAll(got[base:]))
 		if mode != takeFree { // a TakeFree's caller relieves next, and that counts
 			p.mu.Lock()
 			p.stats.Failures++
 			p.mu.Unlock()
 			p.logOOM(n, err)
 		}
-		return nil, err
+		return dst[:base], err
 	}
 	return got, nil
 }

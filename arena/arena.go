@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
+	"runtime/trace"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -666,7 +667,7 @@ func (a *Arena) growLocked(ctx context.Context, target uint64, speculative bool)
 	if target <= c {
 		return nil
 	}
-	g := a.obs.begin(speculative)
+	g := a.obs.begin(ctx, speculative)
 	defer func() { a.obs.end(a, g, c, target, speculative, err) }()
 	sched.At(sched.GrowLocked, a)
 	var have []chunk.Chunk // found by a relief, not yet placed
@@ -1180,7 +1181,7 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	if a.drv == nil {
 		return errNotMade
 	}
-	defer region(RegionClose).End()
+	defer trace.StartRegion(ctx, RegionClose).End()
 	a.users.Lock() // copies under way end first; later ones see the arena closed
 	defer a.users.Unlock()
 	a.mu.Lock()

@@ -113,12 +113,12 @@ type growth struct {
 	r     *trace.Region
 }
 
-func (o *observer) begin(speculative bool) growth {
+func (o *observer) begin(ctx context.Context, speculative bool) growth {
 	name := RegionGrow
 	if speculative {
 		name = RegionRefill
 	}
-	g := growth{r: region(name)}
+	g := growth{r: trace.StartRegion(ctx, name)}
 	if o.timed.Load() {
 		g.start = time.Now()
 	}

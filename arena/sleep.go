@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/trace"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -332,7 +333,7 @@ func (a *Arena) sleepLocked(ctx context.Context, mode SleepMode, note *BackingCh
 			return fmt.Errorf("%w: a chunk is exported; Sleep refuses until the arena gives the shared memory back", ErrShared)
 		}
 	}
-	defer region(RegionSleep).End()
+	defer trace.StartRegion(ctx, RegionSleep).End()
 	s := a.freeze()
 	l := s & lenMask
 	// The chunks still waiting in the pool for the device lie in the
@@ -599,7 +600,7 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	defer region(RegionWake).End()
+	defer trace.StartRegion(ctx, RegionWake).End()
 	st := a.sl.st
 	if err := a.trimSlots(st); err != nil {
 		return err

@@ -79,5 +79,7 @@ func TestTraceRegions(t *testing.T) {
 		"acl.MemSetAccess", "acl.UnmapMem", "acl.SynchronizeDevice"} {
 		assert.Positive(t, regions[name], "region %s", name)
 	}
-	assert.True(t, inTask[arena.RegionWait], "the wait is in the caller's task")
+	for _, name := range []string{arena.RegionWait, arena.RegionGrow, chunk.RegionRelieve} {
+		assert.True(t, inTask[name], "%s is in the caller's task", name)
+	}
 }

@@ -92,12 +92,12 @@ func (p *Pool) logRelease(n, failed int) {
 	p.emit(slog.LevelDebug, EventRelease, slog.Int("chunks", n), slog.Int("failed", failed))
 }
 
-// logOOM reports an Acquire of n chunks that failed for want of memory.
-func (p *Pool) logOOM(n int, err error) {
+// logOOM reports an Acquire of n chunks that failed for want of memory,
+// with the view of the pool its error gives.
+func (p *Pool) logOOM(n int, s Stats, err error) {
 	if !p.logOn(slog.LevelDebug) {
 		return
 	}
-	s := p.Stats()
 	p.emit(slog.LevelDebug, EventOOM, slog.Int("asked", n), slog.Int64("asked_bytes", int64(n)*int64(p.size)),
 		slog.Int64("held", s.HeldBytes), slog.Int64("budget", s.Budget), slog.Int("in_use", s.InUse),
 		slog.Int("cached", s.Cached), slog.Int("pending", s.Pending), slog.Any("err", err))

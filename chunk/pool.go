@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"log/slog"
 	"reflect"
 	"sync"
@@ -17,6 +18,9 @@ import (
 // ErrBudget is returned (wrapped, together with acl.ErrOutOfMemory) when a
 // Get would take the pool past Config.Budget and nothing could be reclaimed.
 var ErrBudget = errors.New("chunk: pool budget exhausted")
+
+// errBudgetShort is take's shortage of budget; acquire words the error.
+var errBudgetShort = fmt.Errorf("%w: %w", ErrBudget, acl.ErrOutOfMemory)
 
 // ErrClosed is returned by a Pool after Close.
 var ErrClosed = errors.New("chunk: pool closed")
@@ -434,7 +438,7 @@ func (p *Pool) acquire(ctx context.Context, dst []Chunk, t Tenant, n int, mode a
 		p.mu.Unlock()
 		err := fmt.Errorf("%w: %w: %d chunks of %s asked, more than the whole budget, %s", ErrBudget,
 			acl.ErrOutOfMemory, n, units.IEC(int64(p.size)), units.Bytes(int64(b)))
-		p.logOOM(n, err)
+		p.logOOM(n, p.Stats(), err)
 		return nil, err
 	}
 	if t == 0 {
@@ -447,8 +451,11 @@ func (p *Pool) acquire(ctx context.Context, dst []Chunk, t Tenant, n int, mode a
 	base, end := len(dst), len(dst)+n
 	got := dst
 	var err error
-	if short == nil {
+	switch {
+	case short == nil:
 		short, err = p.take(t, end, &got)
+	case errors.Is(short, ErrBudget):
+		short = errBudgetShort // worded afresh, should the relief not be enough
 	}
 	if err == nil && short != nil && mode == relieve {
 		// Hold nothing while relieving: a growth that holds part of what it
@@ -486,12 +493,19 @@ func (p *Pool) acquire(ctx context.Context, dst []Chunk, t Tenant, n int, mode a
 		return dst[:base], errors.Join(err, p.putAll(got[base:]))
 	}
 	if short != nil {
-		err := errors.Join(short, p.putAll(got[base:]))
+		perr := p.putAll(got[base:])
+		st := p.Stats() // one view, for the error and the record alike
+		if errors.Is(short, errBudgetShort) {
+			short = fmt.Errorf("%w: %w: %s of %s held (%d chunks in use, %d cached, %d waiting for the device), %d chunks of %s asked%s",
+				ErrBudget, acl.ErrOutOfMemory, units.IEC(st.HeldBytes), units.Bytes(st.Budget), st.InUse, st.Cached,
+				st.Pending, n, units.IEC(int64(p.size)), strings.TrimPrefix(short.Error(), errBudgetShort.Error()))
+		}
+		err := errors.Join(short, perr)
 		if mode != takeFree { // a TakeFree's caller relieves next, and that counts
 			p.mu.Lock()
 			p.stats.Failures++
 			p.mu.Unlock()
-			p.logOOM(n, err)
+			p.logOOM(n, st, err)
 		}
 		return dst[:base], err
 	}
@@ -565,7 +579,6 @@ func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 		}
 		room = min(want, int(free))
 	}
-	held, cached := p.held, len(p.cache)
 	p.held += uintptr(room) * p.size
 	p.stats.Misses += int64(room)
 	if len(p.cache) < p.ahead {
@@ -602,9 +615,7 @@ func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 	case err != nil:
 		return fmt.Errorf("chunk: allocate %s: %w", units.Bytes(int64(p.size)), err), nil
 	case room < want:
-		return fmt.Errorf("%w: %w: %s of %s held (%d chunks cached), %d more chunks of %s asked", ErrBudget,
-			acl.ErrOutOfMemory, units.IEC(int64(held)), units.Bytes(int64(budget)), cached, want,
-			units.IEC(int64(p.size))), nil
+		return errBudgetShort, nil // acquire says what was held when it gives up
 	}
 	return nil, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"runtime/trace"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -148,7 +149,7 @@ func (m *Member) WantRefill() {
 // retry could use (enough room, chunks put back in the cache, taken, or
 // freed by peers): without, a retry would fail as the take did.
 func (p *Pool) relieve(ctx context.Context, t Tenant, need int, g *Growth, short error) (handed []Chunk, progressed bool) {
-	defer region(RegionRelieve).End()
+	defer trace.StartRegion(ctx, RegionRelieve).End()
 	sched.At(sched.ReliefBegin, p)
 	start, took, peers := time.Now(), 0, 0
 	defer func() { p.logRelieve(need, len(handed)+peers, took, peers, short, start) }()

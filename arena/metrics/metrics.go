@@ -188,12 +188,17 @@ func NewRegistry() *Registry { return &Registry{} }
 var ErrDuplicate = errors.New("metrics: name already registered")
 
 // AddArena exports a under name (its "arena" label). Names are unique among
-// the registry's arenas.
+// the registry's arenas. From then on the arena times its growths for the
+// grow-latency histogram (an arena nobody observes reads no clock).
 func (r *Registry) AddArena(name string, a *arena.Arena) error {
 	if a == nil {
 		return fmt.Errorf("metrics: add arena %q: %w: nil arena", name, arena.ErrInvalid)
 	}
-	return add(r, &r.arenas, name, a)
+	if err := add(r, &r.arenas, name, a); err != nil {
+		return err
+	}
+	a.Activity() // starts the timing
+	return nil
 }
 
 // AddPool exports p under name (its "pool" label). Names are unique among

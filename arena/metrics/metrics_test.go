@@ -45,6 +45,11 @@ func newWorld(t testing.TB) *world {
 		assert.True(t, d.Live().Zero())
 		assert.NoError(t, d.Close())
 	})
+	// Registered first: an arena times its growths once it is observed.
+	reg := metrics.NewRegistry()
+	require.NoError(t, reg.AddArena("kv", kv))
+	require.NoError(t, reg.AddArena("other", other))
+	require.NoError(t, reg.AddPool("shared", pool))
 	require.NoError(t, kv.Grow(3*g))
 	_, err = kv.Alloc(g, 1)
 	require.NoError(t, err)
@@ -52,11 +57,6 @@ func newWorld(t testing.TB) *world {
 	require.NoError(t, other.Grow(2*g)) // the two kv gave back
 	// Within the budget for kv alone, but other holds what it lacks.
 	require.ErrorIs(t, kv.Grow(3*g), arena.ErrOutOfMemory)
-
-	reg := metrics.NewRegistry()
-	require.NoError(t, reg.AddArena("kv", kv))
-	require.NoError(t, reg.AddArena("other", other))
-	require.NoError(t, reg.AddPool("shared", pool))
 	return &world{pool, kv, other, reg}
 }
 

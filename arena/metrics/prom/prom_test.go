@@ -56,12 +56,11 @@ func TestCollector(t *testing.T) {
 	kv, err := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20})
 	require.NoError(t, err)
 	defer kv.Close()
-	require.NoError(t, kv.Grow(2*g))
-	require.ErrorIs(t, kv.Grow(5*g), arena.ErrOutOfMemory)
-
-	reg := metrics.NewRegistry()
+	reg := metrics.NewRegistry() // registered first: an arena times its growths once observed
 	require.NoError(t, reg.AddArena("kv", kv))
 	require.NoError(t, reg.AddPool("shared", pool))
+	require.NoError(t, kv.Grow(2*g))
+	require.ErrorIs(t, kv.Grow(5*g), arena.ErrOutOfMemory)
 	c := prom.New(reg)
 
 	problems, err := testutil.CollectAndLint(c)
@@ -106,15 +105,15 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	defer kv.Close()
-	if err := kv.Grow(4 << 20); err != nil {
-		log.Fatal(err)
-	}
 
-	reg := metrics.NewRegistry()
+	reg := metrics.NewRegistry() // first: from then on the arena times its growths
 	if err := reg.AddArena("kv", kv); err != nil {
 		log.Fatal(err)
 	}
 	if err := reg.AddPool("shared", pool); err != nil {
+		log.Fatal(err)
+	}
+	if err := kv.Grow(4 << 20); err != nil {
 		log.Fatal(err)
 	}
 	pr := prometheus.NewRegistry()

@@ -14,6 +14,8 @@
 //	cached ──Acquire (hit)──▶ out;  out ──Put──▶ cached (cache full: FreePhysical ──▶ none)
 //	mapped ──SyncDevice, Release──▶ out                   (the device-wide fallback)
 //	mapped ──ReleaseAfter──▶ waiting ──events done: unmap (worker)──▶ cached
+//	mapped ──Give (a member, to a relief)──▶ claimed ──its events done: unmap──▶ out, the growth's
+//	claimed ──the relief gives up──▶ waiting
 //	waiting ──Reclaim (its tenant grows into it again)──▶ mapped
 //	cached ──Trim/Close, or a peer pool's device OOM (FreePhysical)──▶ none
 //	out ──Free (an arena going to sleep: FreePhysical, never cached)──▶ none
@@ -62,15 +64,29 @@
 //
 // Memory a tenant drops (an arena's Truncate or Reset) stays mapped where it
 // is, so that reusing it costs no driver call. The pool takes it back only
-// when someone needs it: when an Acquire finds the budget or the device full,
-// it asks its members ([Member], [Client]: the arenas that joined it) for the
-// chunks they hold mapped beyond what they use and promised, idle members
-// first and least recently used first; waits for the device to finish with
-// them; and, if the device itself is out of memory, asks the other pools on
-// the device to free their caches, then tries again. A member that is busy
-// (its lock is taken, perhaps by the very growth that is asking) is skipped,
-// and asked again briefly, never waited for: two arenas that reclaim from
-// each other cannot deadlock.
+// when someone needs it: when a growth finds the budget or the device full
+// (its TakeFree fell short), the growth lets go of its own lock and of every
+// chunk, and Relieve takes chunks for it: from members ([Member], [Client]:
+// the arenas that joined it) that hold chunks mapped beyond what they use
+// and what they promised (idle members first, least recently used first),
+// and chunks waiting for the device; it waits for the device to
+// finish with those chunks only, hands them to the growth, and, if the device
+// itself is out of memory, asks the other pools on the device to free their
+// caches. Reliefs choose one at a time, and a growth a relief chose for is
+// protected from later reliefs ([Growth]), so two growths that need each
+// other's idle memory cannot both fail or take it from each other in turn. A
+// member's lock is never held by anyone waiting for memory, so a relief takes
+// it with a plain Lock and never skips a member as busy. The protocol, its
+// invariants and its liveness promise are in docs/design.md ("Pressure").
+//
+// # The pool and its lender
+//
+// A pool's user (a server that sizes and watches its memory) needs New,
+// Close, Stats, Trim, Warm, Budget, SetBudget and ChunkSize. The protocol
+// with the arenas the pool lends chunks to (taking and giving back chunks,
+// mapping them, ordering their unmaps, membership, relief, waiting, sharing)
+// is a separate type, [Lender] (Pool.Lender), for those who write an arena of
+// their own; package arena is its user here.
 //
 // # Stream-ordered release
 //
@@ -135,13 +151,16 @@
 //
 // # Waiting, events and tracing
 //
-// A growth that would rather wait than fail queues in the pool (Mark,
-// Enqueue, Waiter): first come first served, woken without polling when
-// memory may have come back (wait.go). Config.Logger receives the pool's
+// A growth that would rather wait than fail queues in the pool
+// (Lender.Mark, Member.Enqueue, Waiter): first come first served, woken
+// without polling whenever memory may have come back, a failed growth of
+// another member included (wait.go). Config.Logger receives the pool's
 // events (scrubs, reliefs, device waits, releases, failures) through
 // log/slog (observe.go); every driver call and slow path runs in a
 // runtime/trace region (trace.go).
 //
-// A Pool is safe for concurrent use; no lock is held across a driver call,
-// and a pool's lock is always taken after an arena's, never before.
+// A Pool is safe for concurrent use; its mutex is never held across a
+// driver call, and is always taken after an arena's, never before. Its
+// reliefMu (one relief choosing at a time) is taken before a member's lock,
+// by a relief that holds no member's lock.
 package chunk

@@ -51,11 +51,11 @@ type waitq struct {
 }
 
 // A Waiter is a place in a pool's queue of growths waiting for memory. Make
-// one with Pool.Enqueue; call Wait until a retry succeeds or the context is
+// one with Lender.Enqueue or Member.Enqueue; call Wait until a retry succeeds or the context is
 // done, then Done.
 type Waiter struct {
 	p    *Pool
-	m    *Member       // whose growth waits; nil for a waiter made by Pool.Enqueue
+	m    *Member       // whose growth waits; nil for a waiter made by Lender.Enqueue
 	wake chan struct{} // one slot: a wake-up is never lost and never blocks its sender
 }
 
@@ -70,7 +70,7 @@ func (p Lender) Mark() uint64 { return p.dev.gen.Load() }
 // at once. It fails with ErrClosed after Close.
 func (p Lender) Enqueue(mark uint64) (*Waiter, error) { return p.enqueueWaiter(mark, nil) }
 
-// Enqueue is Pool.Enqueue for a growth of the member: the member's own
+// Enqueue is Lender.Enqueue for a growth of the member: the member's own
 // failed tries (Failed) do not wake it.
 func (m *Member) Enqueue(mark uint64) (*Waiter, error) { return m.p.enqueueWaiter(mark, m) }
 

@@ -111,10 +111,15 @@ func TestProcessExited(t *testing.T) {
 	require.NoError(t, err)
 	defer me.Close()
 	same, err := ipc.Same(me, p)
-	assert.False(t, same)
-	_, err = ipc.OpenProcess(cmd.Process.Pid)
 	if err != nil {
 		require.ErrorIs(t, err, ipc.ErrNoProcess)
+	}
+	assert.False(t, same)
+	gone, err := ipc.OpenProcess(cmd.Process.Pid)
+	if err != nil {
+		require.ErrorIs(t, err, ipc.ErrNoProcess)
+	} else {
+		require.NoError(t, gone.Close())
 	}
 	_, err = ipc.OpenProcess(-1)
 	require.ErrorIs(t, err, ipc.ErrNoProcess)

@@ -937,6 +937,13 @@ func (a *Arena) unstray(ordered bool) error {
 			return err
 		}
 	}
+	return a.unmapStrays(a.lend.Put)
+}
+
+// unmapStrays unmaps the strays, whose device work the caller has ordered,
+// and hands each one unmapped to giveBack (the pool's Put, or a free to the
+// driver). One that cannot be unmapped stays a stray. Call with mu held.
+func (a *Arena) unmapStrays(giveBack func(chunk.Chunk) error) error {
 	var errs []error
 	kept := a.strays[:0]
 	for _, s := range a.strays {
@@ -946,7 +953,7 @@ func (a *Arena) unstray(ordered bool) error {
 			continue
 		}
 		a.unmaps++
-		errs = append(errs, a.lend.Put(s.c))
+		errs = append(errs, giveBack(s.c))
 	}
 	clear(a.strays[len(kept):])
 	a.strays = kept

@@ -441,22 +441,12 @@ func (st *sleepState) awake() bool {
 // work has been waited for. One that cannot be unmapped stays a stray; one
 // that cannot be freed goes to the pool. Call with mu held.
 func (a *Arena) freeStrays() error {
-	var errs []error
-	kept := a.strays[:0]
-	for _, s := range a.strays {
-		if err := a.lend.Unmap(s.at); err != nil {
-			errs = append(errs, err)
-			kept = append(kept, s)
-			continue
+	return a.unmapStrays(func(c chunk.Chunk) error {
+		if err := a.lend.Free(c); err != nil {
+			return errors.Join(err, a.lend.Put(c))
 		}
-		a.unmaps++
-		if err := a.lend.Free(s.c); err != nil {
-			errs = append(errs, err, a.lend.Put(s.c))
-		}
-	}
-	clear(a.strays[len(kept):])
-	a.strays = kept
-	return errors.Join(errs...)
+		return nil
+	})
 }
 
 // pipeStep is the most bytes one copy of Sleep's and Wake's pipelines

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/bits"
 	"runtime/trace"
 	"slices"
@@ -138,7 +139,7 @@ type Arena struct {
 	cap   atomic.Uint64 // bytes mapped
 	floor atomic.Uint64 // bytes Grow promised to keep mapped: a pool under pressure takes only what lies above it and Len
 	// growing is the target of the growth under way while it relieves
-	// pressure; a relief leaves it mapped once growth is Protected.
+	// pressure; a younger relief leaves it mapped once growth has a ticket.
 	growing atomic.Uint64
 	growth  chunk.Growth
 	// closing is set while Close or Sleep waits for the device, holding mu:
@@ -1291,7 +1292,7 @@ func (a *Arena) Stats() Stats {
 		Reserved:    int(a.reserved),
 		Mapped:      int(mapped),
 		Used:        int(used),
-		Reclaimable: int(mapped - min(a.keepBytes(used), mapped)),
+		Reclaimable: int(mapped - min(a.keepBytes(used, math.MaxUint64), mapped)),
 		Peak:        int(max(a.peak, used)),
 		ChunkSize:   int(a.chunkSize),
 		Headroom:    int(a.headroom),

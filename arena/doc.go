@@ -39,7 +39,7 @@
 //
 //	locked ──memory free now──▶ served
 //	locked ──short──▶ relieving: the arena's lock released, no chunk held
-//	relieving ──a relief chose chunks for it──▶ chosen (protected: later reliefs leave its target)
+//	relieving ──a relief chose chunks for it──▶ chosen (its ticket: younger reliefs leave its target)
 //	chosen ──their device work done, unmapped, handed over──▶ locked again ──▶ served
 //	relieving, chosen ──not enough──▶ failed: protection undone, the first waiter woken
 //	failed ──GrowContext──▶ waiting in the pool's queue ──woken at its turn──▶ locked

@@ -26,22 +26,22 @@ type client struct{ a *Arena }
 
 // Reclaimable reports the chunks wholly above what the arena keeps (see
 // keepBytes), and whether Len is 0, from the atomic words alone.
-func (c client) Reclaimable() (int, bool) {
+func (c client) Reclaimable(by chunk.Ticket) (int, bool) {
 	a := c.a
 	if a.closing.Load() {
 		return 0, false
 	}
 	l := a.state.Load() & lenMask
 	mapped := a.cap.Load()
-	return int((mapped - min(a.keepBytes(l), mapped)) / a.chunkSize), l == 0
+	return int((mapped - min(a.keepBytes(l, by), mapped)) / a.chunkSize), l == 0
 }
 
-// keepBytes is what a relief leaves mapped when Len is l: l, what Grow
-// promised and, while a growth of the arena is protected, what it is
-// growing into, rounded up to whole chunks.
-func (a *Arena) keepBytes(l uint64) uint64 {
+// keepBytes is what the relief with ticket by leaves mapped when Len is l:
+// l, what Grow promised and, while a growth of the arena is protected from
+// that relief, what it is growing into, rounded up to whole chunks.
+func (a *Arena) keepBytes(l uint64, by chunk.Ticket) uint64 {
 	k := max(l, a.floor.Load())
-	if a.growth.Protected() {
+	if a.growth.ProtectedFrom(by) {
 		k = max(k, a.growing.Load())
 	}
 	return a.roundUp(k)
@@ -51,7 +51,7 @@ func (a *Arena) keepBytes(l uint64) uint64 {
 // keeps, and hands them to the pool still mapped, with the streams that
 // order their unmaps, before it lets go of its lock. No byte below Len is
 // touched.
-func (c client) Give(n int, take func([]chunk.Mapped, []acl.Stream)) int {
+func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Stream)) int {
 	a := c.a
 	if !a.mu.TryLock() {
 		if a.closing.Load() {
@@ -68,7 +68,7 @@ func (c client) Give(n int, take func([]chunk.Mapped, []acl.Stream)) int {
 	c0 := a.cap.Load()
 	s := a.freeze()
 	defer a.thaw(s, s&lenMask)
-	keep := max(int(a.keepBytes(s&lenMask)/a.chunkSize), len(a.chunks)-n)
+	keep := max(int(a.keepBytes(s&lenMask, by)/a.chunkSize), len(a.chunks)-n)
 	if keep >= len(a.chunks) {
 		return 0
 	}

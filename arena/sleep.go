@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime/trace"
 	"slices"
 	"sync"
@@ -678,7 +679,7 @@ func (a *Arena) takeChunks(n int, have *[]chunk.Chunk) ([]chunk.Chunk, error) {
 // kept, or its chunk given back: held ones are freed, and mapped ones (a
 // double fault's) keep every slot below them. Call with mu held.
 func (a *Arena) trimSlots(st *sleepState) error {
-	keep := int(a.keepBytes(a.state.Load()&lenMask) / a.chunkSize)
+	keep := int(a.keepBytes(a.state.Load()&lenMask, math.MaxUint64) / a.chunkSize)
 	for i := len(st.slots) - 1; i >= keep; i-- {
 		switch st.slots[i].state {
 		case slotMapped, slotPending:

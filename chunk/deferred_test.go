@@ -430,9 +430,9 @@ func TestWarm(t *testing.T) {
 // refiller is a Client that counts its refills.
 type refiller struct{ n atomic.Int64 }
 
-func (r *refiller) Reclaimable() (int, bool)                         { return 0, false }
-func (r *refiller) Give(int, func([]chunk.Mapped, []acl.Stream)) int { return 0 }
-func (r *refiller) Refill()                                          { r.n.Add(1) }
+func (r *refiller) Reclaimable(chunk.Ticket) (int, bool)                           { return 0, false }
+func (r *refiller) Give(int, chunk.Ticket, func([]chunk.Mapped, []acl.Stream)) int { return 0 }
+func (r *refiller) Refill()                                                        { r.n.Add(1) }
 func (r *refiller) waitFor(t *testing.T, n int64) {
 	t.Helper()
 	require.Eventually(t, func() bool { return r.n.Load() >= n }, 5*time.Second, 50*time.Microsecond,

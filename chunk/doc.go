@@ -72,9 +72,10 @@
 // and chunks waiting for the device; it waits for the device to
 // finish with those chunks only, hands them to the growth, and, if the device
 // itself is out of memory, asks the other pools on the device to free their
-// caches. Reliefs choose one at a time, and a growth a relief chose for is
-// protected from later reliefs ([Growth]), so two growths that need each
-// other's idle memory cannot both fail or take it from each other in turn. A
+// caches. Reliefs choose one at a time, in ticket order, and a growth a
+// relief chose for keeps its ticket and is protected from younger reliefs
+// ([Growth], [Ticket]), so two growths that need each other's idle memory
+// cannot both fail or take it from each other in turn. A
 // member's lock is never held by anyone waiting for memory, so a relief takes
 // it with a plain Lock and never skips a member as busy. The protocol, its
 // invariants and its liveness promise are in docs/design.md ("Pressure").

@@ -197,9 +197,10 @@ type Pool struct {
 	w       *worker // started on first need (worker.go)
 
 	// reliefMu makes reliefs choose their chunks one at a time
-	// (pressure.go). Nothing that holds it waits for memory or for the
-	// device; a member's Give runs under it.
+	// (pressure.go), and guards tickets. Nothing that holds it waits for
+	// memory or for the device; a member's Give runs under it.
 	reliefMu sync.Mutex
+	tickets  uint64 // the last relief's Ticket
 	// relieving counts the Acquires relieving pressure now. TryAcquire
 	// stands aside meanwhile: a refill would take the memory they free.
 	relieving atomic.Int32

@@ -28,12 +28,13 @@ import (
 //     asked, with a plain Lock, and none is ever skipped as busy. The holders
 //     of an arena's lock never wait for memory (the worker's refills take
 //     only free memory), so asking one waits for a few driver calls at most.
-//  2. Reliefs choose their chunks one at a time (Pool.reliefMu), and a growth
-//     a relief has chosen for is protected: until it ends, later reliefs
-//     leave its arena the memory it is growing into (Growth). So of two
-//     growths that need each other's idle memory, the first to choose takes
-//     it, and the second cannot take it back: no livelock, and never both
-//     refused when one could be served.
+//  2. Reliefs choose their chunks one at a time (Pool.reliefMu), each with
+//     a ticket; a growth keeps the ticket of its first relief, and is
+//     protected from every younger relief: until it ends, they leave its
+//     arena the memory it is growing into (Growth). So of two growths that
+//     need each other's idle memory, the first to choose takes it, through
+//     as many rounds as it needs, and the second cannot take it back: no
+//     livelock, and never both refused when one could be served.
 //  3. A relief first counts what it could take: when the budget is short and
 //     even every idle chunk of every member would not cover the growth, it
 //     takes nothing (disturbing no tenant for a growth that cannot happen).
@@ -56,39 +57,55 @@ import (
 // Lock, and would otherwise wait for the growth it is relieving.
 type Client interface {
 	// Reclaimable reports, without blocking, how many chunks the client
-	// would give a relief now (Give), and whether it is idle (uses none).
-	Reclaimable() (chunks int, idle bool)
+	// would give the relief with ticket by now (Give), and whether it is
+	// idle (uses none).
+	Reclaimable(by Ticket) (chunks int, idle bool)
 	// Give detaches up to n chunks from the top of the client's mapped
-	// memory, above what it uses, what it promised and, while its own
-	// growth is Protected, what that growth is growing into. It hands
+	// memory for the relief with ticket by: above what it uses, what it
+	// promised and, while its own growth is protected from that relief
+	// (Growth.ProtectedFrom), what that growth is growing into. It hands
 	// them over still mapped, lowest address first, with the streams
 	// whose queued work may touch them (none: any work on the device may),
 	// by calling take while it still holds its lock, so that no growth of
 	// its own can map over them before the pool has them in its books. The
 	// pool orders their unmaps and owns them from then on. It returns how
 	// many it gave.
-	Give(n int, take func(ms []Mapped, streams []acl.Stream)) int
+	Give(n int, by Ticket, take func(ms []Mapped, streams []acl.Stream)) int
 	// Refill maps the headroom the client keeps, with memory that is free
 	// now (TryAcquire): it takes nothing from anyone.
 	Refill()
 }
+
+// A Ticket orders reliefs: the pool hands one out each time a relief
+// starts choosing, and a growth keeps the ticket of its first relief until
+// it ends. A smaller ticket is an older growth.
+type Ticket uint64
 
 // A Growth is a client's growth in progress, as the pool sees it under
 // pressure. A client keeps one per growth under way (serialised by the
 // client), passes it to Relieve and Resets it when the growth ends,
 // whether or not it succeeded.
 type Growth struct {
-	chosen atomic.Bool // a relief chose chunks for it
+	ticket atomic.Uint64 // of its first relief; 0 before it has one
 }
 
-// Protected reports whether a relief has chosen chunks for the growth: until
-// it ends, the client keeps what it is growing into out of what it Gives.
-func (g *Growth) Protected() bool { return g != nil && g.chosen.Load() }
+// ProtectedFrom reports whether the growth is protected from the relief with
+// ticket by: a relief chose chunks for it first. Until the growth ends, the
+// client keeps what it is growing into out of what it Gives that relief.
+// Reliefs of the same growth, or younger ones, cannot take it back; an older
+// growth's relief can (it was there first).
+func (g *Growth) ProtectedFrom(by Ticket) bool {
+	if g == nil {
+		return false
+	}
+	t := Ticket(g.ticket.Load())
+	return t != 0 && t <= by
+}
 
-// Reset ends the growth's protection.
+// Reset ends the growth, and its protection.
 func (g *Growth) Reset() {
 	if g != nil {
-		g.chosen.Store(false)
+		g.ticket.Store(0)
 	}
 }
 
@@ -199,8 +216,14 @@ func (p *Pool) choose(want int, g *Growth, budget bool) (claims []*batch, given 
 	}
 	p.reliefMu.Lock()
 	defer p.reliefMu.Unlock()
+	p.tickets++
+	by := Ticket(p.tickets)
 	if g != nil {
-		g.chosen.Store(true) // from now on, later reliefs leave this growth alone
+		// From now on younger reliefs leave this growth alone; it keeps the
+		// ticket of its first relief through its later rounds.
+		if !g.ticket.CompareAndSwap(0, uint64(by)) {
+			by = Ticket(g.ticket.Load())
+		}
 	}
 	p.mu.Lock()
 	members := slices.Clone(p.members)
@@ -214,7 +237,7 @@ func (p *Pool) choose(want int, g *Growth, budget bool) (claims []*batch, given 
 	cands := make([]cand, 0, len(members))
 	avail := unclaimed
 	for _, m := range members {
-		if n, idle := m.c.Reclaimable(); n > 0 {
+		if n, idle := m.c.Reclaimable(by); n > 0 {
 			cands = append(cands, cand{m, n, idle, m.last.Load()})
 			avail += n
 		}
@@ -241,7 +264,7 @@ func (p *Pool) choose(want int, g *Growth, budget bool) (claims []*batch, given 
 		if got >= want {
 			break
 		}
-		n := c.m.c.Give(want-got, func(ms []Mapped, streams []acl.Stream) {
+		n := c.m.c.Give(want-got, by, func(ms []Mapped, streams []acl.Stream) {
 			claims = append(claims, p.enqueue(ms, streams, true))
 		})
 		got += n

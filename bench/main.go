@@ -56,6 +56,8 @@ type options struct {
 	spec       string
 	seed       uint64
 	progress   string
+	fresh      bool     // each run in a fresh process (fresh.go)
+	args       []string // the flags as given, for the fresh processes
 
 	chunk     int64
 	maxCached int
@@ -140,6 +142,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.spec, "device", "", "driver spec, overriding $"+device.EnvVar+" (host, ascend[:N], cuda[:N], model:NAME or model:PATH with ,nodata to keep no device bytes, auto)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the workloads' random choices")
 	fs.StringVar(&o.progress, "progress", "auto", "progress bar: auto (when stdout is a terminal), on, off")
+	fs.BoolVar(&o.fresh, "fresh", true, "run each strategy's run in a fresh process (this program started again), so that no run finds the device state another left; false: all in this process")
 	fs.Var(sizeFlag{&o.chunk}, "chunk", "arena chunk `size`: a multiple of the driver's granularity (2MiB on ACL, CUDA and the host driver), e.g. 4MiB or 64MiB; 0: the granularity")
 	fs.IntVar(&o.maxCached, "cache", 0, "arena pool reuse cache, in chunks (0: the pool's default; -1: none)")
 	fs.Float64Var(&o.growth, "growth", 2, "realloc growth factor, above 1")
@@ -191,6 +194,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	o.args = append([]string(nil), args...)
 	if o.quick {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -308,6 +312,9 @@ func (o *options) workload(name string) workload.Workload {
 }
 
 func main() {
+	if childMode(os.Args[1:]) {
+		return
+	}
 	o, err := parseFlags(os.Args[1:], os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return
@@ -340,10 +347,9 @@ type suite struct {
 	elapsed time.Duration
 }
 
-func run(o *options, stdout io.Writer) error {
-	if err := checkDirs("-out", o.out, "-img", o.img); err != nil {
-		return err
-	}
+// openSuite opens the driver the flags ask for and checks the flags that
+// depend on it; close closes the driver.
+func openSuite(o *options) (s *suite, close func() error, err error) {
 	spec := o.spec
 	if spec == "" {
 		spec = os.Getenv(device.EnvVar)
@@ -351,29 +357,42 @@ func run(o *options, stdout io.Writer) error {
 	spec = modelSpec(spec, o.verify)
 	choice, err := device.Open(spec)
 	if err != nil {
-		return fmt.Errorf("open the device: %w", err)
+		return nil, nil, fmt.Errorf("open the device: %w", err)
 	}
-	defer choice.Driver.Close()
-	s := &suite{opts: o, drv: choice.Driver, device: choice.Driver.Name(), reason: choice.Reason, started: time.Now()}
+	s = &suite{opts: o, drv: choice.Driver, device: choice.Driver.Name(), reason: choice.Reason, started: time.Now()}
 	prop := acl.DeviceProp(choice.Driver.Device(), 0)
 	g, err := choice.Driver.MemGetAllocationGranularity(&prop, acl.GranularityMinimum)
+	if err == nil {
+		s.gran = int64(g)
+		err = checkChunk(o.chunk, s.gran)
+	} else {
+		err = fmt.Errorf("granularity: %w", err)
+	}
+	if err == nil {
+		err = o.checkBudgets(s.gran)
+	}
 	if err != nil {
-		return fmt.Errorf("granularity: %w", err)
+		return nil, nil, errors.Join(err, choice.Driver.Close())
 	}
-	s.gran = int64(g)
-	if err := checkChunk(o.chunk, s.gran); err != nil {
+	return s, choice.Driver.Close, nil
+}
+
+func run(o *options, stdout io.Writer) error {
+	if err := checkDirs("-out", o.out, "-img", o.img); err != nil {
 		return err
 	}
-	if err := o.checkBudgets(s.gran); err != nil {
+	s, closeDrv, err := openSuite(o)
+	if err != nil {
 		return err
 	}
+	defer closeDrv()
 
 	reason := s.reason
 	if len(reason) > 100 {
 		reason = reason[:97] + "..."
 	}
 	fmt.Fprintf(stdout, "vmarena bench: driver %s (%s)\n", s.device, reason)
-	if m, ok := choice.Driver.(interface{ Modelled() string }); ok {
+	if m, ok := s.drv.(interface{ Modelled() string }); ok {
 		fmt.Fprintln(stdout, "NOTE:", m.Modelled())
 	}
 	fmt.Fprintf(stdout, "%s, %s/%s, GOMAXPROCS=%d, %s\n", cpuModel(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), runtime.Version())
@@ -382,9 +401,19 @@ func run(o *options, stdout io.Writer) error {
 	}
 	fmt.Fprintln(stdout)
 
-	units := o.count * len(o.workloads) * len(o.strategies)
+	units := 0
+	for _, w := range o.workloads {
+		for _, name := range o.strategies {
+			if w == "kv" || !strategy.KVOnly(name) {
+				units += o.count
+			}
+		}
+	}
 	if o.micro {
 		units++
+	}
+	if o.fresh {
+		fmt.Fprintln(stdout, "each run in a fresh process (-fresh)")
 	}
 	bar := newProgress(stdout, o.progress, units)
 	done := 0
@@ -395,11 +424,21 @@ func run(o *options, stdout io.Writer) error {
 			// always runs first (or right after the most memory-hungry one).
 			for k := range o.strategies {
 				name := o.strategies[(k+rep+wi)%len(o.strategies)]
+				if wname != "kv" && strategy.KVOnly(name) {
+					continue // a paged pool holds KV blocks only
+				}
 				label := fmt.Sprintf("%s/%s", wname, name)
 				if o.count > 1 {
 					label += fmt.Sprintf(" (run %d/%d)", rep+1, o.count)
 				}
-				res, err := s.runOne(w, name, rep, func(f float64) { bar.set(done, f, label) })
+				var res *workload.Result
+				var err error
+				if o.fresh {
+					bar.set(done, 0.5, label)
+					res, err = s.runFresh(wname, name, rep)
+				} else {
+					res, err = s.runOne(w, name, rep, func(f float64) { bar.set(done, f, label) })
+				}
 				done++
 				bar.set(done, 0, label)
 				if err != nil {
@@ -479,6 +518,9 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	cfg := strategy.Config{Driver: cd, Chunk: o.chunk, MaxCached: o.maxCached,
 		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize, Ahead: o.ahead,
 		Warm: o.warm}
+	if kv, ok := w.(workload.KV); ok {
+		cfg.Block = kv.BlockBytes() // the paged pool's block: one KV block
+	}
 	if budget == 0 && cfg.Warm < 0 {
 		cfg.Warm = 0 // no budget to warm to
 	}

@@ -288,7 +288,7 @@ func (e *Env) sample(step int) {
 func (e *Env) idleMemory() (cached, reclaimable int64) {
 	p := strategy.Pool(e.S)
 	if p == nil {
-		return 0, 0
+		return strategy.Cached(e.S), 0
 	}
 	ps := p.Stats()
 	cached = int64(ps.Cached) * int64(ps.ChunkSize)

@@ -41,6 +41,14 @@ type Config struct {
 	// Untimed charges nothing: the books, the rules and the order of
 	// stream work without the modelled time, for tests of logic alone.
 	Untimed bool
+	// Pessimistic replaces two unmeasured readings of the profile with
+	// their pessimistic bounds (the selector's model:NAME,pessimistic): a
+	// MemSetAccess over a run of k adjacent mappings costs k one-mapping
+	// calls (no saving from the span), and kernel launches are serialised
+	// with the calls the profile marks serial, so that a launch waits while
+	// another thread maps, sets access or unmaps. Until a device settles
+	// them, a figure that holds under both readings does not rest on them.
+	Pessimistic bool
 }
 
 // Driver is the device model: the acl.Driver contract with the books and
@@ -141,6 +149,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if !cfg.Untimed {
 		d.cost = compile(p)
+		if cfg.Pessimistic {
+			d.cost.pessimistic()
+		}
 	} else {
 		d.cost.gran = uintptr(p.Granularity.Value)
 	}
@@ -162,6 +173,9 @@ func (d *Driver) Modelled() string {
 	}
 	if d.cfg.NoData {
 		s += "; nodata: keeps no device bytes, reads fail"
+	}
+	if d.cfg.Pessimistic {
+		s += "; pessimistic: an access span costs one call per mapping, launches wait for serial calls"
 	}
 	return s
 }

@@ -136,6 +136,9 @@ type Arena struct {
 	// pressure; a relief leaves it mapped once growth is Protected.
 	growing atomic.Uint64
 	growth  chunk.Growth
+	// prefetch is the end, above Len, of what Prefetch asked the worker to
+	// map and it has not served yet; 0: none (prefetch.go).
+	prefetch atomic.Uint64
 	// closing is set while Close waits for the device, holding mu: a relief
 	// skips the arena rather than wait for its streams (member.go).
 	closing atomic.Bool

@@ -164,6 +164,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Var(sizeFlag{&o.kv.BudgetBytes}, "kv-budget", "kv: physical budget every strategy runs under (0: -kv-budget-factor × peak live + 2 chunks per slot)")
 	fs.Float64Var(&o.kv.BudgetFactor, "kv-budget-factor", o.kv.BudgetFactor, "kv: budget as a multiple of the peak of live KV bytes (0 with -kv-budget 0: no budget)")
 	fs.DurationVar(&o.kv.StepCompute, "kv-compute", o.kv.StepCompute, "kv: device compute per decode step, waited for between steps (not allocator time): what a background worker overlaps with")
+	fs.IntVar(&o.kv.Launches, "kv-launches", 0, "kv: kernel launches per decode step on a driver that can launch (the device model): 0 one per layer (eager), 1 a graph")
+	fs.BoolVar(&o.kv.Prefetch, "kv-prefetch", true, "kv: tell each free slot the prompt size of its next request a step before its prefill (the arena maps it in the background: Arena.Prefetch)")
 
 	fs.IntVar(&o.scratch.Steps, "scratch-steps", o.scratch.Steps, "scratch: steps")
 	fs.Var(rangeFlag{&o.scratch.MinBufs, &o.scratch.MaxBufs}, "scratch-bufs", "scratch: buffers per step, lo:hi")

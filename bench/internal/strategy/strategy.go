@@ -90,6 +90,13 @@ type Region interface {
 	Close() error
 }
 
+// Prefetcher is a Region that can prepare memory it is told it will need:
+// a workload that knows the size of the next request (a prompt at
+// admission) calls Prefetch(n) a step before the Grow of n bytes.
+type Prefetcher interface {
+	Prefetch(n int64) error
+}
+
 // Align is the largest alignment the workloads ask for.
 const Align = 256
 

@@ -88,6 +88,13 @@ type Result struct {
 	// SteadyFrom are warm-up.
 	StepNS, StepCalls, StepTokens []int64
 	SteadyFrom                    int
+	// StepAllNS is each step's whole time inside the strategy's calls:
+	// prefills, decode, releases and prefetches (KV).
+	StepAllNS []int64
+	// The step compute's kernel launches (KV on a driver that launches):
+	// their number, total time and fastest, so that LaunchNS − Launches ×
+	// LaunchMinNS is what the launches waited beyond their own cost.
+	Launches, LaunchNS, LaunchMinNS int64
 	Tokens                        int64          // tokens generated (KV)
 	Preempted                     int64          // sequences preempted for want of memory and served again (KV)
 	WindowCalls                   counting.Calls // driver calls inside the workload's strategy calls

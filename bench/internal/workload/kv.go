@@ -43,7 +43,19 @@ type KV struct {
 	// synchronisation by default: a sleep would add the timer slack of the
 	// machine, which other goroutines' timers change, to every step.
 	StepCompute time.Duration
-	Seed        uint64
+	// Launches is the kernel launches of one decode step (0: one per
+	// layer, as an eager model launches; 1: one graph launch). On a driver
+	// that can queue timed stand-in work (the device model), the step's
+	// compute is that many launches on a stream of the workload's, waited
+	// for by polling an event, so that what delays a launch (the pessimistic
+	// model's serial calls) shows in the step; elsewhere the host spins
+	// through StepCompute.
+	Launches int
+	// Prefetch tells a region the size of the prompt the next request will
+	// bring, one step before the prefill, where the strategy can use it
+	// (strategy.Prefetcher: the arena maps it in the background).
+	Prefetch bool
+	Seed     uint64
 }
 
 // Name returns "kv".
@@ -164,6 +176,7 @@ func (c KV) Check() error {
 		notNegative("-kv-budget", float64(c.BudgetBytes)),
 		notNegative("-kv-budget-factor", c.BudgetFactor),
 		notNegative("-kv-compute", float64(c.StepCompute)),
+		atLeast("-kv-launches", c.Launches, 0),
 		cacheSize("-kv-layers, -kv-heads, -kv-headdim, -kv-dtype", c.TokenBytes(), c.Layers, c.KVHeads, c.HeadDim, c.DType),
 	)
 }
@@ -299,9 +312,15 @@ func (c KV) Run(env *Env) (err error) {
 	var done int64
 	finished := 0
 	env.Res.SteadyFrom = -1
+	compute, err := newStepCompute(env, c)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, compute.close()) }()
 	for step := 0; ; step++ {
 		busy := false
 		w0, t0 := env.Drv.WindowCalls(), env.Res.Tokens
+		stepStart := env.Res.MemNS
 		var decodeNS int64 // the step's decode work in the allocator: appends and block grows
 		for i := range seqs {
 			s := &seqs[i]
@@ -371,6 +390,27 @@ func (c KV) Run(env *Env) (err error) {
 				}
 			}
 		}
+		if c.Prefetch {
+			// The scheduler admits the next requests into the free slots at
+			// the next step, in slot order: tell each slot its prompt now.
+			k := 0
+			for i := range seqs {
+				s := &seqs[i]
+				if s.r == nil || s.active || k >= len(queue) {
+					continue
+				}
+				if p, ok := s.r.(strategy.Prefetcher); ok {
+					t := env.start()
+					err := p.Prefetch(ceilDiv(int64(queue[k].prompt), int64(c.BlockTokens)) * block)
+					env.stop(t)
+					if err != nil {
+						return fmt.Errorf("kv: step %d: prefetch: %w", step, err)
+					}
+				}
+				k++
+			}
+		}
+		env.Res.StepAllNS = append(env.Res.StepAllNS, env.Res.MemNS-stepStart)
 		wc := env.Drv.WindowCalls()
 		n1, _ := wc.Sum(counting.MemoryOps...)
 		n0, _ := w0.Sum(counting.MemoryOps...)
@@ -379,7 +419,9 @@ func (c KV) Run(env *Env) (err error) {
 		env.Res.StepTokens = append(env.Res.StepTokens, env.Res.Tokens-t0)
 		env.sample(step)
 		if c.StepCompute > 0 && busy {
-			waitCompute(c.StepCompute)
+			if err := compute.run(); err != nil {
+				return fmt.Errorf("kv: step %d: compute: %w", step, err)
+			}
 		}
 		if step%64 == 0 {
 			env.progress(float64(done) / float64(totalTokens))
@@ -390,6 +432,86 @@ func (c KV) Run(env *Env) (err error) {
 	}
 	env.final()
 	return nil
+}
+
+// timedLauncher is a driver that queues stand-in device work of a given
+// duration (the device model).
+type timedLauncher interface {
+	LaunchFor(s acl.Stream, ptr acl.DevicePtr, n uintptr, dur time.Duration) error
+}
+
+// stepCompute is a decode step's device compute: launches on a stream of
+// its own, on the driver under the counting wrapper (it is the workload's
+// work, not the strategy's), or a spin where the driver cannot launch.
+type stepCompute struct {
+	env    *Env
+	c      KV
+	drv    acl.Driver
+	l      timedLauncher
+	stream acl.Stream
+	ev     acl.Event
+	n      int
+}
+
+func newStepCompute(env *Env, c KV) (*stepCompute, error) {
+	sc := &stepCompute{env: env, c: c}
+	drv := env.Drv.Unwrap()
+	l, ok := drv.(timedLauncher)
+	if !ok || c.StepCompute <= 0 {
+		return sc, nil
+	}
+	s, err := drv.CreateStream()
+	if err != nil {
+		return nil, fmt.Errorf("kv: the compute stream: %w", err)
+	}
+	ev, err := drv.CreateEvent()
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("kv: the compute event: %w", err), drv.DestroyStream(s))
+	}
+	sc.drv, sc.l, sc.stream, sc.ev = drv, l, s, ev
+	sc.n = c.Launches
+	if sc.n == 0 {
+		sc.n = c.Layers
+	}
+	return sc, nil
+}
+
+// run launches the step's kernels, timing each launch, and waits for them.
+func (sc *stepCompute) run() error {
+	if sc.l == nil {
+		waitCompute(sc.c.StepCompute)
+		return nil
+	}
+	per := sc.c.StepCompute / time.Duration(sc.n)
+	res := sc.env.Res
+	for range sc.n {
+		t := time.Now()
+		if err := sc.l.LaunchFor(sc.stream, 0, 0, per); err != nil {
+			return err
+		}
+		ns := int64(time.Since(t))
+		res.LaunchNS += ns
+		if res.Launches == 0 || ns < res.LaunchMinNS {
+			res.LaunchMinNS = ns
+		}
+		res.Launches++
+	}
+	if err := sc.drv.RecordEvent(sc.ev, sc.stream); err != nil {
+		return err
+	}
+	for {
+		done, err := sc.drv.QueryEvent(sc.ev)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+func (sc *stepCompute) close() error {
+	if sc.l == nil {
+		return nil
+	}
+	return errors.Join(sc.drv.SynchronizeStream(sc.stream), sc.drv.DestroyEvent(sc.ev), sc.drv.DestroyStream(sc.stream))
 }
 
 // waitCompute spins for d on the monotonic clock.

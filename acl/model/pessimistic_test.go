@@ -32,7 +32,6 @@ func TestPessimisticCompile(t *testing.T) {
 	pess.perMapping, pess.serial[cLaunch] = plain.perMapping, false
 	assert.Equal(t, plain, pess, "nothing else changes")
 
-
 	d := open(t, Config{Profile: p, Pessimistic: true, NoData: true})
 	defer func() { require.NoError(t, d.Close()) }()
 	assert.Contains(t, d.Modelled(), "pessimistic")

@@ -95,10 +95,10 @@ type Result struct {
 	// their number, total time and fastest, so that LaunchNS − Launches ×
 	// LaunchMinNS is what the launches waited beyond their own cost.
 	Launches, LaunchNS, LaunchMinNS int64
-	Tokens                        int64          // tokens generated (KV)
-	Preempted                     int64          // sequences preempted for want of memory and served again (KV)
-	WindowCalls                   counting.Calls // driver calls inside the workload's strategy calls
-	CPUNS                         int64          // process CPU time (user + system) during the run: every goroutine's
+	Tokens                          int64          // tokens generated (KV)
+	Preempted                       int64          // sequences preempted for want of memory and served again (KV)
+	WindowCalls                     counting.Calls // driver calls inside the workload's strategy calls
+	CPUNS                           int64          // process CPU time (user + system) during the run: every goroutine's
 }
 
 // SteadyTokens returns the tokens generated from SteadyFrom on.

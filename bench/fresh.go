@@ -22,8 +22,9 @@ import (
 // tenant), no chunks, streams or Go heap left behind, and its own process
 // CPU time. -fresh=false runs everything in this process, as the tests do.
 const (
-	childEnv    = "VMARENA_BENCH_CHILD"     // "workload/strategy/rep"
-	childOutEnv = "VMARENA_BENCH_CHILD_OUT" // the file the child writes its result to
+	childEnv    = "VMARENA_BENCH_CHILD"        // "workload/strategy/rep"
+	childOutEnv = "VMARENA_BENCH_CHILD_OUT"    // the file the child writes its result to
+	childDevEnv = "VMARENA_BENCH_CHILD_DEVICE" // the device spec the parent opened
 )
 
 // childMode reports whether this process is a child run, and if so makes the
@@ -54,6 +55,9 @@ func runChild(spec, out string, args []string) error {
 	if err != nil {
 		return err
 	}
+	if spec := os.Getenv(childDevEnv); spec != "" {
+		o.spec = spec
+	}
 	s, closeDrv, err := openSuite(o)
 	if err != nil {
 		return err
@@ -83,7 +87,8 @@ func (s *suite) runFresh(wname, name string, rep int) (*workload.Result, error) 
 	defer os.RemoveAll(dir)
 	out := filepath.Join(dir, "result.json")
 	cmd := exec.Command(exe, s.opts.args...)
-	cmd.Env = append(os.Environ(), childEnv+"="+fmt.Sprintf("%s/%s/%d", wname, name, rep), childOutEnv+"="+out)
+	cmd.Env = append(os.Environ(), childEnv+"="+fmt.Sprintf("%s/%s/%d", wname, name, rep), childOutEnv+"="+out,
+		childDevEnv+"="+s.opts.spec)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {

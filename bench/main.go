@@ -57,6 +57,7 @@ type options struct {
 	seed       uint64
 	progress   string
 	fresh      bool     // each run in a fresh process (fresh.go)
+	readings   string   // on the device model: "profile", "pessimistic" or "both"
 	args       []string // the flags as given, for the fresh processes
 
 	chunk     int64
@@ -142,6 +143,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.spec, "device", "", "driver spec, overriding $"+device.EnvVar+" (host, ascend[:N], cuda[:N], model:NAME or model:PATH with ,nodata to keep no device bytes, auto)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the workloads' random choices")
 	fs.StringVar(&o.progress, "progress", "auto", "progress bar: auto (when stdout is a terminal), on, off")
+	fs.StringVar(&o.readings, "readings", "both", "on the device model: run under the profile's readings of the unmeasured coefficients (profile), their pessimistic bounds (pessimistic: model:NAME,pessimistic), or both, one after the other")
 	fs.BoolVar(&o.fresh, "fresh", true, "run each strategy's run in a fresh process (this program started again), so that no run finds the device state another left; false: all in this process")
 	fs.Var(sizeFlag{&o.chunk}, "chunk", "arena chunk `size`: a multiple of the driver's granularity (2MiB on ACL, CUDA and the host driver), e.g. 4MiB or 64MiB; 0: the granularity")
 	fs.IntVar(&o.maxCached, "cache", 0, "arena pool reuse cache, in chunks (0: the pool's default; -1: none)")
@@ -233,6 +235,8 @@ func (o *options) check() error {
 		return fmt.Errorf("-growth %v: want a factor above 1, e.g. 1.5 or 2", o.growth)
 	case o.progress != "auto" && o.progress != "on" && o.progress != "off":
 		return fmt.Errorf("-progress %q: want auto, on or off", o.progress)
+	case o.readings != "profile" && o.readings != "pessimistic" && o.readings != "both":
+		return fmt.Errorf("-readings %q: want profile, pessimistic or both", o.readings)
 	case o.verify && !o.touch:
 		return errors.New("-verify needs -touch")
 	case o.headroom < 0:
@@ -358,6 +362,9 @@ func openSuite(o *options) (s *suite, close func() error, err error) {
 	}
 	spec = modelSpec(spec, o.verify)
 	choice, err := device.Open(spec)
+	if err == nil {
+		o.spec = spec // the fresh processes open the same
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("open the device: %w", err)
 	}
@@ -379,7 +386,76 @@ func openSuite(o *options) (s *suite, close func() error, err error) {
 	return s, choice.Driver.Close, nil
 }
 
+// reading is one pass of the suite: on the device model, under the
+// profile's readings of the unmeasured coefficients or their pessimistic
+// bounds.
+type reading struct {
+	name     string // "", "profile" or "pessimistic"
+	spec     string // the device spec
+	out, img string
+}
+
+// readings returns the passes the flags ask for: one, except on the device
+// model with -readings both.
+func (o *options) readingList() []reading {
+	spec := o.spec
+	if spec == "" {
+		spec = os.Getenv(device.EnvVar)
+	}
+	kind, arg, _ := strings.Cut(strings.TrimSpace(spec), ":")
+	if !strings.EqualFold(kind, "model") {
+		return []reading{{spec: o.spec, out: o.out, img: o.img}}
+	}
+	already := false
+	for _, opt := range strings.Split(arg, ",")[1:] {
+		already = already || strings.EqualFold(strings.TrimSpace(opt), "pessimistic")
+	}
+	prof := reading{name: "profile", spec: spec, out: o.out, img: o.img}
+	pess := reading{name: "pessimistic", spec: spec + ",pessimistic", out: filepath.Join(o.out, "pessimistic"),
+		img: filepath.Join(o.img, "pessimistic")}
+	switch {
+	case already:
+		return []reading{{name: "pessimistic", spec: spec, out: o.out, img: o.img}}
+	case o.readings == "profile":
+		return []reading{prof}
+	case o.readings == "pessimistic":
+		pess.out, pess.img = o.out, o.img
+		return []reading{pess}
+	}
+	if !strings.Contains(arg, ",") {
+		// modelSpec adds nodata to a bare model spec; keep it for both.
+		prof.spec, pess.spec = modelSpec(spec, o.verify), modelSpec(spec, o.verify)+",pessimistic"
+	}
+	return []reading{prof, pess}
+}
+
 func run(o *options, stdout io.Writer) error {
+	if err := checkDirs("-out", o.out, "-img", o.img); err != nil {
+		return err
+	}
+	rs := o.readingList()
+	for i, rd := range rs {
+		oo := *o
+		oo.spec, oo.out, oo.img = rd.spec, rd.out, rd.img
+		if len(rs) > 1 {
+			if i > 0 {
+				fmt.Fprintln(stdout)
+			}
+			fmt.Fprintf(stdout, "######## reading %d of %d: %s\n", i+1, len(rs), readingNote[rd.name])
+		}
+		if err := runReading(&oo, stdout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var readingNote = map[string]string{
+	"profile":     "profile — the profile's figures as they stand",
+	"pessimistic": "pessimistic — an access over k mappings costs k calls, and launches wait for the serial calls of other threads (model:NAME,pessimistic)",
+}
+
+func runReading(o *options, stdout io.Writer) error {
 	if err := checkDirs("-out", o.out, "-img", o.img); err != nil {
 		return err
 	}

@@ -128,6 +128,7 @@ type pagedRegion struct {
 	max   int64
 	table []int32 // the blocks, in logical order
 	len   int64
+	end   int64 // the end of the block Len lies in, when that block is held; 0 otherwise
 }
 
 func (r *pagedRegion) capacity() int64 { return int64(len(r.table)) * r.s.block }
@@ -162,8 +163,12 @@ func (r *pagedRegion) Alloc(n, align int64) (int64, error) {
 	if err := checkAlloc(n, align); err != nil {
 		return 0, err
 	}
-	b := r.s.block
 	off := alignUp(r.len, align)
+	if off+n <= r.end {
+		r.len = off + n // within the block in use: the common case
+		return off, nil
+	}
+	b := r.s.block
 	if n > b {
 		return 0, fmt.Errorf("paged: alloc %d bytes: %w: larger than a block of %d", n, ErrFull, b)
 	}
@@ -174,6 +179,7 @@ func (r *pagedRegion) Alloc(n, align int64) (int64, error) {
 		return 0, fmt.Errorf("paged: alloc %d bytes at %d: %w: %d blocks", n, off, ErrFull, len(r.table))
 	}
 	r.len = off + n
+	r.end = (off/b + 1) * b
 	return off, nil
 }
 
@@ -199,7 +205,7 @@ func (r *pagedRegion) Truncate(n int64) error {
 		r.s.blocks = append(r.s.blocks, r.table[i])
 	}
 	r.table = r.table[:keep]
-	r.len = n
+	r.len, r.end = n, 0
 	return nil
 }
 

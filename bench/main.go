@@ -434,6 +434,18 @@ func run(o *options, stdout io.Writer) error {
 		return err
 	}
 	rs := o.readingList()
+	if len(rs) > 1 {
+		// A bad spec fails before anything is printed.
+		for _, rd := range rs {
+			choice, err := device.Open(rd.spec)
+			if err != nil {
+				return fmt.Errorf("open the device: %w", err)
+			}
+			if err := choice.Driver.Close(); err != nil {
+				return err
+			}
+		}
+	}
 	for i, rd := range rs {
 		oo := *o
 		oo.spec, oo.out, oo.img = rd.spec, rd.out, rd.img

@@ -29,6 +29,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -58,6 +59,7 @@ type options struct {
 	progress   string
 	fresh      bool     // each run in a fresh process (fresh.go)
 	readings   string   // on the device model: "profile", "pessimistic" or "both"
+	cpuProfile string   // write a CPU profile of the in-process runs (-fresh=false) here
 	args       []string // the flags as given, for the fresh processes
 
 	chunk     int64
@@ -107,7 +109,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{
 		workloads:  append([]string(nil), workloadNames...),
 		strategies: append([]string(nil), strategy.Default...),
-		kv: workload.KV{Layers: 32, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 16,
+		kv: workload.KV{Layers: 32, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 16, PrefetchSteps: 8,
 			Slots: 16, Requests: 24, PromptMin: 64, PromptMax: 1536, GenMin: 64, GenMax: 1536, BudgetFactor: 1.5,
 			StepCompute: time.Millisecond},
 		scratch: workload.Scratch{Steps: 200, MinBufs: 4, MaxBufs: 16, MinSize: 128 << 10, MaxSize: 4 << 20,
@@ -144,6 +146,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the workloads' random choices")
 	fs.StringVar(&o.progress, "progress", "auto", "progress bar: auto (when stdout is a terminal), on, off")
 	fs.StringVar(&o.readings, "readings", "both", "on the device model: run under the profile's readings of the unmeasured coefficients (profile), their pessimistic bounds (pessimistic: model:NAME,pessimistic), or both, one after the other")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "with -fresh=false: write a CPU profile of the runs to this file")
 	fs.BoolVar(&o.fresh, "fresh", true, "run each strategy's run in a fresh process (this program started again), so that no run finds the device state another left; false: all in this process")
 	fs.Var(sizeFlag{&o.chunk}, "chunk", "arena chunk `size`: a multiple of the driver's granularity (2MiB on ACL, CUDA and the host driver), e.g. 4MiB or 64MiB; 0: the granularity")
 	fs.IntVar(&o.maxCached, "cache", 0, "arena pool reuse cache, in chunks (0: the pool's default; -1: none)")
@@ -167,7 +170,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.kv.BudgetFactor, "kv-budget-factor", o.kv.BudgetFactor, "kv: budget as a multiple of the peak of live KV bytes (0 with -kv-budget 0: no budget)")
 	fs.DurationVar(&o.kv.StepCompute, "kv-compute", o.kv.StepCompute, "kv: device compute per decode step, waited for between steps (not allocator time): what a background worker overlaps with")
 	fs.IntVar(&o.kv.Launches, "kv-launches", 0, "kv: kernel launches per decode step on a driver that can launch (the device model): 0 one per layer (eager), 1 a graph")
-	fs.BoolVar(&o.kv.Prefetch, "kv-prefetch", true, "kv: tell each free slot the prompt size of its next request a step before its prefill (the arena maps it in the background: Arena.Prefetch)")
+	fs.BoolVar(&o.kv.Prefetch, "kv-prefetch", true, "kv: tell each slot the prompt size of its next request ahead of its prefill (the arena maps it in the background: Arena.Prefetch)")
+	fs.BoolVar(&o.kv.PerToken, "kv-per-token", false, "kv: one Alloc per token for every layer's K and V (a token-outermost layout) instead of one per layer's K and V")
+	fs.IntVar(&o.kv.PrefetchSteps, "kv-prefetch-steps", 8, "kv: with -kv-prefetch, how many steps ahead of the prefill, at most")
 
 	fs.IntVar(&o.scratch.Steps, "scratch-steps", o.scratch.Steps, "scratch: steps")
 	fs.Var(rangeFlag{&o.scratch.MinBufs, &o.scratch.MaxBufs}, "scratch-bufs", "scratch: buffers per step, lo:hi")
@@ -491,6 +496,19 @@ func runReading(o *options, stdout io.Writer) error {
 	}
 	fmt.Fprintln(stdout)
 
+	if o.cpuProfile != "" && !o.fresh {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return errors.Join(fmt.Errorf("-cpuprofile: %w", err), f.Close())
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
 	units := 0
 	for _, w := range o.workloads {
 		for _, name := range o.strategies {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/internal/book"
@@ -66,7 +67,8 @@ type Driver struct {
 
 	// dev is the device-wide lock that the calls the profile marks serial
 	// hold while they spend their host time. It is taken before mu.
-	dev sync.Mutex
+	dev        sync.Mutex
+	launchWait atomic.Int64 // ns launches waited for dev (LaunchWaitNS)
 
 	mu      sync.RWMutex // the books; copies and queries share it
 	closed  bool
@@ -211,10 +213,25 @@ func fail(op string, code int32, format string, args ...any) error {
 // the start of the call's time.
 func (d *Driver) begin(k call) int64 {
 	if d.cost.serial[k] {
+		if k == cLaunch {
+			// A serial launch (the pessimistic reading): count what it
+			// waits for other threads' serial calls.
+			t := now()
+			d.dev.Lock()
+			t0 := now()
+			d.launchWait.Add(t0 - t)
+			return t0
+		}
 		d.dev.Lock()
 	}
 	return now()
 }
+
+// LaunchWaitNS returns the time kernel launches have spent waiting for the
+// device lock that serial calls hold: always 0 unless Config.Pessimistic
+// makes launches serial. It is how a caller tells the delay the pessimistic
+// reading adds to its launches from its host's own jitter.
+func (d *Driver) LaunchWaitNS() int64 { return d.launchWait.Load() }
 
 // end spends the call's host time, until t0+host, releases the device lock,
 // and then waits out the device time or transfer that follows (never under

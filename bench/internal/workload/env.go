@@ -92,9 +92,13 @@ type Result struct {
 	// prefills, decode, releases and prefetches (KV).
 	StepAllNS []int64
 	// The step compute's kernel launches (KV on a driver that launches):
-	// their number, total time and fastest, so that LaunchNS − Launches ×
-	// LaunchMinNS is what the launches waited beyond their own cost.
-	Launches, LaunchNS, LaunchMinNS int64
+	// their number, their total time, and the part of it they waited for
+	// the strategy's driver calls on other threads (counted by the device
+	// model under its pessimistic reading; 0 otherwise).
+	Launches, LaunchNS, LaunchWaitNS int64
+	// The path time by kind of call: Grow, Truncate and Idle (a sequence's
+	// release), Trim, and Prefetch; Alloc is the rest of MemNS.
+	GrowNS, ReleaseNS, TrimNS, PrefetchNS int64
 	Tokens                          int64          // tokens generated (KV)
 	Preempted                       int64          // sequences preempted for want of memory and served again (KV)
 	WindowCalls                     counting.Calls // driver calls inside the workload's strategy calls
@@ -186,6 +190,7 @@ func (e *Env) grow(r strategy.Region, n int64) error {
 	ns := int64(time.Since(t))
 	e.Drv.Window(false)
 	e.Res.MemNS += ns
+	e.Res.GrowNS += ns
 	e.Res.GrowCalls++
 	if c := e.Drv.CallCount() - c0; c > 0 && err == nil {
 		e.Res.Grows = append(e.Res.Grows, GrowEvent{NS: ns, DriverNS: e.Drv.DriverNS() - d0,
@@ -195,18 +200,32 @@ func (e *Env) grow(r strategy.Region, n int64) error {
 }
 
 func (e *Env) truncate(r strategy.Region, n int64) error {
-	defer e.stop(e.start())
+	defer e.stopAs(&e.Res.ReleaseNS, e.start())
 	return r.Truncate(n)
 }
 
 func (e *Env) trim(r strategy.Region) error {
-	defer e.stop(e.start())
+	defer e.stopAs(&e.Res.TrimNS, e.start())
 	return r.Trim()
 }
 
 func (e *Env) idle(r strategy.Region) error {
-	defer e.stop(e.start())
+	defer e.stopAs(&e.Res.ReleaseNS, e.start())
 	return r.Idle()
+}
+
+// prefetch calls p.Prefetch(n) on the caller's path.
+func (e *Env) prefetch(p strategy.Prefetcher, n int64) error {
+	defer e.stopAs(&e.Res.PrefetchNS, e.start())
+	return p.Prefetch(n)
+}
+
+// stopAs is stop, also adding the call's time to *kind.
+func (e *Env) stopAs(kind *int64, t time.Time) {
+	ns := int64(time.Since(t))
+	e.Res.MemNS += ns
+	*kind += ns
+	e.Drv.Window(false)
 }
 
 // touch writes the logical range [off, off+n) of r, as a kernel producing

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
@@ -51,10 +52,18 @@ type KV struct {
 	// model's serial calls) shows in the step; elsewhere the host spins
 	// through StepCompute.
 	Launches int
-	// Prefetch tells a region the size of the prompt the next request will
-	// bring, one step before the prefill, where the strategy can use it
-	// (strategy.Prefetcher: the arena maps it in the background).
-	Prefetch bool
+	// Prefetch tells a region the size of the prompt the next request it
+	// will serve brings, where the strategy can use it (strategy.Prefetcher:
+	// the arena maps it in the background), PrefetchSteps steps ahead: the
+	// scheduler knows the queue's order, and from each running sequence's
+	// token limit when its slot frees at the latest (here every sequence
+	// runs to its limit).
+	Prefetch      bool
+	PrefetchSteps int
+	// PerToken cuts one tensor per token (every layer's K and V together,
+	// as a layout with the token outermost would) instead of one per
+	// layer's K and V: an Alloc per token instead of 2·Layers.
+	PerToken bool
 	Seed     uint64
 }
 
@@ -177,6 +186,7 @@ func (c KV) Check() error {
 		notNegative("-kv-budget-factor", c.BudgetFactor),
 		notNegative("-kv-compute", float64(c.StepCompute)),
 		atLeast("-kv-launches", c.Launches, 0),
+		atLeast("-kv-prefetch-steps", c.PrefetchSteps, 1),
 		cacheSize("-kv-layers, -kv-heads, -kv-headdim, -kv-dtype", c.TokenBytes(), c.Layers, c.KVHeads, c.HeadDim, c.DType),
 	)
 }
@@ -255,12 +265,18 @@ func (c KV) Run(env *Env) (err error) {
 	}
 
 	// appendTokens appends n tokens to s: per token, K and V for every layer.
+	// Per token, K and V of every layer as a tensor each, or, with
+	// PerToken, the token's whole cache as one.
+	allocs, each := 2*c.Layers, layer
+	if c.PerToken {
+		allocs, each = 1, tok
+	}
 	appendTokens := func(s *kvSeq, n int) error {
 		for range n {
 			t := env.start()
 			first := int64(-1)
-			for range 2 * c.Layers {
-				off, err := s.r.Alloc(layer, strategy.Align)
+			for range allocs {
+				off, err := s.r.Alloc(each, strategy.Align)
 				if err != nil {
 					env.stop(t)
 					return err
@@ -391,23 +407,8 @@ func (c KV) Run(env *Env) (err error) {
 			}
 		}
 		if c.Prefetch {
-			// The scheduler admits the next requests into the free slots at
-			// the next step, in slot order: tell each slot its prompt now.
-			k := 0
-			for i := range seqs {
-				s := &seqs[i]
-				if s.r == nil || s.active || k >= len(queue) {
-					continue
-				}
-				if p, ok := s.r.(strategy.Prefetcher); ok {
-					t := env.start()
-					err := p.Prefetch(ceilDiv(int64(queue[k].prompt), int64(c.BlockTokens)) * block)
-					env.stop(t)
-					if err != nil {
-						return fmt.Errorf("kv: step %d: prefetch: %w", step, err)
-					}
-				}
-				k++
+			if err := c.prefetch(env, seqs, queue, block); err != nil {
+				return fmt.Errorf("kv: step %d: prefetch: %w", step, err)
 			}
 		}
 		env.Res.StepAllNS = append(env.Res.StepAllNS, env.Res.MemNS-stepStart)
@@ -431,6 +432,45 @@ func (c KV) Run(env *Env) (err error) {
 		}
 	}
 	env.final()
+	return nil
+}
+
+// prefetch tells the slots whose next request is known, and due within
+// PrefetchSteps steps, the size of its prompt: the queue's requests go to the
+// free slots first, in slot order, then to the running sequences in the
+// order they will finish. A region keeps what its last sequence mapped, so
+// only what the prompt needs beyond Len is asked for.
+func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error {
+	type due struct{ slot, steps int }
+	var next []due
+	for i := range seqs {
+		s := &seqs[i]
+		switch {
+		case s.r == nil:
+		case !s.active:
+			next = append(next, due{i, 0})
+		case s.left <= c.PrefetchSteps:
+			next = append(next, due{i, s.left})
+		}
+	}
+	slices.SortStableFunc(next, func(a, b due) int { return a.steps - b.steps })
+	for k, d := range next {
+		if k >= len(queue) {
+			break
+		}
+		s := &seqs[d.slot]
+		p, ok := s.r.(strategy.Prefetcher)
+		if !ok {
+			continue
+		}
+		need := ceilDiv(int64(queue[k].prompt), int64(c.BlockTokens))*block - s.r.Len()
+		if need <= 0 {
+			continue
+		}
+		if err := env.prefetch(p, need); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -484,18 +524,16 @@ func (sc *stepCompute) run() error {
 	}
 	per := sc.c.StepCompute / time.Duration(sc.n)
 	res := sc.env.Res
+	w0 := sc.waited()
 	for range sc.n {
 		t := time.Now()
 		if err := sc.l.LaunchFor(sc.stream, 0, 0, per); err != nil {
 			return err
 		}
-		ns := int64(time.Since(t))
-		res.LaunchNS += ns
-		if res.Launches == 0 || ns < res.LaunchMinNS {
-			res.LaunchMinNS = ns
-		}
+		res.LaunchNS += int64(time.Since(t))
 		res.Launches++
 	}
+	res.LaunchWaitNS += sc.waited() - w0
 	if err := sc.drv.RecordEvent(sc.ev, sc.stream); err != nil {
 		return err
 	}
@@ -505,6 +543,15 @@ func (sc *stepCompute) run() error {
 			return err
 		}
 	}
+}
+
+// waited returns the time the driver's launches have waited for other
+// threads' serial calls, where the driver counts it (the device model).
+func (sc *stepCompute) waited() int64 {
+	if w, ok := sc.drv.(interface{ LaunchWaitNS() int64 }); ok {
+		return w.LaunchWaitNS()
+	}
+	return 0
 }
 
 func (sc *stepCompute) close() error {

@@ -99,10 +99,10 @@ type Result struct {
 	// The path time by kind of call: Grow, Truncate and Idle (a sequence's
 	// release), Trim, and Prefetch; Alloc is the rest of MemNS.
 	GrowNS, ReleaseNS, TrimNS, PrefetchNS int64
-	Tokens                          int64          // tokens generated (KV)
-	Preempted                       int64          // sequences preempted for want of memory and served again (KV)
-	WindowCalls                     counting.Calls // driver calls inside the workload's strategy calls
-	CPUNS                           int64          // process CPU time (user + system) during the run: every goroutine's
+	Tokens                                int64          // tokens generated (KV)
+	Preempted                             int64          // sequences preempted for want of memory and served again (KV)
+	WindowCalls                           counting.Calls // driver calls inside the workload's strategy calls
+	CPUNS                                 int64          // process CPU time (user + system) during the run: every goroutine's
 }
 
 // SteadyTokens returns the tokens generated from SteadyFrom on.

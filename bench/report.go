@@ -610,7 +610,7 @@ func (r *report) printTable(w io.Writer) {
 		// The caller's path against the floor, the steps' tails, warm-up
 		// apart, and the process's CPU.
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "caller's path	on path	launch stall	path	÷floor	over floor	warm-up	steady	step p99.9	step max	cpu	")
+		fmt.Fprintln(tw, "caller's path\ton path\tlaunch stall\tpath\t÷floor\tover floor\tfirst step\tlater steps\tstep p99.9\tstep max\tcpu\t")
 		for _, x := range rows {
 			vs, over := "—", "—"
 			if x.Floor != "" {

@@ -4,11 +4,16 @@
 //
 // Three workloads mirror inference memory patterns (KV-cache decode under
 // continuous batching, per-step activation scratch with spikes, tenants
-// churning under one budget). Each runs on four strategies (the arena,
+// churning under one budget). Each runs on the strategies of
+// bench/internal/strategy (the arena; a PagedAttention-style block pool and a
+// PyTorch-style caching allocator, the allocators servers and frameworks use;
 // realloc-and-copy, preallocate-worst-case, allocate-per-tensor) through a
-// driver wrapper that counts and times every call. The suite prints a table,
-// and writes results.json, bench.txt (Go benchmark format, for benchstat) and
-// PNG plots to -out.
+// driver wrapper that counts and times every call, each run in a fresh
+// process of its own (this program started again; -fresh=false keeps them in
+// one). On the device model every run is made under both readings of the
+// model's unmeasured coefficients (-readings). The suite prints a table, and
+// writes results.json, bench.txt (Go benchmark format, for benchstat) and PNG
+// plots to -out (the pessimistic reading's under -out/pessimistic).
 //
 //	go run ./bench                  # the full suite, about a minute on the host driver
 //	go run ./bench -quick           # seconds: small sizes

@@ -186,9 +186,17 @@ func (c KV) Check() error {
 		notNegative("-kv-budget-factor", c.BudgetFactor),
 		notNegative("-kv-compute", float64(c.StepCompute)),
 		atLeast("-kv-launches", c.Launches, 0),
-		atLeast("-kv-prefetch-steps", c.PrefetchSteps, 1),
+		c.checkPrefetch(),
 		cacheSize("-kv-layers, -kv-heads, -kv-headdim, -kv-dtype", c.TokenBytes(), c.Layers, c.KVHeads, c.HeadDim, c.DType),
 	)
+}
+
+// checkPrefetch checks PrefetchSteps when Prefetch is on.
+func (c KV) checkPrefetch() error {
+	if !c.Prefetch {
+		return nil
+	}
+	return atLeast("-kv-prefetch-steps", c.PrefetchSteps, 1)
 }
 
 // MinBudget is the least -kv-budget with which every request can be served

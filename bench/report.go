@@ -776,14 +776,15 @@ func (r *report) writeBench(w io.Writer) error {
 			ovh = 0 // the worker's calls run inside the Grows too (see summarise)
 		}
 		memCalls, _ := res.Calls.Sum(counting.MemoryOps...)
+		first, later, _, _ := stepPath(res)
 		var workerNS int64
 		if res.Pool != nil {
 			workerNS = res.Pool.WorkerNS
 		}
-		fmt.Fprintf(w, "Benchmark%s/strategy=%s-%d\t1\t%d ns/op\t%d alloc-ns/op\t%d setup-ns/op\t%d worker-ns/op\t%d driver-ns/op\t%d cpu-ns/op\t%.0f grow-p50-ns\t%.0f grow-p99-ns\t%.4f grow/driver\t%d peak-phys-B\t%d committed-B\t%d final-phys-B\t%d peak-mapped-B\t%.4f frag\t%d copied-B\t%d driver-calls\t%d device-syncs\n",
+		fmt.Fprintf(w, "Benchmark%s/strategy=%s-%d\t1\t%d ns/op\t%d alloc-ns/op\t%d setup-ns/op\t%d worker-ns/op\t%d driver-ns/op\t%d cpu-ns/op\t%.0f grow-p50-ns\t%.0f grow-p99-ns\t%.4f grow/driver\t%d peak-phys-B\t%d committed-B\t%d final-phys-B\t%d peak-mapped-B\t%.4f frag\t%d copied-B\t%d driver-calls\t%d device-syncs\t%d launch-stall-ns\t%d first-step-ns\t%d later-steps-ns\n",
 			benchNames[res.Workload], res.Strategy, procs, res.WallNS, res.MemNS, res.SetupNS, workerNS, drvNS, res.CPUNS, p50, p99, ovh,
 			res.Mem.PeakPhysical, committedPhys, res.Final.Physical, res.Mem.PeakMapped, frag, res.Mem.Copied, memCalls,
-			res.Calls.N[counting.SyncDevice])
+			res.Calls.N[counting.SyncDevice], launchStall(res), first, later)
 	}
 	if m := r.Micro; m != nil {
 		fmt.Fprintf(w, "BenchmarkAlloc-%d\t%d\t%.2f ns/op\t%.3g allocs/op\n", procs, m.AllocIters, m.AllocNS, m.AllocAllocs)

@@ -177,6 +177,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.kv.Launches, "kv-launches", 0, "kv: kernel launches per decode step on a driver that can launch (the device model): 0 one per layer (eager), 1 a graph")
 	fs.BoolVar(&o.kv.Prefetch, "kv-prefetch", true, "kv: tell each slot the prompt size of its next request ahead of its prefill (the arena maps it in the background: Arena.Prefetch)")
 	fs.BoolVar(&o.kv.PerToken, "kv-per-token", false, "kv: one Alloc per token for every layer's K and V (a token-outermost layout) instead of one per layer's K and V")
+	fs.BoolVar(&o.kv.PrefetchBlocks, "kv-prefetch-blocks", false, "kv: with -kv-prefetch, also tell each running sequence the KV block it will grow into, -kv-prefetch-steps tokens ahead")
 	fs.IntVar(&o.kv.PrefetchSteps, "kv-prefetch-steps", 8, "kv: with -kv-prefetch, how many steps ahead of the prefill, at most")
 
 	fs.IntVar(&o.scratch.Steps, "scratch-steps", o.scratch.Steps, "scratch: steps")

@@ -60,6 +60,9 @@ type KV struct {
 	// runs to its limit).
 	Prefetch      bool
 	PrefetchSteps int
+	// PrefetchBlocks also tells each running sequence, PrefetchSteps tokens
+	// ahead, the KV block it will grow into (with Prefetch).
+	PrefetchBlocks bool
 	// PerToken cuts one tensor per token (every layer's K and V together,
 	// as a layout with the token outermost would) instead of one per
 	// layer's K and V: an Alloc per token instead of 2·Layers.
@@ -447,7 +450,9 @@ func (c KV) Run(env *Env) (err error) {
 // PrefetchSteps steps, the size of its prompt: the queue's requests go to the
 // free slots first, in slot order, then to the running sequences in the
 // order they will finish. A region keeps what its last sequence mapped, so
-// only what the prompt needs beyond Len is asked for.
+// only what the prompt needs beyond Len is asked for. With PrefetchBlocks it
+// also tells each running sequence due to start a block within
+// PrefetchSteps tokens the block it will grow into.
 func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error {
 	type due struct{ slot, steps int }
 	var next []due
@@ -473,6 +478,33 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 		}
 		need := ceilDiv(int64(queue[k].prompt), int64(c.BlockTokens))*block - s.r.Len()
 		if need <= 0 {
+			continue
+		}
+		if err := env.prefetch(p, need); err != nil {
+			return err
+		}
+	}
+	if !c.PrefetchBlocks {
+		return nil
+	}
+	// A running sequence that will reach its next block within
+	// PrefetchSteps tokens is told the block it will grow into.
+	bt := c.BlockTokens
+	for i := range seqs {
+		s := &seqs[i]
+		if s.r == nil || !s.active {
+			continue
+		}
+		p, ok := s.r.(strategy.Prefetcher)
+		if !ok {
+			continue
+		}
+		at := ceilDiv(int64(s.tokens), int64(bt)) * int64(bt) // the token count of the next block's Grow
+		if ahead := at - int64(s.tokens); ahead >= int64(c.PrefetchSteps) || int64(s.left) <= ahead {
+			continue // not yet, or the sequence ends first
+		}
+		need := (at/int64(bt)+1)*block - s.r.Len()
+		if need <= 0 || need > c.MaxBytes()-s.r.Len() {
 			continue
 		}
 		if err := env.prefetch(p, need); err != nil {

@@ -70,3 +70,36 @@ func TestPrefetchPrediction(t *testing.T) {
 	assert.Equal(t, []int64{7000}, r[2].prefetch)
 	assert.Empty(t, r[1].prefetch)
 }
+
+// A running sequence due to start a block within PrefetchSteps tokens is told
+// the block it will grow into; one further away, or one that ends first, is
+// not.
+func TestPrefetchDecodeBlocks(t *testing.T) {
+	m, err := model.New(model.Config{Untimed: true, NoData: true})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, m.Close()) }()
+	env := &Env{Drv: counting.New(m, 0), Res: &Result{Workload: "kv"}}
+
+	c := KV{Layers: 1, KVHeads: 1, HeadDim: 128, DType: 2, BlockTokens: 16, PrefetchSteps: 4, Prefetch: true,
+		PrefetchBlocks: true, PromptMax: 100, GenMax: 100}
+	tok, block := c.TokenBytes(), c.BlockBytes()
+	require.Equal(t, int64(512), tok)
+	seq := func(tokens, left int) (kvSeq, *fakeRegion) {
+		r := &fakeRegion{len: int64(tokens) * tok}
+		return kvSeq{r: r, active: true, tokens: tokens, left: left}, r
+	}
+	a, ra := seq(30, 10) // its next block starts at 32 tokens, 2 away
+	b, rb := seq(20, 50) // 12 away
+	d, rd := seq(31, 1)  // ends before it
+	e, re := seq(32, 5)  // grows at the next step
+	require.NoError(t, c.prefetch(env, []kvSeq{a, b, d, e}, nil, block))
+	assert.Equal(t, []int64{3*block - 30*tok}, ra.prefetch, "up to the end of the block it will grow into")
+	assert.Empty(t, rb.prefetch)
+	assert.Empty(t, rd.prefetch)
+	assert.Equal(t, []int64{3*block - 32*tok}, re.prefetch)
+
+	c.PrefetchBlocks = false
+	ra.prefetch = nil
+	require.NoError(t, c.prefetch(env, []kvSeq{a}, nil, block))
+	assert.Empty(t, ra.prefetch, "only prompts without PrefetchBlocks")
+}

@@ -78,3 +78,20 @@ func TestPrefetchBadInput(t *testing.T) {
 	var zero arena.Arena
 	require.ErrorIs(t, zero.Prefetch(cg), arena.ErrInvalid)
 }
+
+// What a prefetch mapped is headroom, not a promise: another arena's growth
+// under pressure takes it back.
+func TestPrefetchReclaimable(t *testing.T) {
+	e := newDeferredEnv(t, chunk.Config{Budget: 8 * cg})
+	a := e.arena(t, arena.Config{Headroom: cg})
+	e.pool.Settle()
+	require.NoError(t, a.Prefetch(6*cg))
+	e.pool.Settle()
+	require.Equal(t, 6*cg, a.Cap(), "served")
+	b := e.arena(t, arena.Config{})
+	require.NoError(t, b.Grow(6*cg), "takes what the prefetch mapped")
+	assert.LessOrEqual(t, a.Cap(), 2*cg)
+	assert.Positive(t, a.Stats().Reclaimed)
+	s := e.pool.Stats()
+	assert.LessOrEqual(t, s.HeldBytes, s.Budget)
+}

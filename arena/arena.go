@@ -142,6 +142,9 @@ type Arena struct {
 	// pressure; a younger relief leaves it mapped once growth has a ticket.
 	growing atomic.Uint64
 	growth  chunk.Growth
+	// prefetch is the end, above Len, of what Prefetch asked the worker to
+	// map and it has not served yet; 0: none (prefetch.go).
+	prefetch atomic.Uint64
 	// closing is set while Close or Sleep waits for the device, holding mu:
 	// a relief skips the arena rather than wait for its streams (member.go).
 	closing atomic.Bool

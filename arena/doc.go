@@ -60,6 +60,8 @@
 // promised. With Config.Headroom the pool's background worker keeps that much
 // mapped above Len: an Alloc that leaves less than the low-water mark asks for
 // a refill without blocking, and a decode step finds its memory mapped.
+// Prefetch asks the worker to map more than the headroom, ahead of a growth
+// the caller knows is coming (a prompt at admission), on the same terms.
 //
 // # Streams
 //

@@ -1,7 +1,6 @@
 package arena
 
 import (
-	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -86,8 +85,9 @@ func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Str
 	return len(ms)
 }
 
-// Refill maps the headroom back up to Config.Headroom above Len, with memory
-// that is free now: it takes nothing from other arenas.
+// Refill maps the headroom back up to Config.Headroom above Len, and what
+// Prefetch asked for, with memory that is free now: it takes nothing from
+// other arenas.
 func (c client) Refill() {
 	a := c.a
 	if !a.mu.TryLock() {
@@ -97,13 +97,7 @@ func (c client) Refill() {
 	if a.closed.Load() || a.sl.asleep.Load() {
 		return
 	}
-	target := min(a.state.Load()&lenMask+a.headroom, a.reserved)
-	if target <= a.cap.Load() {
-		return
-	}
-	if a.growLocked(context.Background(), target, true) == nil {
-		a.refills++
-	}
+	a.refillLocked() // and a prefetch (prefetch.go)
 }
 
 // fence orders the arena's synchronous copies after the scrubs it queued on

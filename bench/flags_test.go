@@ -107,6 +107,9 @@ func TestBadFlagsFailFirst(t *testing.T) {
 		{[]string{"-img", "/proc/nope"}, "-img /proc/nope: want a directory this user can write"},
 		{[]string{"-kv-budget", "1MiB"}, "-kv-budget 1MiB: the longest request's cache alone needs"},
 		{[]string{"-device", "model:h200,fast"}, `unknown model option "fast"`},
+		{[]string{"-readings", "optimistic"}, `-readings "optimistic": want profile, pessimistic or both`},
+		{[]string{"-kv-launches", "-1"}, "-kv-launches -1: want 0 or more"},
+		{[]string{"-kv-prefetch-steps", "0"}, "-kv-prefetch-steps 0: want 1 or more"},
 	} {
 		args := append([]string{"-device", "host", "-out", dir}, c.args...)
 		start := time.Now()

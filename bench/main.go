@@ -4,14 +4,19 @@
 //
 // Three workloads mirror inference memory patterns (KV-cache decode under
 // continuous batching, per-step activation scratch with spikes, tenants
-// churning under one budget). Each runs on four strategies (the arena,
+// churning under one budget). Each runs on the strategies of
+// bench/internal/strategy (the arena; a PagedAttention-style block pool and a
+// PyTorch-style caching allocator, the allocators servers and frameworks use;
 // realloc-and-copy, preallocate-worst-case, allocate-per-tensor) through a
-// driver wrapper that counts and times every call. A fourth, swap, runs on
-// the arena alone: it puts an arena to sleep and wakes it (Offload and
-// Discard) and compares the times with the raw copies, the bare driver calls
-// and a full reload. The suite prints a table,
-// and writes results.json, bench.txt (Go benchmark format, for benchstat) and
-// PNG plots to -out.
+// driver wrapper that counts and times every call, each run in a fresh
+// process of its own (this program started again; -fresh=false keeps them in
+// one). A further workload, swap, runs on the arena alone: it puts an arena
+// to sleep and wakes it (Offload and Discard) and compares the times with the
+// raw copies, the bare driver calls and a full reload. On the device model
+// every run is made under both readings of the model's unmeasured
+// coefficients (-readings). The suite prints a table, and writes
+// results.json, bench.txt (Go benchmark format, for benchstat) and PNG plots
+// to -out (the pessimistic reading's under -out/pessimistic).
 //
 //	go run ./bench                  # the full suite, about a minute on the host driver
 //	go run ./bench -quick           # seconds: small sizes
@@ -32,6 +37,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"time"
@@ -59,6 +65,10 @@ type options struct {
 	spec       string
 	seed       uint64
 	progress   string
+	fresh      bool     // each run in a fresh process (fresh.go)
+	readings   string   // on the device model: "profile", "pessimistic" or "both"
+	cpuProfile string   // write a CPU profile of the in-process runs (-fresh=false) here
+	args       []string // the flags as given, for the fresh processes
 
 	chunk     int64
 	maxCached int
@@ -113,7 +123,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o := &options{
 		workloads:  append([]string(nil), workloadNames...),
 		strategies: append([]string(nil), strategy.Default...),
-		kv: workload.KV{Layers: 32, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 16,
+		kv: workload.KV{Layers: 32, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 16, PrefetchSteps: 8,
 			Slots: 16, Requests: 24, PromptMin: 64, PromptMax: 1536, GenMin: 64, GenMax: 1536, BudgetFactor: 1.5,
 			StepCompute: time.Millisecond},
 		scratch: workload.Scratch{Steps: 200, MinBufs: 4, MaxBufs: 16, MinSize: 128 << 10, MaxSize: 4 << 20,
@@ -150,6 +160,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.spec, "device", "", "driver spec, overriding $"+device.EnvVar+" (host, ascend[:N], cuda[:N], model:NAME or model:PATH with ,nodata to keep no device bytes, auto)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the workloads' random choices")
 	fs.StringVar(&o.progress, "progress", "auto", "progress bar: auto (when stdout is a terminal), on, off")
+	fs.StringVar(&o.readings, "readings", "both", "on the device model: run under the profile's readings of the unmeasured coefficients (profile), their pessimistic bounds (pessimistic: model:NAME,pessimistic), or both, one after the other")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "with -fresh=false: write a CPU profile of the runs to this file")
+	fs.BoolVar(&o.fresh, "fresh", true, "run each strategy's run in a fresh process (this program started again), so that no run finds the device state another left; false: all in this process")
 	fs.Var(sizeFlag{&o.chunk}, "chunk", "arena chunk `size`: a multiple of the driver's granularity (2MiB on ACL, CUDA and the host driver), e.g. 4MiB or 64MiB; 0: the granularity")
 	fs.IntVar(&o.maxCached, "cache", 0, "arena pool reuse cache, in chunks (0: the pool's default; -1: none)")
 	fs.Float64Var(&o.growth, "growth", 2, "realloc growth factor, above 1")
@@ -171,6 +184,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Var(sizeFlag{&o.kv.BudgetBytes}, "kv-budget", "kv: physical budget every strategy runs under (0: -kv-budget-factor × peak live + 2 chunks per slot)")
 	fs.Float64Var(&o.kv.BudgetFactor, "kv-budget-factor", o.kv.BudgetFactor, "kv: budget as a multiple of the peak of live KV bytes (0 with -kv-budget 0: no budget)")
 	fs.DurationVar(&o.kv.StepCompute, "kv-compute", o.kv.StepCompute, "kv: device compute per decode step, waited for between steps (not allocator time): what a background worker overlaps with")
+	fs.IntVar(&o.kv.Launches, "kv-launches", 0, "kv: kernel launches per decode step on a driver that can launch (the device model): 0 one per layer (eager), 1 a graph")
+	fs.BoolVar(&o.kv.Prefetch, "kv-prefetch", true, "kv: tell each slot the prompt size of its next request ahead of its prefill (the arena maps it in the background: Arena.Prefetch)")
+	fs.BoolVar(&o.kv.PerToken, "kv-per-token", false, "kv: one Alloc per token for every layer's K and V (a token-outermost layout) instead of one per layer's K and V")
+	fs.BoolVar(&o.kv.PrefetchBlocks, "kv-prefetch-blocks", false, "kv: with -kv-prefetch, also tell each running sequence the KV block it will grow into, -kv-prefetch-steps tokens ahead")
+	fs.IntVar(&o.kv.PrefetchSteps, "kv-prefetch-steps", 8, "kv: with -kv-prefetch, how many steps ahead of the prefill, at most")
 
 	fs.IntVar(&o.scratch.Steps, "scratch-steps", o.scratch.Steps, "scratch: steps")
 	fs.Var(rangeFlag{&o.scratch.MinBufs, &o.scratch.MaxBufs}, "scratch-bufs", "scratch: buffers per step, lo:hi")
@@ -203,6 +221,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
+	o.args = append([]string(nil), args...)
 	if o.quick {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -240,6 +259,8 @@ func (o *options) check() error {
 		return fmt.Errorf("-growth %v: want a factor above 1, e.g. 1.5 or 2", o.growth)
 	case o.progress != "auto" && o.progress != "on" && o.progress != "off":
 		return fmt.Errorf("-progress %q: want auto, on or off", o.progress)
+	case o.readings != "profile" && o.readings != "pessimistic" && o.readings != "both":
+		return fmt.Errorf("-readings %q: want profile, pessimistic or both", o.readings)
 	case o.verify && !o.touch:
 		return errors.New("-verify needs -touch")
 	case o.headroom < 0:
@@ -323,6 +344,9 @@ func (o *options) workload(name string) workload.Workload {
 }
 
 func main() {
+	if childMode(os.Args[1:]) {
+		return
+	}
 	o, err := parseFlags(os.Args[1:], os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return
@@ -356,40 +380,136 @@ type suite struct {
 	elapsed time.Duration
 }
 
-func run(o *options, stdout io.Writer) error {
-	if err := checkDirs("-out", o.out, "-img", o.img); err != nil {
-		return err
-	}
+// openSuite opens the driver the flags ask for and checks the flags that
+// depend on it; close closes the driver.
+func openSuite(o *options) (s *suite, close func() error, err error) {
 	spec := o.spec
 	if spec == "" {
 		spec = os.Getenv(device.EnvVar)
 	}
 	spec = modelSpec(spec, o.verify)
 	choice, err := device.Open(spec)
-	if err != nil {
-		return fmt.Errorf("open the device: %w", err)
+	if err == nil {
+		o.spec = spec // the fresh processes open the same
 	}
-	defer choice.Driver.Close()
-	s := &suite{opts: o, drv: choice.Driver, device: choice.Driver.Name(), reason: choice.Reason, started: time.Now()}
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the device: %w", err)
+	}
+	s = &suite{opts: o, drv: choice.Driver, device: choice.Driver.Name(), reason: choice.Reason, started: time.Now()}
 	prop := acl.DeviceProp(choice.Driver.Device(), 0)
 	g, err := choice.Driver.MemGetAllocationGranularity(&prop, acl.GranularityMinimum)
+	if err == nil {
+		s.gran = int64(g)
+		err = checkChunk(o.chunk, s.gran)
+	} else {
+		err = fmt.Errorf("granularity: %w", err)
+	}
+	if err == nil {
+		err = o.checkBudgets(s.gran)
+	}
 	if err != nil {
-		return fmt.Errorf("granularity: %w", err)
+		return nil, nil, errors.Join(err, choice.Driver.Close())
 	}
-	s.gran = int64(g)
-	if err := checkChunk(o.chunk, s.gran); err != nil {
+	return s, choice.Driver.Close, nil
+}
+
+// reading is one pass of the suite: on the device model, under the
+// profile's readings of the unmeasured coefficients or their pessimistic
+// bounds.
+type reading struct {
+	name     string // "", "profile" or "pessimistic"
+	spec     string // the device spec
+	out, img string
+}
+
+// readings returns the passes the flags ask for: one, except on the device
+// model with -readings both.
+func (o *options) readingList() []reading {
+	spec := o.spec
+	if spec == "" {
+		spec = os.Getenv(device.EnvVar)
+	}
+	kind, arg, _ := strings.Cut(strings.TrimSpace(spec), ":")
+	if !strings.EqualFold(kind, "model") {
+		return []reading{{spec: o.spec, out: o.out, img: o.img}}
+	}
+	already := false
+	for _, opt := range strings.Split(arg, ",")[1:] {
+		already = already || strings.EqualFold(strings.TrimSpace(opt), "pessimistic")
+	}
+	prof := reading{name: "profile", spec: spec, out: o.out, img: o.img}
+	pess := reading{name: "pessimistic", spec: spec + ",pessimistic", out: filepath.Join(o.out, "pessimistic"),
+		img: filepath.Join(o.img, "pessimistic")}
+	switch {
+	case already:
+		return []reading{{name: "pessimistic", spec: spec, out: o.out, img: o.img}}
+	case o.readings == "profile":
+		return []reading{prof}
+	case o.readings == "pessimistic":
+		pess.out, pess.img = o.out, o.img
+		return []reading{pess}
+	}
+	if !strings.Contains(arg, ",") {
+		// modelSpec adds nodata to a bare model spec; keep it for both.
+		prof.spec, pess.spec = modelSpec(spec, o.verify), modelSpec(spec, o.verify)+",pessimistic"
+	}
+	return []reading{prof, pess}
+}
+
+func run(o *options, stdout io.Writer) error {
+	if err := checkDirs("-out", o.out, "-img", o.img); err != nil {
 		return err
 	}
-	if err := o.checkBudgets(s.gran); err != nil {
+	rs := o.readingList()
+	if len(rs) > 1 {
+		// A bad spec fails before anything is printed.
+		for _, rd := range rs {
+			choice, err := device.Open(rd.spec)
+			if err != nil {
+				return fmt.Errorf("open the device: %w", err)
+			}
+			if err := choice.Driver.Close(); err != nil {
+				return err
+			}
+		}
+	}
+	for i, rd := range rs {
+		oo := *o
+		oo.spec, oo.out, oo.img = rd.spec, rd.out, rd.img
+		if len(rs) > 1 {
+			if i > 0 {
+				fmt.Fprintln(stdout)
+			}
+			fmt.Fprintf(stdout, "######## reading %d of %d: %s\n", i+1, len(rs), readingNote[rd.name])
+		}
+		if err := runReading(&oo, stdout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var readingNote = map[string]string{
+	"profile":     "profile — the profile's figures as they stand",
+	"pessimistic": "pessimistic — an access over k mappings costs k calls, and launches wait for the serial calls of other threads (model:NAME,pessimistic)",
+}
+
+func runReading(o *options, stdout io.Writer) error {
+	if err := checkDirs("-out", o.out, "-img", o.img); err != nil {
 		return err
 	}
+	s, closeDrv, err := openSuite(o)
+	if err != nil {
+		return err
+	}
+	defer closeDrv()
 
 	reason := s.reason
 	if len(reason) > 100 {
 		reason = reason[:97] + "..."
 	}
 	fmt.Fprintf(stdout, "vmarena bench: driver %s (%s)\n", s.device, reason)
-	if m, ok := choice.Driver.(interface{ Modelled() string }); ok {
+	if m, ok := s.drv.(interface{ Modelled() string }); ok {
 		fmt.Fprintln(stdout, "NOTE:", m.Modelled())
 	}
 	fmt.Fprintf(stdout, "%s, %s/%s, GOMAXPROCS=%d, %s\n", cpuModel(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), runtime.Version())
@@ -398,13 +518,39 @@ func run(o *options, stdout io.Writer) error {
 	}
 	fmt.Fprintln(stdout)
 
+	if o.cpuProfile != "" && !o.fresh {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("-cpuprofile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return errors.Join(fmt.Errorf("-cpuprofile: %w", err), f.Close())
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
+	}
 	swap := slices.Contains(o.workloads, "swap")
-	units := o.count * len(o.workloads) * len(o.strategies)
+	units := 0
+	for _, w := range o.workloads {
+		if w == "swap" {
+			continue
+		}
+		for _, name := range o.strategies {
+			if w == "kv" || !strategy.KVOnly(name) {
+				units += o.count
+			}
+		}
+	}
 	if swap {
-		units += 1 - o.count*len(o.strategies) // once, on the arena alone
+		units++ // once, on the arena alone
 	}
 	if o.micro {
 		units++
+	}
+	if o.fresh {
+		fmt.Fprintln(stdout, "each run in a fresh process (-fresh)")
 	}
 	bar := newProgress(stdout, o.progress, units)
 	done := 0
@@ -418,11 +564,21 @@ func run(o *options, stdout io.Writer) error {
 			// always runs first (or right after the most memory-hungry one).
 			for k := range o.strategies {
 				name := o.strategies[(k+rep+wi)%len(o.strategies)]
+				if wname != "kv" && strategy.KVOnly(name) {
+					continue // a paged pool holds KV blocks only
+				}
 				label := fmt.Sprintf("%s/%s", wname, name)
 				if o.count > 1 {
 					label += fmt.Sprintf(" (run %d/%d)", rep+1, o.count)
 				}
-				res, err := s.runOne(w, name, rep, func(f float64) { bar.set(done, f, label) })
+				var res *workload.Result
+				var err error
+				if o.fresh {
+					bar.set(done, 0.5, label)
+					res, err = s.runFresh(wname, name, rep)
+				} else {
+					res, err = s.runOne(w, name, rep, func(f float64) { bar.set(done, f, label) })
+				}
 				done++
 				bar.set(done, 0, label)
 				if err != nil {
@@ -512,6 +668,9 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	cfg := strategy.Config{Driver: cd, Chunk: o.chunk, MaxCached: o.maxCached,
 		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize, Ahead: o.ahead,
 		Warm: o.warm}
+	if kv, ok := w.(workload.KV); ok {
+		cfg.Block = kv.BlockBytes() // the paged pool's block: one KV block
+	}
 	if budget == 0 && cfg.Warm < 0 {
 		cfg.Warm = 0 // no budget to warm to
 	}

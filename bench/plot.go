@@ -22,6 +22,10 @@ var strategyColors = map[string]color.Color{
 	"pertensor": color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff},
 
 	"arena-eager": color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+	// The competitors servers use.
+	"paged":              color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff},
+	"caching":            color.RGBA{R: 0x17, G: 0xbe, B: 0xcf, A: 0xff},
+	"caching-expandable": color.RGBA{R: 0xbc, G: 0xbd, B: 0x22, A: 0xff},
 }
 
 const (

@@ -34,6 +34,21 @@ type row struct {
 	CPUNS       int64   `json:"cpu_ns"`         // process CPU time during the run (user + system)
 	WallVsArena float64 `json:"wall_vs_arena"`  // this wall ÷ the arena's; 0 without an arena row
 
+	// The caller's path against the no-driver floor: the paged pool's path
+	// time on the same workload (kv), or static preallocation's.
+	LaunchStallNS float64 `json:"launch_stall_ns"` // what the step compute's launches waited for the strategy's driver calls (median run)
+	PathNS        float64 `json:"path_ns"`         // on path + launch stall (median over runs)
+	Floor         string  `json:"floor,omitempty"` // the strategy that gives the floor
+	VsFloor       float64 `json:"vs_floor"`        // PathNS ÷ the floor's PathNS
+	OverFloorNS   float64 `json:"over_floor_ns"`   // PathNS − the floor's PathNS
+	WarmPathNS    int64   `json:"warm_path_ns"`    // on path in the first step: every slot's first prefill (the median run)
+	RestPathNS    int64   `json:"rest_path_ns"`    // on path after the first step
+	StepP999NS    float64 `json:"step_p999_ns"`    // a step's whole path time (prefills included), after the first: p99.9
+	StepMaxNS     float64 `json:"step_max_ns"`     // … and its maximum
+	// The path time by call (the median run): Grow, Alloc, the release of
+	// a finished sequence (Truncate and Idle), Trim, and Prefetch.
+	PathGrowNS, PathAllocNS, PathReleaseNS, PathTrimNS, PathPrefetchNS int64
+
 	// KV decode in steady state (after every slot served its first request).
 	SteadyTokens   int64   `json:"steady_tokens,omitempty"`
 	SteadyCalls    int64   `json:"steady_calls,omitempty"`    // memory driver calls inside the caller's calls (an upper bound)
@@ -204,9 +219,13 @@ func (s *suite) report() *report {
 				arenaWall = x.WallNS
 			}
 		}
+		floor := floorOf(rows)
 		for _, x := range rows {
 			if arenaWall > 0 {
 				x.WallVsArena = x.WallNS / arenaWall
+			}
+			if floor != nil && floor.PathNS > 0 {
+				x.Floor, x.VsFloor, x.OverFloorNS = floor.Strategy, x.PathNS/floor.PathNS, x.PathNS-floor.PathNS
 			}
 			r.Series = append(r.Series, series{Workload: w, Strategy: x.Strategy, Samples: thin(x.med.Samples, 400)})
 		}
@@ -231,14 +250,19 @@ func (s *suite) report() *report {
 func summarise(runs []*workload.Result) *row {
 	walls := make([]float64, len(runs))
 	mems := make([]float64, len(runs))
+	paths := make([]float64, len(runs))
 	for i, x := range runs {
-		walls[i], mems[i] = float64(x.WallNS), float64(x.MemNS)
+		walls[i], mems[i], paths[i] = float64(x.WallNS), float64(x.MemNS), pathNS(x)
 	}
 	// The run whose wall time is the median gives the other figures.
 	byWall := slices.Clone(runs)
 	slices.SortFunc(byWall, func(a, b *workload.Result) int { return int(a.WallNS - b.WallNS) })
 	med := byWall[(len(byWall)-1)/2]
-	x := &row{Workload: med.Workload, Strategy: med.Strategy, Runs: len(runs), WallNS: median(walls), MemNS: median(mems), med: med}
+	x := &row{Workload: med.Workload, Strategy: med.Strategy, Runs: len(runs), WallNS: median(walls), MemNS: median(mems), med: med,
+		PathNS: median(paths), LaunchStallNS: float64(launchStall(med))}
+	x.WarmPathNS, x.RestPathNS, x.StepP999NS, x.StepMaxNS = stepPath(med)
+	x.PathGrowNS, x.PathReleaseNS, x.PathTrimNS, x.PathPrefetchNS = med.GrowNS, med.ReleaseNS, med.TrimNS, med.PrefetchNS
+	x.PathAllocNS = med.MemNS - med.GrowNS - med.ReleaseNS - med.TrimNS - med.PrefetchNS
 	for _, r := range runs {
 		x.grows = append(x.grows, r.Grows...)
 	}
@@ -293,6 +317,51 @@ func summarise(runs []*workload.Result) *row {
 	return x
 }
 
+// launchStall is what a run's step-compute launches waited for the
+// strategy's driver calls on other threads (the pessimistic model counts
+// it; the profile's reading has launches never wait).
+func launchStall(r *workload.Result) int64 { return r.LaunchWaitNS }
+
+// pathNS is a run's time on the caller's path: inside the strategy's calls,
+// plus what its launches waited for the strategy's background driver calls.
+func pathNS(r *workload.Result) float64 { return float64(r.MemNS + launchStall(r)) }
+
+// stepPath splits a KV run's path time into its warm-up, the first step
+// (every slot's first prefill at once, when the server starts, with nothing
+// mapped ahead), and the rest, and gives the p99.9 and maximum of the whole
+// path time of a step after the first.
+func stepPath(r *workload.Result) (warm, rest int64, p999, most float64) {
+	var st []float64
+	for i, ns := range r.StepAllNS {
+		if i == 0 {
+			warm = ns
+			continue
+		}
+		rest += ns
+		st = append(st, float64(ns))
+	}
+	slices.Sort(st)
+	if len(st) > 0 {
+		p999, most = percentile(st, 0.999), st[len(st)-1]
+	}
+	return warm, rest, p999, most
+}
+
+// floorOf returns the no-driver floor of workload w's rows: the paged pool,
+// or static preallocation.
+func floorOf(rows []*row) *row {
+	var f *row
+	for _, x := range rows {
+		switch {
+		case x.Strategy == "paged":
+			return x
+		case x.Strategy == "prealloc":
+			f = x
+		}
+	}
+	return f
+}
+
 // thin picks at most n samples, evenly, keeping the last.
 func thin(s []workload.Sample, n int) []workload.Sample {
 	if len(s) <= n {
@@ -306,7 +375,8 @@ func thin(s []workload.Sample, n int) []workload.Sample {
 }
 
 // perRun returns, for each repetition, strategy num's time over strategy
-// den's on workload w: in the allocator, and wall.
+// den's on workload w: on the caller's path (with the launch stall), and
+// wall.
 func (r *report) perRun(w, num, den string) (mem, wall []float64) {
 	for rep := range r.s.opts.count {
 		var n, d *workload.Result
@@ -321,11 +391,40 @@ func (r *report) perRun(w, num, den string) (mem, wall []float64) {
 			}
 		}
 		if n != nil && d != nil && d.MemNS > 0 && d.WallNS > 0 {
-			mem = append(mem, float64(n.MemNS)/float64(d.MemNS))
+			mem = append(mem, pathNS(n)/pathNS(d))
 			wall = append(wall, float64(n.WallNS)/float64(d.WallNS))
 		}
 	}
 	return mem, wall
+}
+
+// perRunLater returns, for each repetition, strategy num's path time over
+// den's on workload w after the first step (launch stalls included), and
+// over the whole run.
+func (r *report) perRunLater(w, num, den string) (later, total []float64) {
+	for rep := range r.s.opts.count {
+		var n, d *workload.Result
+		for _, x := range r.s.results {
+			if x.Workload == w && x.Rep == rep {
+				switch x.Strategy {
+				case num:
+					n = x
+				case den:
+					d = x
+				}
+			}
+		}
+		if n == nil || d == nil || pathNS(d) <= 0 {
+			continue
+		}
+		_, nr, _, _ := stepPath(n)
+		_, dr, _, _ := stepPath(d)
+		if dr+launchStall(d) > 0 {
+			later = append(later, float64(nr+launchStall(n))/float64(dr+launchStall(d)))
+		}
+		total = append(total, pathNS(n)/pathNS(d))
+	}
+	return later, total
 }
 
 // runs lists per-run ratios when there is more than one.
@@ -389,12 +488,28 @@ func (r *report) targets() []target {
 			want, ok = "≥ 5× faster", ratio >= 5
 		}
 		ts = append(ts, target{"kv: arena vs realloc-and-copy, time on the caller's critical path", want,
-			fmt.Sprintf("%.2f× (%s vs %s)%s", ratio, workload.HumanNS(a.MemNS), workload.HumanNS(c.MemNS), runs(mem)), ok})
+			fmt.Sprintf("%.2f× (%s vs %s)%s", ratio, workload.HumanNS(a.PathNS), workload.HumanNS(c.PathNS), runs(mem)), ok})
 		if r.Touch {
 			ratio := median(wall)
 			ts = append(ts, target{"kv: arena vs realloc-and-copy, wall time (with the data writes; for reference)", "—",
 				fmt.Sprintf("%.2f× (%s vs %s)%s", ratio, workload.HumanNS(a.WallNS), workload.HumanNS(c.WallNS), runs(wall)), true})
 		}
+	}
+	if a, p := r.row("kv", "arena"), r.row("kv", "paged"); a != nil && p != nil {
+		later, total := r.perRunLater("kv", "arena", "paged")
+		ratio := median(later)
+		ts = append(ts, target{"kv: arena's time on the caller's path ÷ the paged pool's (the no-driver floor), after the first step (warm-up apart), with committed memory no larger",
+			"≤ 1.25×", fmt.Sprintf("%.2f× (%s vs %s, launch stalls included)%s; with the first step: %.2f× (%s vs %s; first step %s vs %s); committed %s vs %s",
+				ratio, workload.HumanNS(float64(a.RestPathNS)+a.LaunchStallNS), workload.HumanNS(float64(p.RestPathNS)+p.LaunchStallNS), runs(later),
+				median(total), workload.HumanNS(a.PathNS), workload.HumanNS(p.PathNS),
+				workload.HumanNS(float64(a.WarmPathNS)), workload.HumanNS(float64(p.WarmPathNS)),
+				workload.HumanBytes(a.PeakCommitted), workload.HumanBytes(p.PeakCommitted)),
+			ratio <= 1.25 && a.PeakCommitted <= p.PeakCommitted})
+	}
+	if a, c := r.row("kv", "arena"), r.row("kv", "realloc"); a != nil && c != nil && a.CPUNS > 0 && c.CPUNS > 0 {
+		ratio := float64(a.CPUNS) / float64(c.CPUNS)
+		ts = append(ts, target{"kv: arena's process CPU (user + system, worker included) ÷ realloc-and-copy's", "≤ 1.1×",
+			fmt.Sprintf("%.2f× (%s vs %s)", ratio, workload.HumanNS(float64(a.CPUNS)), workload.HumanNS(float64(c.CPUNS))), ratio <= 1.1})
 	}
 	if a := r.row("kv", "arena"); a != nil {
 		if a.SteadyTokens > 0 && o.headroom > 0 {
@@ -516,6 +631,25 @@ func (r *report) printTable(w io.Writer) {
 			fmt.Fprintln(tw, line+"\t")
 		}
 		tw.Flush()
+		// The caller's path against the floor, the steps' tails, warm-up
+		// apart, and the process's CPU.
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "caller's path\ton path\tlaunch stall\tpath\t÷floor\tover floor\tfirst step\tlater steps\tstep p99.9\tstep max\tcpu\t")
+		for _, x := range rows {
+			vs, over := "—", "—"
+			if x.Floor != "" {
+				vs, over = fmt.Sprintf("%.2f× %s", x.VsFloor, x.Floor), signedNS(x.OverFloorNS)
+			}
+			p999, most, warm, steady := "—", "—", "—", "—"
+			if len(x.med.StepAllNS) > 0 {
+				p999, most = workload.HumanNS(x.StepP999NS), workload.HumanNS(x.StepMaxNS)
+				warm, steady = workload.HumanNS(float64(x.WarmPathNS)), workload.HumanNS(float64(x.RestPathNS))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", x.Strategy, workload.HumanNS(x.MemNS),
+				workload.HumanNS(x.LaunchStallNS), workload.HumanNS(x.PathNS), vs, over, warm, steady, p999, most,
+				workload.HumanNS(float64(x.CPUNS)))
+		}
+		tw.Flush()
 		// Driver calls by kind: count and time.
 		kinds := []counting.Op{counting.MallocPhysical, counting.FreePhysical, counting.Reserve, counting.Release,
 			counting.Map, counting.Unmap, counting.SetAccess, counting.Memset, counting.MemsetAsync, counting.DtoD,
@@ -604,6 +738,14 @@ func (r *report) printTable(w io.Writer) {
 	}
 }
 
+// signedNS formats a duration that may be negative.
+func signedNS(ns float64) string {
+	if ns < 0 {
+		return "−" + workload.HumanNS(-ns)
+	}
+	return workload.HumanNS(ns)
+}
+
 // callCell is "n × mean" for the calls of kind k, or "—".
 func callCell(c counting.Calls, k counting.Op) string {
 	if c.N[k] == 0 {
@@ -674,14 +816,15 @@ func (r *report) writeBench(w io.Writer) error {
 			ovh = 0 // the worker's calls run inside the Grows too (see summarise)
 		}
 		memCalls, _ := res.Calls.Sum(counting.MemoryOps...)
+		first, later, _, _ := stepPath(res)
 		var workerNS int64
 		if res.Pool != nil {
 			workerNS = res.Pool.WorkerNS
 		}
-		fmt.Fprintf(w, "Benchmark%s/strategy=%s-%d\t1\t%d ns/op\t%d alloc-ns/op\t%d setup-ns/op\t%d worker-ns/op\t%d driver-ns/op\t%d cpu-ns/op\t%.0f grow-p50-ns\t%.0f grow-p99-ns\t%.4f grow/driver\t%d peak-phys-B\t%d committed-B\t%d final-phys-B\t%d peak-mapped-B\t%.4f frag\t%d copied-B\t%d driver-calls\t%d device-syncs\n",
+		fmt.Fprintf(w, "Benchmark%s/strategy=%s-%d\t1\t%d ns/op\t%d alloc-ns/op\t%d setup-ns/op\t%d worker-ns/op\t%d driver-ns/op\t%d cpu-ns/op\t%.0f grow-p50-ns\t%.0f grow-p99-ns\t%.4f grow/driver\t%d peak-phys-B\t%d committed-B\t%d final-phys-B\t%d peak-mapped-B\t%.4f frag\t%d copied-B\t%d driver-calls\t%d device-syncs\t%d launch-stall-ns\t%d first-step-ns\t%d later-steps-ns\n",
 			benchNames[res.Workload], res.Strategy, procs, res.WallNS, res.MemNS, res.SetupNS, workerNS, drvNS, res.CPUNS, p50, p99, ovh,
 			res.Mem.PeakPhysical, committedPhys, res.Final.Physical, res.Mem.PeakMapped, frag, res.Mem.Copied, memCalls,
-			res.Calls.N[counting.SyncDevice])
+			res.Calls.N[counting.SyncDevice], launchStall(res), first, later)
 	}
 	if m := r.Micro; m != nil {
 		fmt.Fprintf(w, "BenchmarkAlloc-%d\t%d\t%.2f ns/op\t%.3g allocs/op\n", procs, m.AllocIters, m.AllocNS, m.AllocAllocs)

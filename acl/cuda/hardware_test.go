@@ -81,6 +81,7 @@ func TestHardware(t *testing.T) {
 	t.Run("ForeignStream", testForeignStream)
 	t.Run("ChunkCosts", func(t *testing.T) { testChunkCosts(t, fresh) })
 	t.Run("ShareAcrossProcesses", testShareAcrossProcesses)
+	t.Run("LaunchWhileMapping", testLaunchWhileMapping)
 }
 
 // testForeignStream passes the driver a CUstream it did not create, made
@@ -193,7 +194,7 @@ func scaled(name string, s *samples, k int) *samples {
 // arena pays to grow and shrink on this GPU: a cold grow (cuMemCreate,
 // cuMemMap, cuMemSetAccess), a shrink (the bare cuMemUnmap), a grow from the
 // reuse cache (the same handles mapped again), a shrink behind the fallback
-// cuCtxSynchronize, access granted by one call over spans of 8 and 32
+// cuCtxSynchronize, access granted by one call over spans of 8, 32 and 64
 // chunks, and the calls that order unmaps and clear chunks: events, stream
 // and device synchronisation, queued and synchronous memsets. It writes a
 // Markdown table, and the lines of the fresh-memory check, to the results
@@ -300,7 +301,7 @@ func testChunkCosts(t *testing.T, fresh string) {
 
 	// One access call over a span of k adjacent chunks.
 	spans := map[int]*samples{}
-	for _, k := range []int{8, 32} {
+	for _, k := range []int{8, 32, 64} {
 		spans[k] = &samples{name: fmt.Sprintf("MemSetAccess over %d chunks, per call (cuMemSetAccess)", k)}
 		mapAll(untimed, nil)
 		for i := 0; i < n; i += k {
@@ -415,7 +416,7 @@ func testChunkCosts(t *testing.T, fresh string) {
 		{"shrink, device sync first", syncBefore}, {"shrink, device sync first", unmapAfter},
 		{"shrink, device sync first", sum("total per chunk", syncBefore, unmapAfter)},
 	}
-	for _, k := range []int{8, 32} {
+	for _, k := range []int{8, 32, 64} {
 		phase := fmt.Sprintf("access span of %d", k)
 		rows = append(rows, row{phase, spans[k]}, row{phase, scaled("the same, per chunk", spans[k], k)})
 	}

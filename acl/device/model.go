@@ -18,16 +18,19 @@ func modelSpec(spec string) (arg string, ok bool) {
 // modelOptions are the options a model spec may add after its profile,
 // each after a comma: model:h200,nodata.
 var modelOptions = map[string]func(*model.Config){
-	"data":    func(c *model.Config) { c.NoData = false }, // the default, said explicitly
-	"nodata":  func(c *model.Config) { c.NoData = true },
-	"untimed": func(c *model.Config) { c.Untimed = true },
+	"data":        func(c *model.Config) { c.NoData = false }, // the default, said explicitly
+	"nodata":      func(c *model.Config) { c.NoData = true },
+	"untimed":     func(c *model.Config) { c.Untimed = true },
+	"pessimistic": func(c *model.Config) { c.Pessimistic = true },
 }
 
 // ModelOptions lists the options a model spec takes after its profile
 // (model:h200,nodata): "data" keeps the device's bytes (the default),
 // "nodata" keeps none, so that reads fail and memory stays proportional to
-// the model's books (for server sizes), "untimed" charges no time.
-func ModelOptions() []string { return []string{"data", "nodata", "untimed"} }
+// the model's books (for server sizes), "untimed" charges no time,
+// "pessimistic" takes the pessimistic readings of the coefficients no device
+// has measured yet (model.Config.Pessimistic).
+func ModelOptions() []string { return []string{"data", "nodata", "untimed", "pessimistic"} }
 
 // openModel opens the device model with the profile arg names: a shipped
 // profile ("h200") or a profile file ("/path/to/profile.json"), followed by

@@ -60,5 +60,5 @@ func TestOpenModel(t *testing.T) {
 	assert.Contains(t, err.Error(), "model:NAME")
 	_, err = Open("model:h200,fast")
 	assert.ErrorIs(t, err, acl.ErrInvalidParam)
-	assert.Contains(t, err.Error(), `unknown model option "fast" (want data, nodata, untimed)`)
+	assert.Contains(t, err.Error(), `unknown model option "fast" (want data, nodata, untimed, pessimistic)`)
 }

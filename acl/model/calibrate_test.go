@@ -253,15 +253,14 @@ func TestCalibrateOptions(t *testing.T) {
 	assert.True(t, p.Calls["malloc"].PerMiB.Estimate, "no per-MiB fit from one size")
 }
 
-// blindReads is a model without data whose reads succeed with zeros: the
+// blindReads is a model without data whose reads succeed, leaving dst as it was: the
 // calibration times reads and needs none of their bytes.
 type blindReads struct{ *Driver }
 
 func (b blindReads) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	err := b.Driver.MemcpyDtoH(dst, src)
 	if errors.Is(err, acl.ErrNotSupported) {
-		clear(dst)
-		return nil
+		return nil // the calibration checks no byte it reads; clearing dst would add host time to the copy's
 	}
 	return err
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/internal/book"
@@ -42,6 +43,14 @@ type Config struct {
 	// Untimed charges nothing: the books, the rules and the order of
 	// stream work without the modelled time, for tests of logic alone.
 	Untimed bool
+	// Pessimistic replaces two unmeasured readings of the profile with
+	// their pessimistic bounds (the selector's model:NAME,pessimistic): a
+	// MemSetAccess over a run of k adjacent mappings costs k one-mapping
+	// calls (no saving from the span), and kernel launches are serialised
+	// with the calls the profile marks serial, so that a launch waits while
+	// another thread maps, sets access or unmaps. Until a device settles
+	// them, a figure that holds under both readings does not rest on them.
+	Pessimistic bool
 }
 
 // Driver is the device model: the acl.Driver contract with the books and
@@ -59,7 +68,8 @@ type Driver struct {
 
 	// dev is the device-wide lock that the calls the profile marks serial
 	// hold while they spend their host time. It is taken before mu.
-	dev sync.Mutex
+	dev        sync.Mutex
+	launchWait atomic.Int64 // ns launches waited for dev (LaunchWaitNS)
 
 	mu      sync.RWMutex // the books; copies and queries share it
 	closed  bool
@@ -144,6 +154,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if !cfg.Untimed {
 		d.cost = compile(p)
+		if cfg.Pessimistic {
+			d.cost.pessimistic()
+		}
 	} else {
 		d.cost.gran = uintptr(p.Granularity.Value)
 	}
@@ -165,6 +178,9 @@ func (d *Driver) Modelled() string {
 	}
 	if d.cfg.NoData {
 		s += "; nodata: keeps no device bytes, reads fail"
+	}
+	if d.cfg.Pessimistic {
+		s += "; pessimistic: an access span costs one call per mapping, launches wait for serial calls"
 	}
 	return s
 }
@@ -202,10 +218,25 @@ func fail(op string, code int32, format string, args ...any) error {
 // the start of the call's time.
 func (d *Driver) begin(k call) int64 {
 	if d.cost.serial[k] {
+		if k == cLaunch {
+			// A serial launch (the pessimistic reading): count what it
+			// waits for other threads' serial calls.
+			t := now()
+			d.dev.Lock()
+			t0 := now()
+			d.launchWait.Add(t0 - t)
+			return t0
+		}
 		d.dev.Lock()
 	}
 	return now()
 }
+
+// LaunchWaitNS returns the time kernel launches have spent waiting for the
+// device lock that serial calls hold: always 0 unless Config.Pessimistic
+// makes launches serial. It is how a caller tells the delay the pessimistic
+// reading adds to its launches from its host's own jitter.
+func (d *Driver) LaunchWaitNS() int64 { return d.launchWait.Load() }
 
 // end spends the call's host time, until t0+host, releases the device lock,
 // and then waits out the device time or transfer that follows (never under

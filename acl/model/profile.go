@@ -469,6 +469,14 @@ func compile(p *Profile) costs {
 	return c
 }
 
+// pessimistic puts the readings Config.Pessimistic names in c: each extra
+// mapping of an access span costs a one-granule access call, and launches
+// hold the device lock that serial calls hold.
+func (c *costs) pessimistic() {
+	c.perMapping = c.host(cAccess, c.gran)
+	c.serial[cLaunch] = true
+}
+
 func usToNS(us float64) int64 { return int64(math.Round(us * 1e3)) }
 
 // host returns the host-side time of a call of kind k over n bytes.

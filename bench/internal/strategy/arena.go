@@ -115,6 +115,15 @@ func (r *arenaRegion) Ptr(off, n int64) (acl.DevicePtr, error) {
 	return b.Ptr(), nil
 }
 
+// Prefetch asks the pool's worker to map n bytes above Len (Arena.Prefetch);
+// the eager arena has no worker.
+func (r *arenaRegion) Prefetch(n int64) error {
+	if r.eager {
+		return nil
+	}
+	return r.a.Prefetch(int(n))
+}
+
 func (r *arenaRegion) Len() int64             { return int64(r.a.Len()) }
 func (r *arenaRegion) Truncate(n int64) error { return r.a.Truncate(int(n)) }
 func (r *arenaRegion) Trim() error            { return r.a.Shrink() }

@@ -173,17 +173,37 @@ func (s *perTensorStrategy) Prepare() error { return nil }
 func (s *perTensorStrategy) Close() error   { return nil }
 
 func (s *perTensorStrategy) Open(int64) (Region, error) {
-	return &perTensorRegion{s: s}, nil
+	return &perTensorRegion{name: "pertensor", mem: s}, nil
+}
+
+// alloc and freeTensor make perTensorStrategy a tensorMem: each tensor a
+// segment of its own.
+func (s *perTensorStrategy) alloc(n int64) (segment, any, error) {
+	seg, err := s.dev.alloc(n)
+	return seg, seg, err
+}
+
+func (s *perTensorStrategy) freeTensor(tag any) error { return s.dev.free(tag.(segment)) }
+
+// tensorMem gives memory a tensor at a time: the device itself (pertensor),
+// or a caching allocator.
+type tensorMem interface {
+	// alloc returns at least n bytes, and a tag to give them back with.
+	alloc(n int64) (segment, any, error)
+	freeTensor(tag any) error
 }
 
 type ptSeg struct {
 	segment
+	tag   any
 	start int64 // logical offset of the segment's first byte
 	used  int64 // bytes cut from it
 }
 
+// perTensorRegion makes each Grow a tensor of its own, from mem.
 type perTensorRegion struct {
-	s    *perTensorStrategy
+	name string
+	mem  tensorMem
 	segs []ptSeg // in logical order; each starts where the previous one's use ended
 	len  int64
 }
@@ -192,11 +212,11 @@ func (r *perTensorRegion) Grow(n int64) error {
 	if n <= 0 {
 		return nil
 	}
-	seg, err := r.s.alloc(n)
+	seg, tag, err := r.mem.alloc(n)
 	if err != nil {
 		return err
 	}
-	r.segs = append(r.segs, ptSeg{segment: seg, start: r.len})
+	r.segs = append(r.segs, ptSeg{segment: seg, tag: tag, start: r.len})
 	return nil
 }
 
@@ -205,12 +225,12 @@ func (r *perTensorRegion) Alloc(n, align int64) (int64, error) {
 		return 0, err
 	}
 	if len(r.segs) == 0 {
-		return 0, fmt.Errorf("pertensor: alloc %d bytes: %w: no tensor allocated", n, ErrFull)
+		return 0, fmt.Errorf("%s: alloc %d bytes: %w: no tensor allocated", r.name, n, ErrFull)
 	}
 	s := &r.segs[len(r.segs)-1]
-	at := alignUp(s.used, align) // segment bases are granularity-aligned
+	at := alignUp(s.used, align) // tensor bases are aligned to 512 bytes at least
 	if at+n > s.size {
-		return 0, fmt.Errorf("pertensor: alloc %d bytes: %w: the tensor holds %d of %d", n, ErrFull, s.used, s.size)
+		return 0, fmt.Errorf("%s: alloc %d bytes: %w: the tensor holds %d of %d", r.name, n, ErrFull, s.used, s.size)
 	}
 	s.used = at + n
 	r.len = s.start + s.used
@@ -233,7 +253,7 @@ func (r *perTensorRegion) find(off int64) int {
 func (r *perTensorRegion) Ptr(off, n int64) (acl.DevicePtr, error) {
 	i := r.find(off)
 	if off < 0 || n < 0 || i == len(r.segs) || off < r.segs[i].start || off+n > r.segs[i].start+r.segs[i].used {
-		return 0, fmt.Errorf("pertensor: [%d, +%d) is not inside one tensor", off, n)
+		return 0, fmt.Errorf("%s: [%d, +%d) is not inside one tensor", r.name, off, n)
 	}
 	return r.segs[i].base.Add(uintptr(off - r.segs[i].start)), nil
 }
@@ -242,11 +262,11 @@ func (r *perTensorRegion) Len() int64 { return r.len }
 
 func (r *perTensorRegion) Truncate(n int64) error {
 	if n < 0 || n > r.len {
-		return fmt.Errorf("pertensor: truncate to %d: length is %d", n, r.len)
+		return fmt.Errorf("%s: truncate to %d: length is %d", r.name, n, r.len)
 	}
 	var errs []error
 	for len(r.segs) > 0 && r.segs[len(r.segs)-1].start >= n {
-		errs = append(errs, r.s.free(r.segs[len(r.segs)-1].segment))
+		errs = append(errs, r.mem.freeTensor(r.segs[len(r.segs)-1].tag))
 		r.segs = r.segs[:len(r.segs)-1]
 	}
 	if len(r.segs) > 0 {

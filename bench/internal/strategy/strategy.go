@@ -13,6 +13,12 @@
 //	           copying the old contents over on the device and freeing the old
 //	prealloc   one mapping per region, sized for its maximum up front
 //	pertensor  a physical allocation and mapping for every Grow (every tensor)
+//	paged      a PagedAttention-style block pool: the budget allocated once,
+//	           fixed-size blocks, a block table per region (kv only)
+//	caching    a PyTorch-style caching allocator: every Grow a tensor from
+//	           size-class pools of segments, blocks split and merged
+//	caching-expandable  the same in expandable-segments mode: each pool one
+//	           reservation that grows by mapping pages at its end
 //
 // A Region is a growable byte range, addressed by logical offsets: Grow makes
 // room, Alloc cuts a tensor from it (never calling the driver), Truncate drops
@@ -31,10 +37,14 @@ import (
 )
 
 // Names lists the strategies, in the order the suite reports them.
-var Names = []string{"arena", "arena-eager", "realloc", "prealloc", "pertensor"}
+var Names = []string{"arena", "arena-eager", "realloc", "prealloc", "pertensor", "paged", "caching", "caching-expandable"}
 
 // Default lists the strategies the suite runs unless told otherwise.
-var Default = []string{"arena", "realloc", "prealloc", "pertensor"}
+var Default = []string{"arena", "realloc", "prealloc", "pertensor", "paged", "caching", "caching-expandable"}
+
+// KVOnly reports whether the strategy serves only workloads whose tensors
+// fit a block (the paged pool: KV caches).
+func KVOnly(name string) bool { return name == "paged" }
 
 // ErrFull is returned by Grow and Alloc when a region cannot hold the request
 // (a preallocated region past its maximum, or an Alloc without a Grow).
@@ -80,6 +90,13 @@ type Region interface {
 	Close() error
 }
 
+// Prefetcher is a Region that can prepare memory it is told it will need:
+// a workload that knows the size of the next request (a prompt at
+// admission) calls Prefetch(n) a step before the Grow of n bytes.
+type Prefetcher interface {
+	Prefetch(n int64) error
+}
+
 // Align is the largest alignment the workloads ask for.
 const Align = 256
 
@@ -110,6 +127,9 @@ type Config struct {
 	// Warm is the fresh chunks the arena strategy's pool allocates at start
 	// (Prepare); -1 means as many as the budget allows.
 	Warm int
+	// Block is the paged pool's block in bytes (a KV block: its tokens'
+	// cache); 0 means the driver's granularity.
+	Block int64
 }
 
 // New returns the strategy called name.
@@ -122,7 +142,9 @@ func New(name string, cfg Config) (Strategy, error) {
 		return newArena(cfg, false)
 	case "arena-eager":
 		return newArena(cfg, true)
-	case "realloc", "prealloc", "pertensor":
+	case "paged":
+		return newPaged(cfg)
+	case "realloc", "prealloc", "pertensor", "caching", "caching-expandable":
 		d, err := newDev(cfg.Driver)
 		if err != nil {
 			return nil, fmt.Errorf("strategy %s: %w", name, err)
@@ -139,6 +161,8 @@ func New(name string, cfg Config) (Strategy, error) {
 			return &reallocStrategy{dev: d, growth: g}, nil
 		case "prealloc":
 			return &preallocStrategy{dev: d}, nil
+		case "caching", "caching-expandable":
+			return newCaching(d, name == "caching-expandable"), nil
 		default:
 			return &perTensorStrategy{dev: d}, nil
 		}

@@ -88,10 +88,21 @@ type Result struct {
 	// SteadyFrom are warm-up.
 	StepNS, StepCalls, StepTokens []int64
 	SteadyFrom                    int
-	Tokens                        int64          // tokens generated (KV)
-	Preempted                     int64          // sequences preempted for want of memory and served again (KV)
-	WindowCalls                   counting.Calls // driver calls inside the workload's strategy calls
-	CPUNS                         int64          // process CPU time (user + system) during the run: every goroutine's
+	// StepAllNS is each step's whole time inside the strategy's calls:
+	// prefills, decode, releases and prefetches (KV).
+	StepAllNS []int64
+	// The step compute's kernel launches (KV on a driver that launches):
+	// their number, their total time, and the part of it they waited for
+	// the strategy's driver calls on other threads (counted by the device
+	// model under its pessimistic reading; 0 otherwise).
+	Launches, LaunchNS, LaunchWaitNS int64
+	// The path time by kind of call: Grow, Truncate and Idle (a sequence's
+	// release), Trim, and Prefetch; Alloc is the rest of MemNS.
+	GrowNS, ReleaseNS, TrimNS, PrefetchNS int64
+	Tokens                                int64          // tokens generated (KV)
+	Preempted                             int64          // sequences preempted for want of memory and served again (KV)
+	WindowCalls                           counting.Calls // driver calls inside the workload's strategy calls
+	CPUNS                                 int64          // process CPU time (user + system) during the run: every goroutine's
 }
 
 // SteadyTokens returns the tokens generated from SteadyFrom on.
@@ -179,6 +190,7 @@ func (e *Env) grow(r strategy.Region, n int64) error {
 	ns := int64(time.Since(t))
 	e.Drv.Window(false)
 	e.Res.MemNS += ns
+	e.Res.GrowNS += ns
 	e.Res.GrowCalls++
 	if c := e.Drv.CallCount() - c0; c > 0 && err == nil {
 		e.Res.Grows = append(e.Res.Grows, GrowEvent{NS: ns, DriverNS: e.Drv.DriverNS() - d0,
@@ -188,18 +200,32 @@ func (e *Env) grow(r strategy.Region, n int64) error {
 }
 
 func (e *Env) truncate(r strategy.Region, n int64) error {
-	defer e.stop(e.start())
+	defer e.stopAs(&e.Res.ReleaseNS, e.start())
 	return r.Truncate(n)
 }
 
 func (e *Env) trim(r strategy.Region) error {
-	defer e.stop(e.start())
+	defer e.stopAs(&e.Res.TrimNS, e.start())
 	return r.Trim()
 }
 
 func (e *Env) idle(r strategy.Region) error {
-	defer e.stop(e.start())
+	defer e.stopAs(&e.Res.ReleaseNS, e.start())
 	return r.Idle()
+}
+
+// prefetch calls p.Prefetch(n) on the caller's path.
+func (e *Env) prefetch(p strategy.Prefetcher, n int64) error {
+	defer e.stopAs(&e.Res.PrefetchNS, e.start())
+	return p.Prefetch(n)
+}
+
+// stopAs is stop, also adding the call's time to *kind.
+func (e *Env) stopAs(kind *int64, t time.Time) {
+	ns := int64(time.Since(t))
+	e.Res.MemNS += ns
+	*kind += ns
+	e.Drv.Window(false)
 }
 
 // touch writes the logical range [off, off+n) of r, as a kernel producing
@@ -288,7 +314,7 @@ func (e *Env) sample(step int) {
 func (e *Env) idleMemory() (cached, reclaimable int64) {
 	p := strategy.Pool(e.S)
 	if p == nil {
-		return 0, 0
+		return strategy.Cached(e.S), 0
 	}
 	ps := p.Stats()
 	cached = int64(ps.Cached) * int64(ps.ChunkSize)

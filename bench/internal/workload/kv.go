@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
@@ -43,7 +44,30 @@ type KV struct {
 	// synchronisation by default: a sleep would add the timer slack of the
 	// machine, which other goroutines' timers change, to every step.
 	StepCompute time.Duration
-	Seed        uint64
+	// Launches is the kernel launches of one decode step (0: one per
+	// layer, as an eager model launches; 1: one graph launch). On a driver
+	// that can queue timed stand-in work (the device model), the step's
+	// compute is that many launches on a stream of the workload's, waited
+	// for by polling an event, so that what delays a launch (the pessimistic
+	// model's serial calls) shows in the step; elsewhere the host spins
+	// through StepCompute.
+	Launches int
+	// Prefetch tells a region the size of the prompt the next request it
+	// will serve brings, where the strategy can use it (strategy.Prefetcher:
+	// the arena maps it in the background), PrefetchSteps steps ahead: the
+	// scheduler knows the queue's order, and from each running sequence's
+	// token limit when its slot frees at the latest (here every sequence
+	// runs to its limit).
+	Prefetch      bool
+	PrefetchSteps int
+	// PrefetchBlocks also tells each running sequence, PrefetchSteps tokens
+	// ahead, the KV block it will grow into (with Prefetch).
+	PrefetchBlocks bool
+	// PerToken cuts one tensor per token (every layer's K and V together,
+	// as a layout with the token outermost would) instead of one per
+	// layer's K and V: an Alloc per token instead of 2·Layers.
+	PerToken bool
+	Seed     uint64
 }
 
 // Name returns "kv".
@@ -164,8 +188,18 @@ func (c KV) Check() error {
 		notNegative("-kv-budget", float64(c.BudgetBytes)),
 		notNegative("-kv-budget-factor", c.BudgetFactor),
 		notNegative("-kv-compute", float64(c.StepCompute)),
+		atLeast("-kv-launches", c.Launches, 0),
+		c.checkPrefetch(),
 		cacheSize("-kv-layers, -kv-heads, -kv-headdim, -kv-dtype", c.TokenBytes(), c.Layers, c.KVHeads, c.HeadDim, c.DType),
 	)
+}
+
+// checkPrefetch checks PrefetchSteps when Prefetch is on.
+func (c KV) checkPrefetch() error {
+	if !c.Prefetch {
+		return nil
+	}
+	return atLeast("-kv-prefetch-steps", c.PrefetchSteps, 1)
 }
 
 // MinBudget is the least -kv-budget with which every request can be served
@@ -242,12 +276,18 @@ func (c KV) Run(env *Env) (err error) {
 	}
 
 	// appendTokens appends n tokens to s: per token, K and V for every layer.
+	// Per token, K and V of every layer as a tensor each, or, with
+	// PerToken, the token's whole cache as one.
+	allocs, each := 2*c.Layers, layer
+	if c.PerToken {
+		allocs, each = 1, tok
+	}
 	appendTokens := func(s *kvSeq, n int) error {
 		for range n {
 			t := env.start()
 			first := int64(-1)
-			for range 2 * c.Layers {
-				off, err := s.r.Alloc(layer, strategy.Align)
+			for range allocs {
+				off, err := s.r.Alloc(each, strategy.Align)
 				if err != nil {
 					env.stop(t)
 					return err
@@ -299,9 +339,15 @@ func (c KV) Run(env *Env) (err error) {
 	var done int64
 	finished := 0
 	env.Res.SteadyFrom = -1
+	compute, err := newStepCompute(env, c)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, compute.close()) }()
 	for step := 0; ; step++ {
 		busy := false
 		w0, t0 := env.Drv.WindowCalls(), env.Res.Tokens
+		stepStart := env.Res.MemNS
 		var decodeNS int64 // the step's decode work in the allocator: appends and block grows
 		for i := range seqs {
 			s := &seqs[i]
@@ -371,6 +417,12 @@ func (c KV) Run(env *Env) (err error) {
 				}
 			}
 		}
+		if c.Prefetch {
+			if err := c.prefetch(env, seqs, queue, block); err != nil {
+				return fmt.Errorf("kv: step %d: prefetch: %w", step, err)
+			}
+		}
+		env.Res.StepAllNS = append(env.Res.StepAllNS, env.Res.MemNS-stepStart)
 		wc := env.Drv.WindowCalls()
 		n1, _ := wc.Sum(counting.MemoryOps...)
 		n0, _ := w0.Sum(counting.MemoryOps...)
@@ -379,7 +431,9 @@ func (c KV) Run(env *Env) (err error) {
 		env.Res.StepTokens = append(env.Res.StepTokens, env.Res.Tokens-t0)
 		env.sample(step)
 		if c.StepCompute > 0 && busy {
-			waitCompute(c.StepCompute)
+			if err := compute.run(); err != nil {
+				return fmt.Errorf("kv: step %d: compute: %w", step, err)
+			}
 		}
 		if step%64 == 0 {
 			env.progress(float64(done) / float64(totalTokens))
@@ -390,6 +444,161 @@ func (c KV) Run(env *Env) (err error) {
 	}
 	env.final()
 	return nil
+}
+
+// prefetch tells the slots whose next request is known, and due within
+// PrefetchSteps steps, the size of its prompt: the queue's requests go to the
+// free slots first, in slot order, then to the running sequences in the
+// order they will finish. A region keeps what its last sequence mapped, so
+// only what the prompt needs beyond Len is asked for. With PrefetchBlocks it
+// also tells each running sequence due to start a block within
+// PrefetchSteps tokens the block it will grow into.
+func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error {
+	type due struct{ slot, steps int }
+	var next []due
+	for i := range seqs {
+		s := &seqs[i]
+		switch {
+		case s.r == nil:
+		case !s.active:
+			next = append(next, due{i, 0})
+		case s.left <= c.PrefetchSteps:
+			next = append(next, due{i, s.left})
+		}
+	}
+	slices.SortStableFunc(next, func(a, b due) int { return a.steps - b.steps })
+	for k, d := range next {
+		if k >= len(queue) {
+			break
+		}
+		s := &seqs[d.slot]
+		p, ok := s.r.(strategy.Prefetcher)
+		if !ok {
+			continue
+		}
+		need := ceilDiv(int64(queue[k].prompt), int64(c.BlockTokens))*block - s.r.Len()
+		if need <= 0 {
+			continue
+		}
+		if err := env.prefetch(p, need); err != nil {
+			return err
+		}
+	}
+	if !c.PrefetchBlocks {
+		return nil
+	}
+	// A running sequence that will reach its next block within
+	// PrefetchSteps tokens is told the block it will grow into.
+	bt := c.BlockTokens
+	for i := range seqs {
+		s := &seqs[i]
+		if s.r == nil || !s.active {
+			continue
+		}
+		p, ok := s.r.(strategy.Prefetcher)
+		if !ok {
+			continue
+		}
+		at := ceilDiv(int64(s.tokens), int64(bt)) * int64(bt) // the token count of the next block's Grow
+		if ahead := at - int64(s.tokens); ahead >= int64(c.PrefetchSteps) || int64(s.left) <= ahead {
+			continue // not yet, or the sequence ends first
+		}
+		need := (at/int64(bt)+1)*block - s.r.Len()
+		if need <= 0 || need > c.MaxBytes()-s.r.Len() {
+			continue
+		}
+		if err := env.prefetch(p, need); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// timedLauncher is a driver that queues stand-in device work of a given
+// duration (the device model).
+type timedLauncher interface {
+	LaunchFor(s acl.Stream, ptr acl.DevicePtr, n uintptr, dur time.Duration) error
+}
+
+// stepCompute is a decode step's device compute: launches on a stream of
+// its own, on the driver under the counting wrapper (it is the workload's
+// work, not the strategy's), or a spin where the driver cannot launch.
+type stepCompute struct {
+	env    *Env
+	c      KV
+	drv    acl.Driver
+	l      timedLauncher
+	stream acl.Stream
+	ev     acl.Event
+	n      int
+}
+
+func newStepCompute(env *Env, c KV) (*stepCompute, error) {
+	sc := &stepCompute{env: env, c: c}
+	drv := env.Drv.Unwrap()
+	l, ok := drv.(timedLauncher)
+	if !ok || c.StepCompute <= 0 {
+		return sc, nil
+	}
+	s, err := drv.CreateStream()
+	if err != nil {
+		return nil, fmt.Errorf("kv: the compute stream: %w", err)
+	}
+	ev, err := drv.CreateEvent()
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("kv: the compute event: %w", err), drv.DestroyStream(s))
+	}
+	sc.drv, sc.l, sc.stream, sc.ev = drv, l, s, ev
+	sc.n = c.Launches
+	if sc.n == 0 {
+		sc.n = c.Layers
+	}
+	return sc, nil
+}
+
+// run launches the step's kernels, timing each launch, and waits for them.
+func (sc *stepCompute) run() error {
+	if sc.l == nil {
+		waitCompute(sc.c.StepCompute)
+		return nil
+	}
+	per := sc.c.StepCompute / time.Duration(sc.n)
+	res := sc.env.Res
+	w0 := sc.waited()
+	for range sc.n {
+		t := time.Now()
+		if err := sc.l.LaunchFor(sc.stream, 0, 0, per); err != nil {
+			return err
+		}
+		res.LaunchNS += int64(time.Since(t))
+		res.Launches++
+	}
+	res.LaunchWaitNS += sc.waited() - w0
+	if err := sc.drv.RecordEvent(sc.ev, sc.stream); err != nil {
+		return err
+	}
+	for {
+		done, err := sc.drv.QueryEvent(sc.ev)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// waited returns the time the driver's launches have waited for other
+// threads' serial calls, where the driver counts it (the device model).
+func (sc *stepCompute) waited() int64 {
+	if w, ok := sc.drv.(interface{ LaunchWaitNS() int64 }); ok {
+		return w.LaunchWaitNS()
+	}
+	return 0
+}
+
+func (sc *stepCompute) close() error {
+	if sc.l == nil {
+		return nil
+	}
+	return errors.Join(sc.drv.SynchronizeStream(sc.stream), sc.drv.DestroyEvent(sc.ev), sc.drv.DestroyStream(sc.stream))
 }
 
 // waitCompute spins for d on the monotonic clock.

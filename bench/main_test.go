@@ -1,0 +1,16 @@
+package main
+
+import (
+	"os"
+	"testing"
+)
+
+// TestMain lets the test binary serve as the suite's fresh processes
+// (-fresh): started again with the child variables set, it makes one run
+// and exits.
+func TestMain(m *testing.M) {
+	if childMode(os.Args[1:]) {
+		return
+	}
+	os.Exit(m.Run())
+}

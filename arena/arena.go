@@ -710,8 +710,11 @@ func (a *Arena) growLocked(ctx context.Context, target uint64, speculative bool)
 			}
 			return aerr
 		}
-		if a.closed.Load() {
+		switch {
+		case a.closed.Load():
 			return errors.Join(ErrClosed, a.putChunks(have))
+		case a.sl.asleep.Load(): // a Sleep ran while the lock was released
+			return errors.Join(errAsleep, a.putChunks(have))
 		}
 	}
 }

@@ -613,3 +613,24 @@ func TestPressureStress(t *testing.T) {
 	assert.Equal(t, int64(rounds), served.Load()+failed.Load())
 	t.Logf("%d rounds: %d served, %d plain Grows refused; pool %+v", rounds, served.Load(), failed.Load(), pool.Stats())
 }
+
+// A Sleep that runs while a growth of the same arena has let go of its lock
+// for a relief wins: the growth, back, finds the arena asleep, gives back what
+// the relief found and fails with ErrAsleep, mapping nothing into it.
+func TestSleepDuringRelief(t *testing.T) {
+	gs := newGates(t)
+	c := newContest(t, 4, 2, 2)
+	x, y := c.arenas[0], c.arenas[1]
+	stop := gs.arm(sched.GrowUnlocked, x, 1)
+	xerr := make(chan error, 1)
+	go func() { xerr <- x.Grow(3 * wg) }() // needs one of y's idle chunks
+	<-stop.hit
+	require.NoError(t, x.Sleep(context.Background(), arena.Discard))
+	gs.reset()
+	require.ErrorIs(t, <-xerr, arena.ErrAsleep)
+	assert.True(t, x.Asleep())
+	assert.Zero(t, x.Cap())
+	checkPool(t, c)
+	require.NoError(t, x.Wake(context.Background()))
+	require.NoError(t, y.Grow(2*wg), "the memory the relief took went back")
+}

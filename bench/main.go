@@ -600,7 +600,7 @@ func runReading(o *options, stdout io.Writer) error {
 	}
 	if swap {
 		bar.set(done, 0, "swap: sleep and wake")
-		r, err := o.swap.Measure(s.drv)
+		r, err := s.measureSwap()
 		if err != nil {
 			bar.clear()
 			return fmt.Errorf("swap: %w", err)
@@ -724,6 +724,22 @@ func destroyStream(d acl.Driver, s acl.Stream) error {
 		return nil
 	}
 	return errors.Join(d.SynchronizeStream(s), d.DestroyStream(s))
+}
+
+// measureSwap runs the swap workload on the suite's driver or, when that is
+// the device model without bytes, on a model of the same spec that keeps
+// them: an Offload reads the device's bytes back to host memory.
+func (s *suite) measureSwap() (workload.SwapResult, error) {
+	spec := s.opts.spec
+	if !strings.Contains(spec, ",nodata") {
+		return s.opts.swap.Measure(s.drv)
+	}
+	c, err := device.Open(strings.Replace(spec, ",nodata", "", 1))
+	if err != nil {
+		return workload.SwapResult{}, fmt.Errorf("open the model with bytes: %w", err)
+	}
+	r, err := s.opts.swap.Measure(c.Driver)
+	return r, errors.Join(err, c.Driver.Close())
 }
 
 // modelSpec returns spec, with ",nodata" added when it names the device

@@ -571,3 +571,42 @@ func TestTryAcquireStandsAsideDuringRelief(t *testing.T) {
 		require.NoError(t, p.Lender().Put(c))
 	}
 }
+
+// Regression (found by the fuzzer in CI, timing-dependent): a relief claimed
+// a batch whose chunk the worker was unmapping at that moment; the worker put
+// the chunk in the cache, so the relief was handed nothing and counted no
+// progress, and the Acquire gave up beside a cached chunk. Here the worker is
+// stopped inside that unmap until the relief has claimed the batch.
+func TestRegressionReliefClaimsWhatTheWorkerUnmaps(t *testing.T) {
+	_, p, base, s := budgeted(t, 1)
+	l := p.Lender()
+	c, err := l.Get()
+	require.NoError(t, err)
+	require.NoError(t, l.Map(base, c))
+	unmapping, goOn, chosen := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var stop, chose sync.Once
+	defer sched.Set(func(at sched.Point, who any) {
+		if who != p {
+			return
+		}
+		switch at {
+		case sched.ReleaseUnmap:
+			stop.Do(func() { close(unmapping); <-goOn })
+		case sched.ReliefSelect:
+			chose.Do(func() { close(chosen) })
+		}
+	})()
+	require.NoError(t, l.ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s})) // the stream is idle
+	<-unmapping // the worker is unmapping the chunk
+	got := make(chan error, 1)
+	go func() {
+		cs, err := l.Acquire(chunk.NewTenant(), 1)
+		if err == nil {
+			err = l.Put(cs[0])
+		}
+		got <- err
+	}()
+	<-chosen // the relief claimed the batch under the worker's unmap
+	close(goOn)
+	require.NoError(t, <-got, "the chunk the worker put back serves the Acquire")
+}

@@ -163,8 +163,9 @@ func (m *Member) WantRefill() {
 // relieve frees room for a growth of need chunks for tenant t, for which an
 // Acquire fell short for the reason short. It returns the chunks it took for
 // the growth (leased to t, unmapped), and whether anything came back that a
-// retry could use (enough room, chunks put back in the cache, taken, or
-// freed by peers): without, a retry would fail as the take did.
+// retry could use (enough room, chunks put back in the cache, taken, freed
+// by peers, or more room than it found): without, a retry would fail as the
+// take did.
 func (p *Pool) relieve(ctx context.Context, t Tenant, need int, g *Growth, short error) (handed []Chunk, progressed bool) {
 	defer trace.StartRegion(ctx, RegionRelieve).End()
 	sched.At(sched.ReliefBegin, p)
@@ -197,7 +198,10 @@ func (p *Pool) relieve(ctx context.Context, t Tenant, need int, g *Growth, short
 			peers = n
 		}
 	}
-	return handed, settled > 0 || len(handed) > 0 || peers > 0
+	// The worker may have put back, meanwhile, chunks this relief claimed
+	// while it was unmapping them: they are in the cache, not handed over.
+	more := len(handed) < need && p.roomNow() > room
+	return handed, settled > 0 || len(handed) > 0 || peers > 0 || more
 }
 
 // choose picks, one relief at a time, the chunks a relief takes for want

@@ -567,6 +567,7 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 		}
 		it.state = unmapping
 		p.mu.Unlock()
+		sched.At(sched.ReleaseUnmap, p)
 		err := p.drv.UnmapMem(it.At)
 		p.mu.Lock()
 		if err != nil {

@@ -31,6 +31,7 @@ const (
 	WaitWoken     Point = "wait.woken"      // a waiter woke, before its retry
 	WaitServed    Point = "wait.served"     // a waiting growth succeeded, before it leaves the queue
 	ReleaseQueued Point = "release.queued"  // chunks were handed to wait for the device
+	ReleaseUnmap  Point = "release.unmap"   // a chunk that waited for the device is about to be unmapped
 )
 
 var hook atomic.Pointer[func(Point, any)]

@@ -596,8 +596,9 @@ func TestRegressionReliefClaimsWhatTheWorkerUnmaps(t *testing.T) {
 			chose.Do(func() { close(chosen) })
 		}
 	})()
-	require.NoError(t, l.ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s})) // the stream is idle
-	<-unmapping // the worker is unmapping the chunk
+	// The stream is idle: the worker unmaps the chunk at once, and stops there.
+	require.NoError(t, l.ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s}))
+	<-unmapping
 	got := make(chan error, 1)
 	go func() {
 		cs, err := l.Acquire(chunk.NewTenant(), 1)

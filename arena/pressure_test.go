@@ -634,3 +634,41 @@ func TestSleepDuringRelief(t *testing.T) {
 	require.NoError(t, x.Wake(context.Background()))
 	require.NoError(t, y.Grow(2*wg), "the memory the relief took went back")
 }
+
+// blockingCopies is a driver whose host-to-device copies wait at a barrier.
+type blockingCopies struct {
+	acl.Driver
+	in, out chan struct{}
+}
+
+func (d blockingCopies) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
+	d.in <- struct{}{}
+	<-d.out
+	return d.Driver.MemcpyHtoD(dst, src)
+}
+
+// A copy under way when Close comes completes first: Close waits for it (the
+// copy is stopped inside the driver call), and the next copy fails with
+// ErrClosed. The interleaving is forced at the driver call.
+func TestCloseWaitsForCopyUnderWay(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	bd := blockingCopies{Driver: d, in: make(chan struct{}), out: make(chan struct{})}
+	a, err := arena.New(arena.Config{Driver: bd, Reserve: 16 << 20})
+	require.NoError(t, err)
+	b, err := a.Alloc(4<<10, 64)
+	require.NoError(t, err)
+	copied := make(chan error, 1)
+	go func() { copied <- arena.CopyIn(b, make([]byte, 4<<10)) }()
+	<-bd.in // the copy is inside the driver
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close() }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while a copy was inside the driver", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(bd.out)
+	require.NoError(t, <-copied, "the copy under way completes")
+	require.NoError(t, <-closed)
+	assert.ErrorIs(t, arena.CopyIn(b, []byte{1}), arena.ErrClosed)
+}

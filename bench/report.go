@@ -374,10 +374,10 @@ func thin(s []workload.Sample, n int) []workload.Sample {
 	return out
 }
 
-// perRun returns, for each repetition, strategy num's time over strategy
-// den's on workload w: on the caller's path (with the launch stall), and
-// wall.
-func (r *report) perRun(w, num, den string) (mem, wall []float64) {
+// pairs returns, for each repetition that has both, the results of
+// strategies num and den on workload w.
+func (r *report) pairs(w, num, den string) [][2]*workload.Result {
+	var out [][2]*workload.Result
 	for rep := range r.s.opts.count {
 		var n, d *workload.Result
 		for _, x := range r.s.results {
@@ -390,7 +390,20 @@ func (r *report) perRun(w, num, den string) (mem, wall []float64) {
 				}
 			}
 		}
-		if n != nil && d != nil && d.MemNS > 0 && d.WallNS > 0 {
+		if n != nil && d != nil {
+			out = append(out, [2]*workload.Result{n, d})
+		}
+	}
+	return out
+}
+
+// perRun returns, for each repetition, strategy num's time over strategy
+// den's on workload w: on the caller's path (with the launch stall), and
+// wall.
+func (r *report) perRun(w, num, den string) (mem, wall []float64) {
+	for _, p := range r.pairs(w, num, den) {
+		n, d := p[0], p[1]
+		if d.MemNS > 0 && d.WallNS > 0 {
 			mem = append(mem, pathNS(n)/pathNS(d))
 			wall = append(wall, float64(n.WallNS)/float64(d.WallNS))
 		}
@@ -402,19 +415,9 @@ func (r *report) perRun(w, num, den string) (mem, wall []float64) {
 // den's on workload w after the first step (launch stalls included), and
 // over the whole run.
 func (r *report) perRunLater(w, num, den string) (later, total []float64) {
-	for rep := range r.s.opts.count {
-		var n, d *workload.Result
-		for _, x := range r.s.results {
-			if x.Workload == w && x.Rep == rep {
-				switch x.Strategy {
-				case num:
-					n = x
-				case den:
-					d = x
-				}
-			}
-		}
-		if n == nil || d == nil || pathNS(d) <= 0 {
+	for _, p := range r.pairs(w, num, den) {
+		n, d := p[0], p[1]
+		if pathNS(d) <= 0 {
 			continue
 		}
 		_, nr, _, _ := stepPath(n)

@@ -1222,6 +1222,7 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	// done (or to hand back to waiting if it is not done in time).
 	back := a.lend.ReclaimRange(a.base, uintptr(a.reserved))
 	a.closing.Store(true) // a relief skips the arena instead of waiting for the device with it
+	sched.At(sched.CloseWaiting, a)
 	werr := a.lend.WaitStreams(ctx, a.streams)
 	a.closing.Store(false)
 	if werr != nil {

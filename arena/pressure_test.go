@@ -672,3 +672,77 @@ func TestCloseWaitsForCopyUnderWay(t *testing.T) {
 	require.NoError(t, <-closed)
 	assert.ErrorIs(t, arena.CopyIn(b, []byte{1}), arena.ErrClosed)
 }
+
+// A member gives chunks to a relief while it holds its lock, and a growth of
+// that member into those addresses waits for the relief to unmap them, then
+// maps chunks of its own: it never maps over a chunk still mapped there. The
+// relief is stopped once it has claimed the member's chunks.
+func TestGrowIntoChunksGivenToARelief(t *testing.T) {
+	gs := newGates(t)
+	d := isoDriver(t, 64<<20)
+	pool, err := chunk.New(d, chunk.Config{Budget: 2 * wg})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
+	v := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20, Streams: []acl.Stream{newStream(t, d)}})
+	require.NoError(t, v.Grow(2*wg))
+	require.NoError(t, v.Reset()) // two idle chunks, the whole budget
+	x := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+
+	stop := gs.arm(sched.ReliefSelect, pool, 1)
+	xerr := make(chan error, 1)
+	go func() { xerr <- x.Grow(2 * wg) }()
+	<-stop.hit // x's relief holds v's two chunks, still mapped in v's range
+	require.Zero(t, v.Cap())
+	verr := make(chan error, 1)
+	go func() { verr <- v.Grow(2 * wg) }()
+	select {
+	case err := <-verr:
+		t.Fatalf("v grew into chunks a relief holds (%v)", err)
+	case <-time.After(50 * time.Millisecond): // it waits for the relief's unmaps
+	}
+	gs.reset()
+	require.NoError(t, <-xerr)
+	assert.ErrorIs(t, <-verr, arena.ErrOutOfMemory, "the budget is x's now")
+	assert.Equal(t, 2*wg, x.Cap())
+	assert.Zero(t, d.Faults())
+	assert.Equal(t, 2, d.Live().Mappings)
+}
+
+// A relief does not wait for an arena that is closing while its Close waits
+// for the arena's streams: it skips it, and the growth fails (or waits, with
+// GrowContext) instead of waiting for a kernel on a stream that is not its.
+func TestReliefSkipsAClosingArena(t *testing.T) {
+	gs := newGates(t)
+	d := isoDriver(t, 64<<20)
+	pool, err := chunk.New(d, chunk.Config{Budget: 2 * wg})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
+	s := newStream(t, d)
+	c, err := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20, Streams: []acl.Stream{s}})
+	require.NoError(t, err)
+	b, err := c.Alloc(2*wg, 1)
+	require.NoError(t, err)
+	kernel := make(chan struct{})
+	finish := sync.OnceFunc(func() { close(kernel) })
+	defer finish()
+	require.NoError(t, d.Launch(s, b.Ptr(), 2*wg, kernel))
+	require.NoError(t, c.Reset()) // two idle chunks, under the kernel
+	stop := gs.arm(sched.CloseWaiting, c, 1)
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	<-stop.hit // the Close holds c's lock, about to wait for the kernel
+
+	g := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+	gerr := make(chan error, 1)
+	go func() { gerr <- g.Grow(wg) }()
+	select {
+	case err := <-gerr:
+		assert.ErrorIs(t, err, arena.ErrOutOfMemory, "the closing arena's chunks are not to be had yet")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the growth waited for a kernel on the closing arena's stream")
+	}
+	gs.reset()
+	finish()
+	require.NoError(t, <-closed)
+	require.NoError(t, g.Grow(wg), "the closed arena's memory came back")
+}

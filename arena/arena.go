@@ -67,9 +67,16 @@ type Config struct {
 	// the caller's path. It is rounded up to the chunk size, and may not pass
 	// Reserve or the pool's budget. 0 means none.
 	Headroom int64
+	// MaxHeadroom bounds the headroom the arena learns. The worker keeps
+	// Headroom at first; each growth that has to map on the caller's path
+	// because the headroom ran out doubles it, up to MaxHeadroom, and 64
+	// refills in a row without one shrink it by a quarter, down to Headroom
+	// again. 0 means 8 × Headroom, within the reservation and the pool's
+	// budget; MaxHeadroom equal to Headroom keeps the headroom fixed.
+	MaxHeadroom int64
 	// LowWater is the headroom below which Alloc asks the worker to refill
-	// it (a request that never blocks). 0 means half of Headroom (at least
-	// one chunk).
+	// it (a request that never blocks). 0 means half of the learnt headroom
+	// (at least one chunk).
 	LowWater int64
 	// TrapStale is a debug mode that makes the memory Truncate and Reset drop
 	// unusable at once, so that a stale pointer into it fails loudly instead
@@ -142,9 +149,6 @@ type Arena struct {
 	// pressure; a younger relief leaves it mapped once growth has a ticket.
 	growing atomic.Uint64
 	growth  chunk.Growth
-	// prefetch is the end, above Len, of what Prefetch asked the worker to
-	// map and it has not served yet; 0: none (prefetch.go).
-	prefetch atomic.Uint64
 	// closing is set while Close or Sleep waits for the device, holding mu:
 	// a relief skips the arena rather than wait for its streams (member.go).
 	closing atomic.Bool
@@ -159,8 +163,7 @@ type Arena struct {
 	ownPool   bool
 	tenant    chunk.Tenant // who the pool lends chunks to, for scrubbing
 	streams   []acl.Stream // Config.Streams
-	headroom  uint64       // Config.Headroom, in whole chunks
-	lowWater  uint64       // refill below this headroom; 0 without headroom
+	hr        headroom     // what the worker keeps mapped above Len (headroom.go)
 	member    *chunk.Member
 	trap      bool // Config.TrapStale
 	fence     fence
@@ -240,11 +243,16 @@ func New(cfg Config) (*Arena, error) {
 	a.obs.log = cfg.Logger
 	a.obs.timed.Store(cfg.Logger != nil) // its events carry the durations
 	if cfg.Headroom > 0 {
-		a.headroom = a.roundUp(uint64(cfg.Headroom))
-		a.lowWater = uint64(cfg.LowWater)
-		if a.lowWater == 0 {
-			a.lowWater = max(a.headroom/2/a.chunkSize*a.chunkSize, a.chunkSize)
+		a.hr.min = a.roundUp(uint64(cfg.Headroom))
+		a.hr.max = a.roundUp(uint64(cfg.MaxHeadroom))
+		if cfg.MaxHeadroom == 0 {
+			a.hr.max = defaultMaxHeadroom * a.hr.min
+			if b := uint64(pool.Budget()); b > 0 {
+				a.hr.max = max(a.hr.min, min(a.hr.max, b/a.chunkSize*a.chunkSize))
+			}
 		}
+		a.hr.fixedLow = uint64(cfg.LowWater)
+		a.hr.setSize(a.hr.min, a.chunkSize)
 	}
 	fail := func(err error) (*Arena, error) {
 		if own {
@@ -258,17 +266,18 @@ func New(cfg Config) (*Arena, error) {
 	if err := a.reserve(uint64(cfg.Reserve)); err != nil {
 		return fail(err)
 	}
-	if a.headroom > a.reserved {
+	if a.hr.min > a.reserved {
 		return fail(errors.Join(fmt.Errorf("arena: %w: Config.Headroom %s exceeds the reservation, %s (the device's memory, as Config.Reserve is 0)",
-			ErrInvalid, units.Ubytes(a.headroom), units.Ubytes(a.reserved)), a.releaseReservation()))
+			ErrInvalid, units.Ubytes(a.hr.min), units.Ubytes(a.reserved)), a.releaseReservation()))
 	}
-	m, err := pool.Lender().Join(client{a}, a.headroom > 0)
+	a.hr.max = min(a.hr.max, a.reserved)
+	m, err := pool.Lender().Join(client{a}, a.hr.min > 0)
 	if err != nil {
 		return fail(errors.Join(fmt.Errorf("arena: %w", err), a.releaseReservation()))
 	}
 	a.member = m
 	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), maxAlignShift)
-	if a.headroom > 0 {
+	if a.hr.min > 0 {
 		m.WantRefill() // the worker maps the first headroom
 	}
 	a.sl.tag = cfg.Tag
@@ -289,6 +298,13 @@ func (cfg *Config) check() error {
 		return bad("Config.Headroom %d: want 0 (none) or more", cfg.Headroom)
 	case cfg.LowWater < 0:
 		return bad("Config.LowWater %d: want 0 (half the headroom) or more", cfg.LowWater)
+	case cfg.MaxHeadroom < 0:
+		return bad("Config.MaxHeadroom %d: want 0 (%d × Headroom) or more", cfg.MaxHeadroom, defaultMaxHeadroom)
+	case cfg.MaxHeadroom > 0 && cfg.Headroom == 0:
+		return bad("Config.MaxHeadroom %s without Config.Headroom: an arena without headroom learns none", units.Bytes(cfg.MaxHeadroom))
+	case cfg.MaxHeadroom > 0 && cfg.MaxHeadroom < cfg.Headroom:
+		return bad("Config.MaxHeadroom %s is below Config.Headroom %s: the learnt headroom lies between them (set both equal to fix it)",
+			units.Bytes(cfg.MaxHeadroom), units.Bytes(cfg.Headroom))
 	case cfg.LowWater > cfg.Headroom:
 		return bad("Config.LowWater %s exceeds Config.Headroom %s: the worker refills when the headroom falls below LowWater",
 			units.Bytes(cfg.LowWater), units.Bytes(cfg.Headroom))
@@ -315,13 +331,21 @@ func (a *Arena) checkPool(cfg Config) error {
 		return fmt.Errorf("arena: %w: Config.Reserve %s (in chunks of %s) exceeds %s's largest reservation, %s (acl.Caps.MaxReserve)",
 			ErrInvalid, units.Bytes(cfg.Reserve), units.IEC(int64(cs)), a.drv.Name(), units.Ubytes(limit))
 	}
-	if cfg.Reserve > 0 && a.headroom > a.roundUp(uint64(cfg.Reserve)) {
+	if cfg.Reserve > 0 && a.hr.min > a.roundUp(uint64(cfg.Reserve)) {
 		return fmt.Errorf("arena: %w: Config.Headroom %s exceeds Config.Reserve %s (in chunks of %s): headroom is mapped inside the reservation",
 			ErrInvalid, units.Bytes(cfg.Headroom), units.Bytes(cfg.Reserve), units.IEC(int64(cs)))
 	}
-	if b := uint64(a.pool.Budget()); b > 0 && a.headroom > b {
+	if b := uint64(a.pool.Budget()); b > 0 && a.hr.min > b {
 		return fmt.Errorf("arena: %w: Config.Headroom %s (in chunks of %s) exceeds the pool's budget, %s",
 			ErrInvalid, units.Bytes(cfg.Headroom), units.IEC(int64(cs)), units.Ubytes(b))
+	}
+	if cfg.MaxHeadroom > 0 && cfg.Reserve > 0 && a.hr.max > a.roundUp(uint64(cfg.Reserve)) {
+		return fmt.Errorf("arena: %w: Config.MaxHeadroom %s exceeds Config.Reserve %s (in chunks of %s): headroom is mapped inside the reservation",
+			ErrInvalid, units.Bytes(cfg.MaxHeadroom), units.Bytes(cfg.Reserve), units.IEC(int64(cs)))
+	}
+	if b := uint64(a.pool.Budget()); cfg.MaxHeadroom > 0 && b > 0 && a.hr.max > b {
+		return fmt.Errorf("arena: %w: Config.MaxHeadroom %s (in chunks of %s) exceeds the pool's budget, %s",
+			ErrInvalid, units.Bytes(cfg.MaxHeadroom), units.IEC(int64(cs)), units.Ubytes(b))
 	}
 	return nil
 }
@@ -519,7 +543,7 @@ func (a *Arena) Alloc(size, align int) (Buffer, error) {
 		end := start + uint64(size) // cannot wrap: start < 2^41, size < 2^63
 		c := a.cap.Load()
 		if end <= c && a.state.CompareAndSwap(s, s&^lenMask|end) {
-			if end+a.lowWater > c { // never true without headroom: lowWater is 0
+			if end+a.hr.low.Load() > c { // never true without headroom: low is 0
 				a.member.WantRefill()
 			}
 			return Buffer{a: a, off: uintptr(start), n: uintptr(size)}, nil
@@ -560,6 +584,7 @@ func (a *Arena) allocSlowContext(ctx context.Context, size, align uint64) (Buffe
 		}
 		end := start + size
 		if end > a.cap.Load() {
+			a.missed()
 			if err := a.growLocked(ctx, end, false); err != nil {
 				return Buffer{}, fmt.Errorf("arena: alloc %s: %w", units.Ubytes(size), err)
 			}
@@ -569,14 +594,6 @@ func (a *Arena) allocSlowContext(ctx context.Context, size, align uint64) (Buffe
 			a.wantHeadroom(end)
 			return Buffer{a: a, off: uintptr(start), n: uintptr(size)}, nil
 		}
-	}
-}
-
-// wantHeadroom asks the worker for a refill when the headroom above end is
-// below the low-water mark.
-func (a *Arena) wantHeadroom(end uint64) {
-	if a.lowWater != 0 && end+a.lowWater > a.cap.Load() {
-		a.member.WantRefill()
 	}
 }
 
@@ -610,6 +627,9 @@ func (a *Arena) grow(ctx context.Context, n int) error {
 	if uint64(n) > a.reserved-l {
 		return fmt.Errorf("arena: grow by %s at %d: %w: %s reserved", units.Bytes(int64(n)), l, ErrExhausted,
 			units.Ubytes(a.reserved))
+	}
+	if l+uint64(n) > a.cap.Load() {
+		a.missed()
 	}
 	if err := a.growLocked(ctx, l+uint64(n), false); err != nil {
 		return fmt.Errorf("arena: grow by %s: %w", units.Bytes(int64(n)), err)
@@ -1275,7 +1295,8 @@ type Stats struct {
 	Reclaimable int           // bytes mapped above Len and what Grow promised: what a pool under pressure may take back
 	Peak        int           // the most bytes ever in use at once
 	ChunkSize   int           // bytes per chunk
-	Headroom    int           // Config.Headroom, rounded up to the chunk size
+	Headroom    int           // the headroom the worker keeps above Len now: learnt, between Config.Headroom and MaxHeadroom
+	Misses      int64         // growths that mapped on the caller's path although the arena keeps headroom
 	Maps        int64         // chunks placed in the arena's range: mapped, or taken back in place while they waited to be unmapped
 	Unmaps      int64         // chunks taken out of it: unmapped, or handed to the pool to unmap once the device is done
 	Grows       int64         // growths that placed at least one chunk
@@ -1302,7 +1323,8 @@ func (a *Arena) Stats() Stats {
 		Reclaimable: int(mapped - min(a.keepBytes(used, math.MaxUint64), mapped)),
 		Peak:        int(max(a.peak, used)),
 		ChunkSize:   int(a.chunkSize),
-		Headroom:    int(a.headroom),
+		Headroom:    int(a.hr.size.Load()),
+		Misses:      int64(a.hr.misses),
 		Maps:        int64(a.maps),
 		Unmaps:      int64(a.unmaps),
 		Grows:       int64(a.grows),

@@ -42,6 +42,14 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"headroom past the budget", arena.Config{Pool: pool, Headroom: 16 << 20}, "Config.Headroom 16777216 bytes (16 MiB) (in chunks of 2 MiB) exceeds the pool's budget, 8388608 bytes (8 MiB)"},
 		{"negative headroom", arena.Config{Driver: d, Headroom: -1}, "Config.Headroom -1: want 0"},
 		{"low water past headroom", arena.Config{Driver: d, Headroom: 2 << 20, LowWater: 4 << 20}, "Config.LowWater 4194304 bytes (4 MiB) exceeds Config.Headroom 2097152 bytes (2 MiB)"},
+		{"negative max headroom", arena.Config{Driver: d, Headroom: 2 << 20, MaxHeadroom: -1}, "Config.MaxHeadroom -1: want 0"},
+		{"max headroom without headroom", arena.Config{Driver: d, MaxHeadroom: 2 << 20}, "Config.MaxHeadroom 2097152 bytes (2 MiB) without Config.Headroom"},
+		{"max headroom below headroom", arena.Config{Driver: d, Headroom: 4 << 20, MaxHeadroom: 2 << 20},
+			"Config.MaxHeadroom 2097152 bytes (2 MiB) is below Config.Headroom 4194304 bytes (4 MiB)"},
+		{"max headroom past reserve", arena.Config{Driver: d, Reserve: 8 << 20, Headroom: 2 << 20, MaxHeadroom: 16 << 20},
+			"Config.MaxHeadroom 16777216 bytes (16 MiB) exceeds Config.Reserve 8388608 bytes (8 MiB) (in chunks of 2 MiB)"},
+		{"max headroom past the budget", arena.Config{Pool: pool, Headroom: 2 << 20, MaxHeadroom: 16 << 20},
+			"Config.MaxHeadroom 16777216 bytes (16 MiB) (in chunks of 2 MiB) exceeds the pool's budget, 8388608 bytes (8 MiB)"},
 		{"negative low water", arena.Config{Driver: d, LowWater: -1}, "Config.LowWater -1: want 0"},
 		{"pool and chunk", arena.Config{Pool: pool, Chunk: chunk.Config{Size: 4 << 20}}, "Config.Chunk is set, but Config.Pool is given"},
 		{"driver not the pool's", arena.Config{Pool: pool, Driver: small}, "Config.Driver (host) is not Config.Pool's driver (host)"},
@@ -58,6 +66,13 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		assert.Contains(t, err.Error(), c.want, c.name)
 		assert.True(t, strings.HasPrefix(err.Error(), "arena: "), err.Error())
 		assert.NotContains(t, err.Error(), "\n", c.name)
+	}
+	// The default MaxHeadroom (8 × Headroom) stays within the budget and
+	// the reservation by itself.
+	for _, cfg := range []arena.Config{{Pool: pool, Headroom: 2 << 20}, {Driver: d, Reserve: 4 << 20, Headroom: 2 << 20}} {
+		a, err := arena.New(cfg)
+		require.NoError(t, err)
+		require.NoError(t, a.Close())
 	}
 	assert.True(t, d.Live().Zero(), "%+v", d.Live())
 	assert.True(t, small.Live().Zero(), "%+v", small.Live())

@@ -59,8 +59,10 @@
 // package chunk), from idle arenas first, and never below Len or what Grow
 // promised. With Config.Headroom the pool's background worker keeps that much
 // mapped above Len: an Alloc that leaves less than the low-water mark asks for
-// a refill without blocking, and a decode step finds its memory mapped.
-// Prefetch asks the worker to map more than the headroom, ahead of a growth
+// a refill without blocking, and a decode step finds its memory mapped. The
+// headroom's size is learnt (headroom.go): a growth that has to map on the
+// caller's path doubles it, up to Config.MaxHeadroom, and refills without
+// such a miss shrink it back towards Config.Headroom. Prefetch asks the worker to map more than the headroom, ahead of a growth
 // the caller knows is coming (a prompt at admission), on the same terms.
 //
 // # Streams

@@ -7,6 +7,14 @@ import (
 	"github.com/vmarena/vmarena/chunk"
 )
 
+// SetDecayAfter sets how many quiet refills shrink the learnt headroom, and
+// returns a function that restores it.
+func SetDecayAfter(n int) (restore func()) {
+	old := decayAfter
+	decayAfter = n
+	return func() { decayAfter = old }
+}
+
 // SetStepHook sets the hook Share and Import call at each of their steps.
 func SetStepHook(fn func(step string)) { stepHook = fn }
 

@@ -80,12 +80,13 @@ func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Str
 	a.cap.Store(uint64(keep) * a.chunkSize)
 	a.unmaps += uint64(len(ms))
 	a.reclaimed += uint64(len(ms))
+	a.hr.short = true // the pool is short: a miss until the next refill is not the worker's pace
 	take(ms, a.streams)
 	a.obs.gaveBack(a, EventReclaim, c0)
 	return len(ms)
 }
 
-// Refill maps the headroom back up to Config.Headroom above Len, and what
+// Refill maps the headroom back up to its learnt size above Len, and what
 // Prefetch asked for, with memory that is free now: it takes nothing from
 // other arenas.
 func (c client) Refill() {
@@ -97,7 +98,7 @@ func (c client) Refill() {
 	if a.closed.Load() || a.sl.asleep.Load() {
 		return
 	}
-	a.refillLocked() // and a prefetch (prefetch.go)
+	a.refillLocked() // the learnt headroom, and a prefetch (headroom.go)
 }
 
 // fence orders the arena's synchronous copies after the scrubs it queued on

@@ -180,6 +180,7 @@ type marena struct {
 	strayOK  bool            // a failure's undo was itself failed: strays may exist
 	floor    int             // what Grow promised to keep mapped until the next drop
 	headroom int             // Config.Headroom, rounded up
+	maxHead  int             // Config.MaxHeadroom: the learnt headroom lies in [headroom, maxHead]
 	stream   acl.Stream      // its stream, or 0
 	busy     []chan struct{} // done channels of kernels that may be in flight on stream
 }
@@ -265,7 +266,7 @@ func (w *world) run() {
 // settleWorker lets the pool's worker finish the refills the operation asked
 // for, then brings the model's Caps of arenas with headroom in line, within
 // the bounds a refill may reach: it maps only memory that is free, up to
-// Len + Headroom.
+// Len + MaxHeadroom (the most the learnt headroom can be).
 func (w *world) settleWorker() {
 	if !w.o.headroom {
 		return
@@ -275,8 +276,11 @@ func (w *world) settleWorker() {
 		if m.headroom == 0 {
 			continue
 		}
-		c := m.a.Cap()
-		hi := max(m.cap, w.roundUp(min(m.len+m.headroom, m.reserved)))
+		c, learnt := m.a.Cap(), m.a.Stats().Headroom
+		if learnt < m.headroom || learnt > m.maxHead {
+			w.fatalf("a%d: learnt headroom %d, want %d to %d", m.id, learnt, m.headroom, m.maxHead)
+		}
+		hi := max(m.cap, w.roundUp(min(m.len+m.maxHead, m.reserved)))
 		if c < m.cap || c > hi {
 			w.fatalf("a%d: Cap %d after the worker's refill, want %d to %d", m.id, c, m.cap, hi)
 		}
@@ -631,7 +635,15 @@ func (w *world) newArena() {
 		cfg.Streams = []acl.Stream{s}
 	}
 	if w.o.headroom && w.c.intn(2) == 0 {
-		cfg.Headroom = int64(min(1+w.c.intn(3), k)) * int64(w.cs) // within the reservation, as New requires
+		h := min(1+w.c.intn(3), k) // within the reservation, as New requires
+		mh := h                    // a fixed headroom, or one it learns
+		if w.c.intn(2) == 0 {
+			mh = min(h*(1+w.c.intn(4)), k)
+			if b := int(w.pool.Budget()); b > 0 {
+				mh = max(h, min(mh, b/w.cs))
+			}
+		}
+		cfg.Headroom, cfg.MaxHeadroom = int64(h)*int64(w.cs), int64(mh)*int64(w.cs)
 	}
 	shared := w.o.tenants && w.c.intn(2) == 0
 	if shared {
@@ -651,7 +663,8 @@ func (w *world) newArena() {
 		tag++ // PoisonByte's nibble is nobody's tag
 	}
 	m := &marena{a: a, id: w.tags, base: a.Base(), reserved: k * w.cs, trap: trap, tag: tag << 4,
-		shadow: make(map[int]byte), seen: new([256]bool), stream: stream, headroom: int(a.Stats().Headroom)}
+		shadow: make(map[int]byte), seen: new([256]bool), stream: stream, headroom: int(cfg.Headroom),
+		maxHead: int(cfg.MaxHeadroom)}
 	if shared {
 		m.seen = w.sharedSeen
 	}

@@ -95,3 +95,81 @@ func TestPrefetchReclaimable(t *testing.T) {
 	s := e.pool.Stats()
 	assert.LessOrEqual(t, s.HeldBytes, s.Budget)
 }
+
+// The headroom is learnt: each growth on the caller's path doubles it, up to
+// MaxHeadroom, and refills without one shrink it again, down to Headroom.
+func TestHeadroomLearns(t *testing.T) {
+	defer arena.SetDecayAfter(3)()
+	e := newDeferredEnv(t, chunk.Config{})
+	a := e.arena(t, arena.Config{Headroom: cg, MaxHeadroom: 4 * cg, Reserve: 128 << 20})
+	settle := func() { e.pool.Lender().Settle() }
+	alloc := func(n int) {
+		t.Helper()
+		_, err := a.Alloc(n, 256)
+		require.NoError(t, err)
+	}
+	settle()
+	require.Equal(t, cg, a.Cap())
+	require.Equal(t, cg, a.Stats().Headroom)
+
+	// Misses: each Alloc past Cap maps on the caller's path and doubles it.
+	for i, want := range []int{2, 4, 4} {
+		maps := e.fd.Calls(faultdriver.MapMem)
+		alloc(a.Cap() - a.Len() + cg)
+		assert.Greater(t, e.fd.Calls(faultdriver.MapMem), maps, "mapped on the caller's path")
+		st := a.Stats()
+		assert.Equal(t, int64(i+1), st.Misses)
+		assert.Equal(t, want*cg, st.Headroom, "miss %d: doubled, up to MaxHeadroom", i+1)
+		settle()
+		assert.Equal(t, a.Len()+want*cg, a.Cap(), "the worker keeps the learnt headroom")
+	}
+
+	// An Alloc within the headroom that crosses the low-water mark (half of
+	// it, at least a chunk) is no miss. The refill after the last miss was the first quiet
+	// one; every third shrinks the headroom by a quarter (in whole chunks),
+	// down to Headroom and never below.
+	for i, want := range []int{4, 3, 3, 3, 2, 2, 2, 1, 1, 1} {
+		maps := e.fd.Calls(faultdriver.MapMem)
+		alloc(a.Cap() - a.Len() - cg/2)
+		assert.Equal(t, maps, e.fd.Calls(faultdriver.MapMem), "refill %d: found mapped", i+1)
+		settle()
+		assert.Equal(t, want*cg, a.Stats().Headroom, "after refill %d", i+1)
+		assert.Equal(t, (a.Len()+want*cg+cg-1)/cg*cg, a.Cap(), "Len + headroom, in whole chunks")
+	}
+	assert.Equal(t, int64(3), a.Stats().Misses, "no miss since")
+}
+
+// MaxHeadroom equal to Headroom keeps the headroom fixed; a miss while the
+// pool had no room for the last refill teaches nothing.
+func TestHeadroomFixedAndShort(t *testing.T) {
+	t.Run("fixed", func(t *testing.T) {
+		e := newDeferredEnv(t, chunk.Config{})
+		a := e.arena(t, arena.Config{Headroom: 2 * cg, MaxHeadroom: 2 * cg})
+		e.pool.Lender().Settle()
+		_, err := a.Alloc(5*cg, 256)
+		require.NoError(t, err)
+		st := a.Stats()
+		assert.Equal(t, int64(1), st.Misses)
+		assert.Equal(t, 2*cg, st.Headroom)
+	})
+	t.Run("short", func(t *testing.T) {
+		e := newDeferredEnv(t, chunk.Config{Budget: 4 * cg})
+		a := e.arena(t, arena.Config{Headroom: 2 * cg})
+		e.pool.Lender().Settle()
+		hog := e.arena(t, arena.Config{})
+		require.NoError(t, hog.Grow(2*cg)) // the rest of the budget, promised
+		_, err := a.Alloc(2*cg, 256)       // all the headroom: the refill finds no room
+		require.NoError(t, err)
+		e.pool.Lender().Settle()
+		require.Equal(t, 2*cg, a.Cap())
+		_, err = a.Alloc(cg, 256)
+		require.ErrorIs(t, err, arena.ErrOutOfMemory)
+		st := a.Stats()
+		assert.Equal(t, int64(1), st.Misses)
+		assert.Equal(t, 2*cg, st.Headroom, "the budget was short, not the headroom")
+		require.NoError(t, hog.Reset())
+		_, err = a.Alloc(cg, 256) // reclaims from hog
+		require.NoError(t, err)
+		assert.Equal(t, 2*cg, a.Stats().Headroom, "still short of room for the last refill")
+	})
+}

@@ -1,0 +1,174 @@
+package arena
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/vmarena/vmarena/internal/units"
+)
+
+// The headroom: mapped memory the pool's worker keeps ready above Len.
+//
+// With Config.Headroom the arena is a pool member that asks for refills: an
+// Alloc (or Grow) that leaves less than the low-water mark mapped above Len
+// pokes the worker (chunk.Member.WantRefill, which never blocks), and the
+// worker maps, with memory free now, up to the headroom above Len
+// (refillLocked). Prefetch asks it for more, once.
+//
+// The headroom's size is learnt from how memory is consumed. It starts at
+// Config.Headroom. A growth that has to map on the caller's path (Alloc's
+// slow path, or a Grow past Cap) is a miss: the worker did not keep up, or
+// kept too little for one allocation, so the size doubles, up to
+// Config.MaxHeadroom. Every decayAfter refills since the last miss (the one
+// that follows it included), the size shrinks by a quarter, in whole chunks,
+// down to Config.Headroom. A miss while the pool had no room
+// for the last refill teaches nothing (a larger headroom would not have been
+// mapped either) and leaves the size as it is; so does a miss after a
+// relief took the arena's memory, until a refill succeeds again. Unless Config.LowWater fixes
+// it, the low-water mark is half the learnt size. The headroom is never a
+// promise: a pool under pressure takes it back like any memory above Len.
+
+// decayAfter is how many refills since the last miss shrink the learnt
+// headroom by a quarter. Refills come once per low-water's worth of
+// consumption, so a size that has grown too large for the load decays after
+// it has been refilled this many times unused; a size that is right sees
+// one miss per decayAfter refills at most, and grows back. (A variable for
+// the tests.)
+var decayAfter = 64
+
+// defaultMaxHeadroom is how far the learnt headroom may grow by default, in
+// multiples of Config.Headroom.
+const defaultMaxHeadroom = 8
+
+type headroom struct {
+	min, max uint64        // Config.Headroom and the bound of the learnt size, whole chunks; min 0: no headroom
+	fixedLow uint64        // Config.LowWater; 0: half the learnt size
+	size     atomic.Uint64 // the learnt size, in [min, max]
+	low      atomic.Uint64 // refill when less than this is mapped above Len; 0 without headroom
+	// prefetch is the end, above Len, of what Prefetch asked the worker to
+	// map and it has not served yet; 0: none.
+	prefetch atomic.Uint64
+
+	// Under the arena's mu:
+	quiet  int    // refills since the last miss
+	short  bool   // the last refill found no room in the pool, or a relief took memory since
+	misses uint64 // growths on the caller's path while the arena keeps headroom
+}
+
+// setSize sets the learnt size and the low-water mark that goes with it.
+func (h *headroom) setSize(size, chunkSize uint64) {
+	h.size.Store(size)
+	low := h.fixedLow
+	if low == 0 {
+		low = max(size/2/chunkSize*chunkSize, chunkSize)
+	}
+	h.low.Store(low)
+}
+
+// missed records a growth of size bytes on the caller's path (a miss):
+// the learnt headroom doubles, unless the pool had no room for the last
+// refill. Call with mu held.
+func (a *Arena) missed() {
+	h := &a.hr
+	if h.min == 0 {
+		return
+	}
+	h.misses++
+	h.quiet = 0
+	if s := h.size.Load(); !h.short && s < h.max {
+		h.setSize(min(2*s, h.max), a.chunkSize)
+	}
+}
+
+// wantHeadroom asks the worker for a refill when the headroom above end is
+// below the low-water mark.
+func (a *Arena) wantHeadroom(end uint64) {
+	if low := a.hr.low.Load(); low != 0 && end+low > a.cap.Load() {
+		a.member.WantRefill()
+	}
+}
+
+// Prefetch asks the pool's worker to map n bytes above Len in the
+// background, so that a Grow or Alloc of up to n bytes that follows finds
+// them mapped and calls no driver. It is for a caller that knows what the
+// next work will need before it runs: a server that admits a request knows
+// its prompt's length a step before the prefill.
+//
+// Prefetch returns at once. The worker serves it like a headroom refill:
+// with memory that is free now (the pool's cache, or room under the
+// budget), never by reclaiming another member's memory or waiting, and all
+// of it or, when there is not room for all of it, only the usual headroom.
+// What it maps is headroom, not a promise: until a Grow or Alloc claims it,
+// a pool under pressure may take it back like any memory above Len. A later
+// Prefetch replaces an earlier one that the worker has not served yet, when
+// larger. Prefetch of 0 bytes, or of bytes already mapped, does nothing.
+//
+// An arena without Config.Headroom has no worker serving it: there Prefetch
+// only checks its argument. It fails with ErrInvalid for a negative n,
+// ErrExhausted when Len+n passes the reservation, ErrImported on an
+// Imported arena, ErrAsleep while the arena sleeps and ErrClosed after
+// Close.
+func (a *Arena) Prefetch(n int) error {
+	switch {
+	case a == nil:
+		return ErrClosed
+	case a.drv == nil:
+		return errNotMade
+	case n < 0:
+		return fmt.Errorf("arena: prefetch: %w: negative size %d", ErrInvalid, n)
+	case a.closed.Load():
+		return ErrClosed
+	case a.imp != nil:
+		return errFixed
+	case a.sl.asleep.Load():
+		return fmt.Errorf("arena: prefetch: %w", ErrAsleep)
+	}
+	l := a.state.Load() & lenMask
+	if uint64(n) > a.reserved-l {
+		return fmt.Errorf("arena: prefetch %s at %d: %w: %s reserved", units.Bytes(int64(n)), l, ErrExhausted,
+			units.Ubytes(a.reserved))
+	}
+	want := l + uint64(n)
+	if n == 0 || a.hr.min == 0 || want <= a.cap.Load() {
+		return nil
+	}
+	for p := a.hr.prefetch.Load(); p < want; p = a.hr.prefetch.Load() {
+		if a.hr.prefetch.CompareAndSwap(p, want) {
+			a.member.WantRefill()
+			break
+		}
+	}
+	return nil
+}
+
+// refillLocked maps, with memory free now, the learnt headroom above Len and
+// a prefetch the worker has not served yet: the work of the worker's
+// Refill. A prefetch is served once, all of it or, without room for all of
+// it, not at all (the headroom is still refilled). Each refill counts
+// towards shrinking the learnt size, until the next miss. Call with mu held.
+func (a *Arena) refillLocked() {
+	h := &a.hr
+	size := h.size.Load()
+	if h.quiet++; h.quiet >= decayAfter && size > h.min {
+		size = max(h.min, size*3/4/a.chunkSize*a.chunkSize)
+		h.setSize(size, a.chunkSize)
+		h.quiet = 0
+	}
+	target := min(a.state.Load()&lenMask+size, a.reserved)
+	if p := min(h.prefetch.Swap(0), a.reserved); p > target && p > a.cap.Load() {
+		if a.growLocked(context.Background(), p, true) == nil {
+			a.refills++
+			h.short = false
+			return
+		}
+	}
+	if target <= a.cap.Load() {
+		return
+	}
+	err := a.growLocked(context.Background(), target, true)
+	if err == nil {
+		a.refills++
+	}
+	h.short = err != nil
+}

@@ -75,6 +75,7 @@ type options struct {
 	growth    float64
 	scrub     string
 	headroom  int  // arena: chunks of headroom per region
+	maxHead   int  // arena: chunks the learnt headroom may reach; 0: the arena's default
 	ahead     int  // arena: fresh chunks the pool keeps ahead
 	warm      int  // arena: fresh chunks allocated at start (-1: the budget)
 	stream    bool // arena: order unmaps and scrubs on the workload's stream
@@ -168,6 +169,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.growth, "growth", 2, "realloc growth factor, above 1")
 	fs.StringVar(&o.scrub, "scrub", "reuse", "arena pool scrub policy: reuse (the default), release, never")
 	fs.IntVar(&o.headroom, "headroom", 2, "arena: chunks of mapped headroom the pool's worker keeps above each region's Len (0: none)")
+	fs.IntVar(&o.maxHead, "max-headroom", 0, "arena: chunks the headroom each region learns may grow to (0: the arena's default, 8 × -headroom; equal to -headroom: fixed)")
 	fs.IntVar(&o.ahead, "ahead", 4, "arena: fresh chunks the pool's worker keeps allocated ahead, within the budget (0: none)")
 	fs.IntVar(&o.warm, "warm", -1, "arena: fresh chunks the pool allocates at start, timed as setup (-1: as many as a budgeted workload's budget allows; 0: none)")
 	fs.BoolVar(&o.stream, "stream", true, "arena: give the arenas the workload's stream, so unmaps wait for it alone (false: a device-wide wait before each unmap)")
@@ -265,6 +267,10 @@ func (o *options) check() error {
 		return errors.New("-verify needs -touch")
 	case o.headroom < 0:
 		return fmt.Errorf("-headroom %d: want 0 or more", o.headroom)
+	case o.maxHead < 0:
+		return fmt.Errorf("-max-headroom %d: want 0 (the arena's default) or more", o.maxHead)
+	case o.maxHead > 0 && o.maxHead < o.headroom:
+		return fmt.Errorf("-max-headroom %d is below -headroom %d: the learnt headroom lies between them", o.maxHead, o.headroom)
 	case o.ahead < 0:
 		return fmt.Errorf("-ahead %d: want 0 or more", o.ahead)
 	case o.warm < -1:
@@ -666,7 +672,8 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	budget := w.Budget(chunkSize)
 	cd := counting.New(s.drv, budget)
 	cfg := strategy.Config{Driver: cd, Chunk: o.chunk, MaxCached: o.maxCached,
-		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize, Ahead: o.ahead,
+		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize,
+		MaxHeadroom: int64(o.maxHead) * chunkSize, Ahead: o.ahead,
 		Warm: o.warm}
 	if kv, ok := w.(workload.KV); ok {
 		cfg.Block = kv.BlockBytes() // the paged pool's block: one KV block

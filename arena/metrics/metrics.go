@@ -114,6 +114,8 @@ var arenaRows = []row[*arenaView]{
 	{am("peak_bytes", "The most bytes in use at once.", Gauge), "", func(v *arenaView) float64 { return float64(v.s.Peak) }},
 	{am("grows_total", "Growths that mapped at least one chunk, the worker's refills included.", Counter), "", func(v *arenaView) float64 { return float64(v.s.Grows) }},
 	{am("refills_total", "Growths the pool's worker made to refill the headroom.", Counter), "", func(v *arenaView) float64 { return float64(v.s.Refills) }},
+	{am("headroom_bytes", "The headroom the pool's worker keeps above Len now, as learnt (0 without Config.Headroom).", Gauge), "", func(v *arenaView) float64 { return float64(v.s.Headroom) }},
+	{am("headroom_misses_total", "Growths that mapped on callers' paths although the arena keeps headroom.", Counter), "", func(v *arenaView) float64 { return float64(v.s.Misses) }},
 	{am("shrinks_total", "Shrinks that gave chunks back.", Counter), "", func(v *arenaView) float64 { return float64(v.act.Shrinks) }},
 	{am("reclaimed_chunks_total", "Chunks the pool took back under pressure.", Counter), "", func(v *arenaView) float64 { return float64(v.s.Reclaimed) }},
 	{am("maps_total", "Chunks placed in the arena's range.", Counter), "", func(v *arenaView) float64 { return float64(v.s.Maps) }},

@@ -92,6 +92,8 @@ func TestValuesAfterKnownOperations(t *testing.T) {
 		"vmarena_arena_shrinks_total{kv}":          1,
 		"vmarena_arena_ooms_total{kv}":             1,
 		"vmarena_arena_refills_total{kv}":          0,
+		"vmarena_arena_headroom_bytes{kv}":         0,
+		"vmarena_arena_headroom_misses_total{kv}":  0,
 		"vmarena_arena_waits_total{kv}":            0,
 		"vmarena_arena_mapped_bytes{other}":        2 * g,
 		"vmarena_arena_reclaimable_bytes{other}":   0,
@@ -180,7 +182,7 @@ func TestExpvar(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 1e-6, hist.Buckets[0].LE)
-	assert.Len(t, got.Arenas["kv"], 15)
+	assert.Len(t, got.Arenas["kv"], 17)
 }
 
 // A program exports the arenas and pools it chooses, by name, through

@@ -64,6 +64,12 @@ func (s *arenaStrategy) Open(max int64) (Region, error) {
 	cfg := arena.Config{Pool: s.pool, Reserve: max}
 	if !s.eager {
 		cfg.Tenant, cfg.Headroom = s.tenant, s.cfg.Headroom
+		if cfg.Headroom > 0 && s.cfg.MaxHeadroom > 0 {
+			cfg.MaxHeadroom = s.cfg.MaxHeadroom
+			if max > 0 {
+				cfg.MaxHeadroom = min(cfg.MaxHeadroom, max) // a region smaller than it learns less
+			}
+		}
 		if s.cfg.Stream != 0 {
 			cfg.Streams = []acl.Stream{s.cfg.Stream}
 		}

@@ -122,6 +122,9 @@ type Config struct {
 	Stream acl.Stream
 	// Headroom is the mapped headroom the arena strategy keeps per region.
 	Headroom int64
+	// MaxHeadroom bounds the headroom each region learns; 0: the arena's
+	// default.
+	MaxHeadroom int64
 	// Ahead is the fresh chunks the arena strategy's pool keeps allocated.
 	Ahead int
 	// Warm is the fresh chunks the arena strategy's pool allocates at start

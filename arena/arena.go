@@ -396,6 +396,9 @@ func (a *Arena) lock() error {
 func (a *Arena) lockGrow() error {
 	if a != nil && a.drv != nil {
 		a.growMu.Lock()
+		a.hr.waiting.Add(1) // a refill under way yields mu at its next step
+		defer a.hr.waiting.Add(-1)
+		sched.At(sched.GrowWaiting, a)
 	}
 	if err := a.lock(); err != nil {
 		if a != nil && a.drv != nil {

@@ -20,22 +20,34 @@ import (
 // Config.Headroom. A growth that has to map on the caller's path (Alloc's
 // slow path, or a Grow past Cap) is a miss: the worker did not keep up, or
 // kept too little for one allocation, so the size doubles, up to
-// Config.MaxHeadroom. Every decayAfter refills since the last miss (the one
-// that follows it included), the size shrinks by a quarter, in whole chunks,
-// down to Config.Headroom. A miss while the pool had no room
+// Config.MaxHeadroom. Once decayAfter refills have completed since the last
+// miss (the one that follows it included), the next refill shrinks the size
+// by a quarter, in whole chunks, down to Config.Headroom. A miss while the pool had no room
 // for the last refill teaches nothing (a larger headroom would not have been
 // mapped either) and leaves the size as it is; so does a miss after a
 // relief took the arena's memory, until a refill succeeds again. Unless Config.LowWater fixes
 // it, the low-water mark is half the learnt size. The headroom is never a
 // promise: a pool under pressure takes it back like any memory above Len.
+//
+// A refill maps refillStep chunks at a time, holding the arena's mu for each
+// step, and publishes Cap after each, so that the lock-free Grow and Alloc
+// find the first chunks mapped before the last are. Between steps it looks
+// whether a growth on the caller's path waits for mu; if one does, it lets go
+// and asks the worker to come back for the rest, so a caller waits for one
+// step of the worker's driver calls at most, never for a whole refill.
 
-// decayAfter is how many refills since the last miss shrink the learnt
-// headroom by a quarter. Refills come once per low-water's worth of
+// decayAfter is how many completed refills since the last miss shrink the
+// learnt headroom by a quarter. Refills come once per low-water's worth of
 // consumption, so a size that has grown too large for the load decays after
 // it has been refilled this many times unused; a size that is right sees
 // one miss per decayAfter refills at most, and grows back. (A variable for
 // the tests.)
 var decayAfter = 64
+
+// refillStep is how many chunks a refill maps per hold of the arena's mu:
+// one access call covers them where the driver allows it, and a caller that
+// needs the mutex waits for at most that many maps.
+const refillStep = 2
 
 // defaultMaxHeadroom is how far the learnt headroom may grow by default, in
 // multiples of Config.Headroom.
@@ -49,6 +61,9 @@ type headroom struct {
 	// prefetch is the end, above Len, of what Prefetch asked the worker to
 	// map and it has not served yet; 0: none.
 	prefetch atomic.Uint64
+	// waiting counts the growths on callers' paths waiting for the arena's
+	// mu: a refill yields it to them between its steps.
+	waiting atomic.Int32
 
 	// Under the arena's mu:
 	quiet  int    // refills since the last miss
@@ -145,12 +160,14 @@ func (a *Arena) Prefetch(n int) error {
 // refillLocked maps, with memory free now, the learnt headroom above Len and
 // a prefetch the worker has not served yet: the work of the worker's
 // Refill. A prefetch is served once, all of it or, without room for all of
-// it, not at all (the headroom is still refilled). Each refill counts
-// towards shrinking the learnt size, until the next miss. Call with mu held.
+// it, not at all (the headroom is still refilled). The headroom is mapped in
+// steps, yielding to callers between them. Each refill that completes
+// counts towards shrinking the learnt size, until the next miss. Call with
+// mu held.
 func (a *Arena) refillLocked() {
 	h := &a.hr
 	size := h.size.Load()
-	if h.quiet++; h.quiet >= decayAfter && size > h.min {
+	if h.quiet >= decayAfter && size > h.min {
 		size = max(h.min, size*3/4/a.chunkSize*a.chunkSize)
 		h.setSize(size, a.chunkSize)
 		h.quiet = 0
@@ -160,15 +177,26 @@ func (a *Arena) refillLocked() {
 		if a.growLocked(context.Background(), p, true) == nil {
 			a.refills++
 			h.short = false
+			h.quiet++
 			return
 		}
 	}
-	if target <= a.cap.Load() {
-		return
+	mapped := false
+	for c := a.cap.Load(); c < target; c = a.cap.Load() {
+		if h.waiting.Load() > 0 {
+			a.member.WantRefill() // come back for the rest
+			break
+		}
+		if err := a.growLocked(context.Background(), min(target, c+refillStep*a.chunkSize), true); err != nil {
+			h.short = true
+			break
+		}
+		mapped, h.short = true, false
 	}
-	err := a.growLocked(context.Background(), target, true)
-	if err == nil {
+	if mapped {
 		a.refills++
 	}
-	h.short = err != nil
+	if a.cap.Load() >= target {
+		h.quiet++
+	}
 }

@@ -20,7 +20,7 @@ import (
 // and two arenas relieving each other cannot deadlock. The exception is a
 // Close waiting for the device: Give skips a closing arena, whose memory
 // comes back to the pool when the Close ends. Refill uses TryLock: a busy
-// arena asks again on its next Alloc below the low-water mark.
+// arena is asked again on the worker's next round.
 type client struct{ a *Arena }
 
 // Reclaimable reports the chunks wholly above what the arena keeps (see
@@ -92,7 +92,13 @@ func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Str
 func (c client) Refill() {
 	a := c.a
 	if !a.mu.TryLock() {
-		return // busy: the next Alloc below the low-water mark asks again
+		// Busy: ask again, for the worker's next round. (Waiting for the
+		// next Alloc below the low-water mark would lose a refill asked
+		// for under mu, as Wake does, when no Alloc follows.)
+		if !a.closed.Load() && !a.sl.asleep.Load() {
+			a.member.WantRefill()
+		}
+		return
 	}
 	defer a.mu.Unlock()
 	if a.closed.Load() || a.sl.asleep.Load() {

@@ -17,6 +17,7 @@ type Point string
 // *arena.Arena for the arena's points, the *chunk.Pool for the pool's.
 const (
 	GrowFastPath  Point = "grow.fast"       // Grow's lock-free path found the memory mapped, before it raises its promise
+	GrowWaiting   Point = "grow.waiting"    // a growth on the caller's path is about to take its arena's lock (a refill under way yields it)
 	GrowLocked    Point = "grow.locked"     // a growth holds its arena's lock, before it takes memory
 	GrowTaken     Point = "grow.taken"      // it took the chunks it will map, before the first map call
 	GrowUnlocked  Point = "grow.unlocked"   // it released its arena's lock to relieve pressure

@@ -100,30 +100,47 @@ func (p *Pool) wakeLocked() {
 
 func (p *Pool) run(w *worker) {
 	defer close(w.done)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+	clk := p.clk
+	timer := clk.timer()
+	b := newBucket(p.workerCPU, clk.now())
 	var (
 		pendingDelay time.Duration // the next look at the events, while chunks wait for the device
 		idleDelay    time.Duration // the next look at asked, while polling
 		lastAsked    time.Time     // when a round last found asked set
+		answer       chan struct{} // a Settle waiting for the next round to end
 	)
+	defer func() {
+		if answer != nil {
+			close(answer) // the pool is closing: Settle need wait no longer
+		}
+	}()
 	for {
 		delay := pendingDelay
 		if idleDelay > 0 && (delay == 0 || idleDelay < delay) {
 			delay = idleDelay
 		}
-		var answer chan struct{}
+		var held time.Duration // how long the cap held this round back
 		if delay > 0 {
-			timer.Reset(delay)
+			// A poll. Under the cap it stretches to when credit returns.
+			var now time.Time
+			var wait time.Duration
+			if b.rate > 0 {
+				now = clk.now()
+				wait = b.wait(now)
+			}
+			timer.reset(max(delay, wait))
 			select {
 			case <-w.kick:
 			case answer = <-w.settle:
-			case <-timer.C:
+			case <-timer.fired():
+				if wait > delay {
+					held = clk.now().Sub(now.Add(delay))
+				}
 			case <-w.quit:
-				timer.Stop()
+				timer.stop()
 				return
 			}
-			timer.Stop()
+			timer.stop()
 		} else {
 			// Park. From here on a poke kicks: look once more for one
 			// that came while polling was still set.
@@ -137,19 +154,45 @@ func (p *Pool) run(w *worker) {
 				}
 			}
 		}
+		// Overspent: wait for credit. Pokes only raise asked meanwhile, and a
+		// kick stays in its channel; both are served by the round after. A
+		// Settle is taken and answered after that round.
+		if since := clk.now(); b.rate > 0 && b.wait(since) > 0 {
+			for wait := b.wait(since); wait > 0; wait = b.wait(clk.now()) {
+				w.polling.Store(true)
+				settle := w.settle
+				if answer != nil {
+					settle = nil // one at a time: the next waits for the next round
+				}
+				timer.reset(wait)
+				select {
+				case answer = <-settle:
+				case <-timer.fired():
+				case <-w.quit:
+					timer.stop()
+					return
+				}
+				timer.stop()
+			}
+			held += clk.now().Sub(since)
+		}
 		asked := w.asked.Swap(false)
-		start := time.Now()
+		start := clk.now()
 		r := region(RegionWorker)
 		progressed, waiting := p.settleReady()
 		p.refill()
 		p.fillAhead()
 		r.End()
+		end := clk.now()
+		b.spend(start, end)
 		p.mu.Lock()
-		p.stats.WorkerNS += int64(time.Since(start))
+		p.stats.WorkerNS += int64(end.Sub(start))
 		p.stats.WorkerSpins++
+		p.stats.WorkerThrottledNS += int64(held)
 		p.mu.Unlock()
 		if answer != nil {
 			close(answer)
+			answer = nil
 		}
 		switch {
 		case !waiting:

@@ -288,7 +288,9 @@ func (p *Pool) fill(target, limit int) (int, error) {
 // the refills members asked for, the chunks to keep ahead, and the releases
 // whose events have completed (it does not wait for the device). Tests and
 // benchmarks use it to observe a quiet pool; it is never needed for
-// correctness. It returns at once when there is no worker.
+// correctness. It returns at once when there is no worker. A worker capped by
+// Config.WorkerCPU that has used more than its share waits for credit before
+// that round, and Settle with it; Close answers it at once.
 func (p Lender) Settle() {
 	p.mu.Lock()
 	w := p.w

@@ -157,7 +157,8 @@ func (p *Pool) run(w *worker) {
 		// Overspent: wait for credit. Pokes only raise asked meanwhile, and a
 		// kick stays in its channel; both are served by the round after. A
 		// Settle is taken and answered after that round.
-		if since := clk.now(); b.rate > 0 && b.wait(since) > 0 {
+		if b.rate > 0 && b.wait(clk.now()) > 0 {
+			since := clk.now()
 			for wait := b.wait(since); wait > 0; wait = b.wait(clk.now()) {
 				w.polling.Store(true)
 				settle := w.settle

@@ -110,6 +110,9 @@ func TestBadFlagsFailFirst(t *testing.T) {
 		{[]string{"-readings", "optimistic"}, `-readings "optimistic": want profile, pessimistic or both`},
 		{[]string{"-kv-launches", "-1"}, "-kv-launches -1: want 0 or more"},
 		{[]string{"-kv-prefetch-steps", "0"}, "-kv-prefetch-steps 0: want 1 or more"},
+		{[]string{"-worker-cpu", "1.5"}, "-worker-cpu 1.5: want 0 (no cap) or a share of one CPU from 0.01 to 1"},
+		{[]string{"-worker-cpu", "-0.25"}, "-worker-cpu -0.25: want 0"},
+		{[]string{"-worker-cpu", "NaN"}, "-worker-cpu NaN: want 0"},
 	} {
 		args := append([]string{"-device", "host", "-out", dir}, c.args...)
 		start := time.Now()

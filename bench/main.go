@@ -80,6 +80,8 @@ type options struct {
 	warm      int  // arena: fresh chunks allocated at start (-1: the budget)
 	stream    bool // arena: order unmaps and scrubs on the workload's stream
 
+	workerCPU float64 // arena: the pool worker's share of one CPU (0: no cap)
+
 	kv      workload.KV
 	scratch workload.Scratch
 	churn   workload.Churn
@@ -171,6 +173,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.headroom, "headroom", 2, "arena: chunks of mapped headroom the pool's worker keeps above each region's Len (0: none)")
 	fs.IntVar(&o.maxHead, "max-headroom", 0, "arena: chunks the headroom each region learns may grow to (0: the arena's default, 8 × -headroom; equal to -headroom: fixed)")
 	fs.IntVar(&o.ahead, "ahead", 4, "arena: fresh chunks the pool's worker keeps allocated ahead, within the budget (0: none)")
+	fs.Float64Var(&o.workerCPU, "worker-cpu", 0, "arena: cap the pool's worker at this share of one CPU, e.g. 0.25 (0: no cap; else 0.01 to 1)")
 	fs.IntVar(&o.warm, "warm", -1, "arena: fresh chunks the pool allocates at start, timed as setup (-1: as many as a budgeted workload's budget allows; 0: none)")
 	fs.BoolVar(&o.stream, "stream", true, "arena: give the arenas the workload's stream, so unmaps wait for it alone (false: a device-wide wait before each unmap)")
 
@@ -273,6 +276,8 @@ func (o *options) check() error {
 		return fmt.Errorf("-max-headroom %d is below -headroom %d: the learnt headroom lies between them", o.maxHead, o.headroom)
 	case o.ahead < 0:
 		return fmt.Errorf("-ahead %d: want 0 or more", o.ahead)
+	case o.workerCPU != 0 && !(o.workerCPU >= 0.01 && o.workerCPU <= 1):
+		return fmt.Errorf("-worker-cpu %v: want 0 (no cap) or a share of one CPU from 0.01 to 1", o.workerCPU)
 	case o.warm < -1:
 		return fmt.Errorf("-warm %d: want -1 (the budget), 0 (none) or more", o.warm)
 	case o.maxCached < -1:
@@ -674,7 +679,7 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	cfg := strategy.Config{Driver: cd, Chunk: o.chunk, MaxCached: o.maxCached,
 		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize,
 		MaxHeadroom: int64(o.maxHead) * chunkSize, Ahead: o.ahead,
-		Warm: o.warm}
+		WorkerCPU: o.workerCPU, Warm: o.warm}
 	if kv, ok := w.(workload.KV); ok {
 		cfg.Block = kv.BlockBytes() // the paged pool's block: one KV block
 	}

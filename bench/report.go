@@ -34,6 +34,8 @@ type row struct {
 	CPUNS       int64   `json:"cpu_ns"`         // process CPU time during the run (user + system)
 	WallVsArena float64 `json:"wall_vs_arena"`  // this wall ÷ the arena's; 0 without an arena row
 
+	ThrottledNS int64 `json:"worker_throttled_ns"` // the worker's rounds held back by its CPU cap (-worker-cpu)
+
 	// The caller's path against the no-driver floor: the paged pool's path
 	// time on the same workload (kv), or static preallocation's.
 	LaunchStallNS float64 `json:"launch_stall_ns"` // what the step compute's launches waited for the strategy's driver calls (median run)
@@ -289,7 +291,7 @@ func summarise(runs []*workload.Result) *row {
 	x.DeviceSyncs, x.StreamSyncs, x.EventWaits = med.Calls.N[counting.SyncDevice], med.Calls.N[counting.SyncStream],
 		med.Calls.N[counting.SyncEvent]
 	if p := med.Pool; p != nil {
-		x.WorkerNS = p.WorkerNS
+		x.WorkerNS, x.ThrottledNS = p.WorkerNS, p.WorkerThrottledNS
 		x.Scrubs, x.ScrubsFresh, x.ScrubsAsync, x.Reclaimed = p.Scrubs, p.ScrubsFresh, p.ScrubsAsync, p.Reclaimed
 	}
 	x.PeakCommitted, x.PeakCommMapped, x.Frag, x.Waste = committed(med)
@@ -820,12 +822,12 @@ func (r *report) writeBench(w io.Writer) error {
 		}
 		memCalls, _ := res.Calls.Sum(counting.MemoryOps...)
 		first, later, _, _ := stepPath(res)
-		var workerNS int64
+		var workerNS, throttledNS int64
 		if res.Pool != nil {
-			workerNS = res.Pool.WorkerNS
+			workerNS, throttledNS = res.Pool.WorkerNS, res.Pool.WorkerThrottledNS
 		}
-		fmt.Fprintf(w, "Benchmark%s/strategy=%s-%d\t1\t%d ns/op\t%d alloc-ns/op\t%d setup-ns/op\t%d worker-ns/op\t%d driver-ns/op\t%d cpu-ns/op\t%.0f grow-p50-ns\t%.0f grow-p99-ns\t%.4f grow/driver\t%d peak-phys-B\t%d committed-B\t%d final-phys-B\t%d peak-mapped-B\t%.4f frag\t%d copied-B\t%d driver-calls\t%d device-syncs\t%d launch-stall-ns\t%d first-step-ns\t%d later-steps-ns\n",
-			benchNames[res.Workload], res.Strategy, procs, res.WallNS, res.MemNS, res.SetupNS, workerNS, drvNS, res.CPUNS, p50, p99, ovh,
+		fmt.Fprintf(w, "Benchmark%s/strategy=%s-%d\t1\t%d ns/op\t%d alloc-ns/op\t%d setup-ns/op\t%d worker-ns/op\t%d worker-throttled-ns/op\t%d driver-ns/op\t%d cpu-ns/op\t%.0f grow-p50-ns\t%.0f grow-p99-ns\t%.4f grow/driver\t%d peak-phys-B\t%d committed-B\t%d final-phys-B\t%d peak-mapped-B\t%.4f frag\t%d copied-B\t%d driver-calls\t%d device-syncs\t%d launch-stall-ns\t%d first-step-ns\t%d later-steps-ns\n",
+			benchNames[res.Workload], res.Strategy, procs, res.WallNS, res.MemNS, res.SetupNS, workerNS, throttledNS, drvNS, res.CPUNS, p50, p99, ovh,
 			res.Mem.PeakPhysical, committedPhys, res.Final.Physical, res.Mem.PeakMapped, frag, res.Mem.Copied, memCalls,
 			res.Calls.N[counting.SyncDevice], launchStall(res), first, later)
 	}

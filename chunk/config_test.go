@@ -1,6 +1,7 @@
 package chunk_test
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -36,6 +37,11 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{chunk.Config{Ahead: 200, MaxCached: 1000}, "Config.Ahead 200 chunks of 2 MiB (400 MiB) exceed the device's memory, 256 MiB"},
 		{chunk.Config{Scrub: 9}, "Config.Scrub chunk.Scrub(9): want ScrubOnReuse"},
 		{chunk.Config{MemAttr: 99}, "Config.MemAttr"},
+		{chunk.Config{WorkerCPU: -0.25}, "Config.WorkerCPU -0.25: want 0 (no cap) or a share of one CPU from 0.01 to 1"},
+		{chunk.Config{WorkerCPU: math.NaN()}, "Config.WorkerCPU NaN: want 0"},
+		{chunk.Config{WorkerCPU: 1.5}, "Config.WorkerCPU 1.5: want 0"},
+		{chunk.Config{WorkerCPU: math.Inf(1)}, "Config.WorkerCPU +Inf: want 0"},
+		{chunk.Config{WorkerCPU: 0.001}, "Config.WorkerCPU 0.001: want 0"},
 	} {
 		p, err := chunk.New(d, c.cfg)
 		if !assert.Error(t, err, "%+v", c.cfg) {
@@ -50,7 +56,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	assert.True(t, d.Live().Zero(), "%+v", d.Live())
 
 	// The limits themselves are accepted.
-	for _, cfg := range []chunk.Config{{Budget: g}, {Ahead: 4, Budget: 4 * g}, {Ahead: 64}} {
+	for _, cfg := range []chunk.Config{{Budget: g}, {Ahead: 4, Budget: 4 * g}, {Ahead: 64}, {WorkerCPU: 0.01}, {WorkerCPU: 1}} {
 		p, err := chunk.New(d, cfg)
 		require.NoError(t, err, "%+v", cfg)
 		require.NoError(t, p.Close())

@@ -115,6 +115,16 @@
 // longer, it parks. Its time is counted in Stats.WorkerNS and its rounds
 // in Stats.WorkerSpins: work moved off the callers' paths is not free.
 //
+// Config.WorkerCPU caps that cost at a share of one CPU (workercap.go). The
+// worker charges each round's wall time (its CPU and its driver calls; the
+// package reads no per-thread CPU clock) to a token bucket that earns the
+// share of every second and holds at most 2 ms; overspent, it waits for
+// credit before its next round, its polls stretch to match, and requests and
+// Settle that come meanwhile are served by the round after the wait. Close
+// still stops it at once. The price is answers later: more growths map on
+// their callers' paths, and released chunks stay mapped longer.
+// Stats.WorkerThrottledNS counts the waits.
+//
 // # Failures
 //
 // A MapRange that fails unmaps what it mapped; a chunk whose undo unmap fails

@@ -113,6 +113,16 @@ type Config struct {
 	// pool's background worker, within the budget, so that a growth that
 	// finds the cache empty does not wait for MallocPhysical. 0 means none.
 	Ahead int
+	// WorkerCPU caps the pool's background worker at this share of one CPU,
+	// averaged over a few milliseconds: 0.25 lets it work a quarter of the
+	// time. 0, the default, sets no cap; otherwise it is from 0.01 to 1. The
+	// worker's time is its rounds' wall time (its CPU and its driver calls);
+	// when it has used more than its share it waits before its next round.
+	// A capped worker answers later: more growths find no headroom mapped
+	// and map on their caller's path, released chunks stay mapped longer
+	// before they are unmapped, and Lender.Settle may wait for the worker's
+	// credit. Stats.WorkerThrottledNS counts the waits.
+	WorkerCPU float64
 	// Logger receives the pool's events (see EventScrub and the others) as
 	// structured records. nil, the default, logs nothing and costs nothing.
 	Logger *slog.Logger
@@ -160,6 +170,8 @@ type Stats struct {
 	WorkerNS    int64 // time the background worker spent working (refills, chunks ahead, releases): off the callers' paths, not free
 	WorkerSpins int64 // rounds of work the worker did
 
+	WorkerThrottledNS int64 // time the worker held rounds back to stay within Config.WorkerCPU
+
 	Waiters int // growths waiting for memory in the pool's queue (GrowContext)
 
 	Exported int64 // chunks exported to other processes (Export); freed, not cached, when put back
@@ -179,6 +191,8 @@ type Pool struct {
 	scrub     Scrub
 	fresh     acl.Freshness // what a fresh chunk may hold
 	ahead     int
+	workerCPU float64 // Config.WorkerCPU (workercap.go)
+	clk       clock   // the worker's time: the wall clock, or a test's
 	dev       *device
 	log       *slog.Logger // Config.Logger (observe.go)
 
@@ -226,7 +240,8 @@ type lease struct {
 // first and fails with an error matching acl.ErrInvalidParam that names the
 // field and the rule: a Size that is not a multiple of the driver's
 // granularity or passes its largest reservation, a Budget below one chunk,
-// an Ahead beyond the reuse cache, the budget or the device's memory.
+// an Ahead beyond the reuse cache, the budget or the device's memory, a
+// WorkerCPU outside its range.
 func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	if drv == nil || isNilPointer(drv) {
 		return nil, fmt.Errorf("chunk: %w: nil driver", acl.ErrInvalidParam)
@@ -243,6 +258,9 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		return nil, bad("Config.Ahead %d: want 0 (none) or more", cfg.Ahead)
 	case cfg.Scrub < ScrubOnReuse || cfg.Scrub > ScrubNever:
 		return nil, bad("Config.Scrub %v: want ScrubOnReuse, ScrubOnRelease or ScrubNever", cfg.Scrub)
+	}
+	if err := checkWorkerCPU(cfg.WorkerCPU); err != nil {
+		return nil, err
 	}
 	prop := acl.DeviceProp(drv.Device(), cfg.MemAttr)
 	caps := drv.Caps()
@@ -294,6 +312,8 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		scrub:     cfg.Scrub,
 		fresh:     caps.Fresh,
 		ahead:     cfg.Ahead,
+		workerCPU: cfg.WorkerCPU,
+		clk:       realClock{},
 		out:       make(map[acl.PhysicalHandle]lease),
 	}
 	if cfg.FreshZeroed {

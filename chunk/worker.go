@@ -100,30 +100,47 @@ func (p *Pool) wakeLocked() {
 
 func (p *Pool) run(w *worker) {
 	defer close(w.done)
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
+	clk := p.clk
+	timer := clk.timer()
+	b := newBucket(p.workerCPU, clk.now())
 	var (
 		pendingDelay time.Duration // the next look at the events, while chunks wait for the device
 		idleDelay    time.Duration // the next look at asked, while polling
 		lastAsked    time.Time     // when a round last found asked set
+		answer       chan struct{} // a Settle waiting for the next round to end
 	)
+	defer func() {
+		if answer != nil {
+			close(answer) // the pool is closing: Settle need wait no longer
+		}
+	}()
 	for {
 		delay := pendingDelay
 		if idleDelay > 0 && (delay == 0 || idleDelay < delay) {
 			delay = idleDelay
 		}
-		var answer chan struct{}
+		var held time.Duration // how long the cap held this round back
 		if delay > 0 {
-			timer.Reset(delay)
+			// A poll. Under the cap it stretches to when credit returns.
+			var now time.Time
+			var wait time.Duration
+			if b.rate > 0 {
+				now = clk.now()
+				wait = b.wait(now)
+			}
+			timer.reset(max(delay, wait))
 			select {
 			case <-w.kick:
 			case answer = <-w.settle:
-			case <-timer.C:
+			case <-timer.fired():
+				if wait > delay {
+					held = clk.now().Sub(now.Add(delay))
+				}
 			case <-w.quit:
-				timer.Stop()
+				timer.stop()
 				return
 			}
-			timer.Stop()
+			timer.stop()
 		} else {
 			// Park. From here on a poke kicks: look once more for one
 			// that came while polling was still set.
@@ -137,19 +154,46 @@ func (p *Pool) run(w *worker) {
 				}
 			}
 		}
+		// Overspent: wait for credit. Pokes only raise asked meanwhile, and a
+		// kick stays in its channel; both are served by the round after. A
+		// Settle is taken and answered after that round.
+		if b.rate > 0 && b.wait(clk.now()) > 0 {
+			since := clk.now()
+			for wait := b.wait(since); wait > 0; wait = b.wait(clk.now()) {
+				w.polling.Store(true)
+				settle := w.settle
+				if answer != nil {
+					settle = nil // one at a time: the next waits for the next round
+				}
+				timer.reset(wait)
+				select {
+				case answer = <-settle:
+				case <-timer.fired():
+				case <-w.quit:
+					timer.stop()
+					return
+				}
+				timer.stop()
+			}
+			held += clk.now().Sub(since)
+		}
 		asked := w.asked.Swap(false)
-		start := time.Now()
+		start := clk.now()
 		r := region(RegionWorker)
 		progressed, waiting := p.settleReady()
 		p.refill()
 		p.fillAhead()
 		r.End()
+		end := clk.now()
+		b.spend(start, end)
 		p.mu.Lock()
-		p.stats.WorkerNS += int64(time.Since(start))
+		p.stats.WorkerNS += int64(end.Sub(start))
 		p.stats.WorkerSpins++
+		p.stats.WorkerThrottledNS += int64(held)
 		p.mu.Unlock()
 		if answer != nil {
 			close(answer)
+			answer = nil
 		}
 		switch {
 		case !waiting:
@@ -245,7 +289,9 @@ func (p *Pool) fill(target, limit int) (int, error) {
 // the refills members asked for, the chunks to keep ahead, and the releases
 // whose events have completed (it does not wait for the device). Tests and
 // benchmarks use it to observe a quiet pool; it is never needed for
-// correctness. It returns at once when there is no worker.
+// correctness. It returns at once when there is no worker. A worker capped by
+// Config.WorkerCPU that has used more than its share waits for credit before
+// that round, and Settle with it; Close answers it at once.
 func (p Lender) Settle() {
 	p.mu.Lock()
 	w := p.w

@@ -148,6 +148,7 @@ var poolRows = []row[*chunk.Stats]{
 	{pm("ordered_releases_total", "Chunks unmapped once their events completed, without a device-wide wait.", Counter), "", func(s *chunk.Stats) float64 { return float64(s.Ordered) }},
 	{pm("sync_fallbacks_total", "Stream-ordered releases that fell back to a device-wide wait.", Counter), "", func(s *chunk.Stats) float64 { return float64(s.SyncFallbacks) }},
 	{pm("worker_seconds_total", "Time the background worker spent working.", Counter), "", func(s *chunk.Stats) float64 { return float64(s.WorkerNS) / 1e9 }},
+	{pm("worker_throttled_seconds_total", "Time the background worker held its rounds back to stay within its CPU cap.", Counter), "", func(s *chunk.Stats) float64 { return float64(s.WorkerThrottledNS) / 1e9 }},
 }
 
 var waiters = pm("waiters", "Growths waiting for memory in the pool's queue.", Gauge)

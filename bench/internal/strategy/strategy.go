@@ -127,6 +127,9 @@ type Config struct {
 	MaxHeadroom int64
 	// Ahead is the fresh chunks the arena strategy's pool keeps allocated.
 	Ahead int
+	// WorkerCPU caps the arena strategy's pool worker at this share of one
+	// CPU (chunk.Config.WorkerCPU); 0: no cap.
+	WorkerCPU float64
 	// Warm is the fresh chunks the arena strategy's pool allocates at start
 	// (Prepare); -1 means as many as the budget allows.
 	Warm int

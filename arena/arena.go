@@ -142,8 +142,14 @@ const (
 
 // Arena is a growable region of device memory with a stable base address.
 type Arena struct {
-	state atomic.Uint64 // epoch | len, see lenBits
-	cap   atomic.Uint64 // bytes mapped
+	// The words Alloc's fast path reads come first, so that it touches one
+	// cache line of the arena, not three (an engine cuts tensors from many
+	// arenas in turn, between copies that evict them).
+	state    atomic.Uint64 // epoch | len, see lenBits
+	cap      atomic.Uint64 // bytes mapped
+	lowWater atomic.Uint64 // refill when less than this is mapped above Len; 0 without headroom (headroom.go)
+	maxAlign uint64        // the largest alignment base guarantees
+
 	floor atomic.Uint64 // bytes Grow promised to keep mapped: a pool under pressure takes only what lies above it and Len
 	// growing is the target of the growth under way while it relieves
 	// pressure; a younger relief leaves it mapped once growth has a ticket.
@@ -156,7 +162,6 @@ type Arena struct {
 	base      acl.DevicePtr
 	reserved  uint64
 	chunkSize uint64
-	maxAlign  uint64 // the largest alignment base guarantees
 	drv       acl.Driver
 	pool      *chunk.Pool
 	lend      chunk.Lender // the pool's protocol with its arenas
@@ -252,7 +257,7 @@ func New(cfg Config) (*Arena, error) {
 			}
 		}
 		a.hr.fixedLow = uint64(cfg.LowWater)
-		a.hr.setSize(a.hr.min, a.chunkSize)
+		a.setHeadroom(a.hr.min)
 	}
 	fail := func(err error) (*Arena, error) {
 		if own {
@@ -546,7 +551,7 @@ func (a *Arena) Alloc(size, align int) (Buffer, error) {
 		end := start + uint64(size) // cannot wrap: start < 2^41, size < 2^63
 		c := a.cap.Load()
 		if end <= c && a.state.CompareAndSwap(s, s&^lenMask|end) {
-			if end+a.hr.low.Load() > c { // never true without headroom: low is 0
+			if end+a.lowWater.Load() > c { // never true without headroom: lowWater is 0
 				a.member.WantRefill()
 			}
 			return Buffer{a: a, off: uintptr(start), n: uintptr(size)}, nil

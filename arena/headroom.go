@@ -56,8 +56,7 @@ const defaultMaxHeadroom = 8
 type headroom struct {
 	min, max uint64        // Config.Headroom and the bound of the learnt size, whole chunks; min 0: no headroom
 	fixedLow uint64        // Config.LowWater; 0: half the learnt size
-	size     atomic.Uint64 // the learnt size, in [min, max]
-	low      atomic.Uint64 // refill when less than this is mapped above Len; 0 without headroom
+	size     atomic.Uint64 // the learnt size, in [min, max]; Arena.lowWater goes with it
 	// prefetch is the end, above Len, of what Prefetch asked the worker to
 	// map and it has not served yet; 0: none.
 	prefetch atomic.Uint64
@@ -71,14 +70,14 @@ type headroom struct {
 	misses uint64 // growths on the caller's path while the arena keeps headroom
 }
 
-// setSize sets the learnt size and the low-water mark that goes with it.
-func (h *headroom) setSize(size, chunkSize uint64) {
-	h.size.Store(size)
-	low := h.fixedLow
+// setHeadroom sets the learnt size and the low-water mark that goes with it.
+func (a *Arena) setHeadroom(size uint64) {
+	a.hr.size.Store(size)
+	low := a.hr.fixedLow
 	if low == 0 {
-		low = max(size/2/chunkSize*chunkSize, chunkSize)
+		low = max(size/2/a.chunkSize*a.chunkSize, a.chunkSize)
 	}
-	h.low.Store(low)
+	a.lowWater.Store(low)
 }
 
 // missed records a growth of size bytes on the caller's path (a miss):
@@ -92,14 +91,14 @@ func (a *Arena) missed() {
 	h.misses++
 	h.quiet = 0
 	if s := h.size.Load(); !h.short && s < h.max {
-		h.setSize(min(2*s, h.max), a.chunkSize)
+		a.setHeadroom(min(2*s, h.max))
 	}
 }
 
 // wantHeadroom asks the worker for a refill when the headroom above end is
 // below the low-water mark.
 func (a *Arena) wantHeadroom(end uint64) {
-	if low := a.hr.low.Load(); low != 0 && end+low > a.cap.Load() {
+	if low := a.lowWater.Load(); low != 0 && end+low > a.cap.Load() {
 		a.member.WantRefill()
 	}
 }
@@ -169,7 +168,7 @@ func (a *Arena) refillLocked() {
 	size := h.size.Load()
 	if h.quiet >= decayAfter && size > h.min {
 		size = max(h.min, size*3/4/a.chunkSize*a.chunkSize)
-		h.setSize(size, a.chunkSize)
+		a.setHeadroom(size)
 		h.quiet = 0
 	}
 	target := min(a.state.Load()&lenMask+size, a.reserved)

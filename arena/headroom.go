@@ -22,12 +22,13 @@ import (
 // kept too little for one allocation, so the size doubles, up to
 // Config.MaxHeadroom. Once decayAfter refills have completed since the last
 // miss (the one that follows it included), the next refill shrinks the size
-// by a quarter, in whole chunks, down to Config.Headroom. A miss while the pool had no room
-// for the last refill teaches nothing (a larger headroom would not have been
-// mapped either) and leaves the size as it is; so does a miss after a
-// relief took the arena's memory, until a refill succeeds again. Unless Config.LowWater fixes
-// it, the low-water mark is half the learnt size. The headroom is never a
-// promise: a pool under pressure takes it back like any memory above Len.
+// by a quarter, in whole chunks, down to Config.Headroom. A miss while the
+// pool had no room for the last refill teaches nothing (a larger headroom
+// would not have been mapped either) and leaves the size as it is; so does
+// a miss after a relief took the arena's memory, until a refill succeeds
+// again. Unless Config.LowWater fixes it, the low-water mark is half the
+// learnt size. The headroom is never a promise: a pool under pressure takes
+// it back like any memory above Len.
 //
 // A refill maps refillStep chunks at a time, holding the arena's mu for each
 // step, and publishes Cap after each, so that the lock-free Grow and Alloc

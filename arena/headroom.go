@@ -30,12 +30,14 @@ import (
 // learnt size. The headroom is never a promise: a pool under pressure takes
 // it back like any memory above Len.
 //
-// A refill maps refillStep chunks at a time, holding the arena's mu for each
-// step, and publishes Cap after each, so that the lock-free Grow and Alloc
-// find the first chunks mapped before the last are. Between steps it looks
-// whether a growth on the caller's path waits for mu; if one does, it lets go
-// and asks the worker to come back for the rest, so a caller waits for one
-// step of the worker's driver calls at most, never for a whole refill.
+// A refill maps in steps, holding the arena's mu for each and publishing Cap
+// after each, so that the lock-free Grow and Alloc find the first chunks
+// mapped before the last are: refillStep chunks first, the memory a caller
+// needs soonest, then twice as many at each step, so that a large refill
+// still makes few access calls. Between steps it looks whether a growth on
+// the caller's path waits for mu; if one does, it lets go and asks the
+// worker to come back for the rest, so a caller waits for one step of the
+// worker's driver calls at most, never for a whole refill.
 
 // decayAfter is how many completed refills since the last miss shrink the
 // learnt headroom by a quarter. Refills come once per low-water's worth of
@@ -45,9 +47,9 @@ import (
 // the tests.)
 var decayAfter = 64
 
-// refillStep is how many chunks a refill maps per hold of the arena's mu:
-// one access call covers them where the driver allows it, and a caller that
-// needs the mutex waits for at most that many maps.
+// refillStep is how many chunks a refill maps in its first hold of the
+// arena's mu (one access call covers them where the driver allows it); each
+// later step maps twice as many as the one before.
 const refillStep = 2
 
 // defaultMaxHeadroom is how far the learnt headroom may grow by default, in
@@ -182,12 +184,13 @@ func (a *Arena) refillLocked() {
 		}
 	}
 	mapped := false
-	for c := a.cap.Load(); c < target; c = a.cap.Load() {
+	step := uint64(refillStep) * a.chunkSize
+	for c := a.cap.Load(); c < target; c, step = a.cap.Load(), 2*step {
 		if h.waiting.Load() > 0 {
 			a.member.WantRefill() // come back for the rest
 			break
 		}
-		if err := a.growLocked(context.Background(), min(target, c+refillStep*a.chunkSize), true); err != nil {
+		if err := a.growLocked(context.Background(), min(target, c+step), true); err != nil {
 			h.short = true
 			break
 		}

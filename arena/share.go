@@ -380,6 +380,15 @@ func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 	return nil
 }
 
+// Share is Arena.Share of b's arena: it hands b's memory over conn to the
+// consumer opt names, on the same terms.
+func (b Buffer) Share(conn *net.UnixConn, opt ShareOptions) error {
+	if b.a == nil {
+		return fmt.Errorf("arena: share: %w: zero Buffer", ErrInvalid)
+	}
+	return b.a.Share(conn, b, opt)
+}
+
 // export exports the chunks that hold b for the process tgid, and returns
 // the index of the first and their shareable handles.
 func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (int, []acl.ShareableHandle, error) {

@@ -187,7 +187,7 @@ func prefill() (err error) {
 	}()
 	before := copies(drv)
 	for _, b := range bufs {
-		if err := b.Arena().Share(conn, b, arena.ShareOptions{PID: cmd.Process.Pid, ReadOnly: true}); err != nil {
+		if err := b.Share(conn, arena.ShareOptions{PID: cmd.Process.Pid, ReadOnly: true}); err != nil {
 			cmd.Process.Kill()
 			return err
 		}

@@ -1213,9 +1213,12 @@ func (a *Arena) Close() error { return a.CloseContext(context.Background()) }
 // fail with ErrClosed. A failed Close leaves the arena open, with its Len,
 // Cap and bytes as they were, so it can be retried; chunks it took back from
 // those still waiting stay with the arena (Stats.Strays) until the retry
-// unmaps them. Close is safe to call more than once, and on a nil
-// *Arena; later calls return nil, unless the private pool failed to free
-// memory, which they try again.
+// unmaps them. The one exception is the last step: once the reservation
+// is released the arena is closed, and a sleeping arena's host copy (its
+// contents, freed last) or a private pool that then fails to be freed is
+// left for the next Close, which tries again. Close is safe to call more
+// than once, and on a nil *Arena; later calls return nil, unless such a
+// free failed, which they try again.
 func (a *Arena) CloseContext(ctx context.Context) error {
 	if a == nil {
 		return nil
@@ -1229,12 +1232,25 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed.Load() {
+		// What a failed Close left: the host copy of a sleeping arena, the
+		// private pool.
+		if err := a.freeHost(); err != nil {
+			return fmt.Errorf("arena: close: %w", err)
+		}
 		if a.ownPool {
 			if err := a.pool.Close(); err != nil {
 				return fmt.Errorf("arena: close: %w", err)
 			}
 		}
 		return nil
+	}
+	// An awake arena's host buffer is only kept for its next Offload: free
+	// it first, while a failure still changes nothing. A sleeping arena's
+	// holds its contents until the arena is gone.
+	if !a.sl.asleep.Load() {
+		if err := a.freeHost(); err != nil {
+			return fmt.Errorf("arena: close: %w", err)
+		}
 	}
 	s := a.freeze()
 	fail := func(err error) error {

@@ -10,6 +10,7 @@ package arena_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -81,6 +82,9 @@ type modelOpts struct {
 	// failure atomicity at every call position set it; the runs that test
 	// isolation do not.
 	skimRefills bool
+	// sleep puts arenas to sleep (Discard or Offload) and wakes them, and
+	// calls a sleeping arena's operations, which must fail with ErrAsleep.
+	sleep bool
 }
 
 func defaultModelOpts() modelOpts {
@@ -101,6 +105,7 @@ type modelCounts struct {
 	faultFailed                                                           int64                // operations an injected fault failed
 	faultAbsorbed                                                         int64                // operations that succeeded despite one (a free the pool retries)
 	reclaimed, ordered, refills, kernels                                  int64                // chunks reclaimed under pressure, unmapped after their events, refills, kernels queued
+	sleeps, wakes                                                         int64                // Sleeps and Wakes that succeeded
 	byKind                                                                [len(faultOps)]int64 // faults injected, per kind of call
 }
 
@@ -110,7 +115,7 @@ var faultOps = [...]faultdriver.Op{
 	faultdriver.MemcpyHtoD, faultdriver.MemcpyDtoH, faultdriver.MemcpyDtoD, faultdriver.Memset,
 	faultdriver.MemsetAsync, faultdriver.SynchronizeDevice, faultdriver.SynchronizeStream,
 	faultdriver.CreateEvent, faultdriver.RecordEvent, faultdriver.QueryEvent, faultdriver.SynchronizeEvent,
-	faultdriver.DestroyEvent,
+	faultdriver.DestroyEvent, faultdriver.MallocHost, faultdriver.FreeHost,
 }
 
 func (c *modelCounts) add(d modelCounts) {
@@ -130,6 +135,8 @@ func (c *modelCounts) add(d modelCounts) {
 	c.ordered += d.ordered
 	c.refills += d.refills
 	c.kernels += d.kernels
+	c.sleeps += d.sleeps
+	c.wakes += d.wakes
 }
 
 // kinds lists the faults injected per kind of call.
@@ -183,6 +190,8 @@ type marena struct {
 	maxHead  int             // Config.MaxHeadroom: the learnt headroom lies in [headroom, maxHead]
 	stream   acl.Stream      // its stream, or 0
 	busy     []chan struct{} // done channels of kernels that may be in flight on stream
+	asleep   bool            // Sleep gave its memory back: Cap 0, Len kept
+	mode     arena.SleepMode // of the last Sleep
 }
 
 // keep is what a pool under pressure leaves the arena.
@@ -432,7 +441,7 @@ func (w *world) check() {
 			w.fatalf("arena %d: base moved from %v to %v", m.id, m.base, m.a.Base())
 		case s.Used != m.len || s.Mapped != m.cap || s.Reserved != m.reserved:
 			w.fatalf("arena %d: len/cap/reserved %d/%d/%d, model %d/%d/%d", m.id, s.Used, s.Mapped, s.Reserved, m.len, m.cap, m.reserved)
-		case s.Mapped%w.cs != 0 || s.Used > s.Mapped || s.Mapped > s.Reserved:
+		case s.Mapped%w.cs != 0 || (s.Used > s.Mapped && !m.asleep) || s.Mapped > s.Reserved:
 			w.fatalf("arena %d: invariants broken: %+v", m.id, s)
 		case s.Strays != 0 && !w.o.weak && !m.strayOK:
 			w.fatalf("arena %d: %d strays without double faults", m.id, s.Strays)
@@ -445,7 +454,10 @@ func (w *world) check() {
 		sumCap += m.cap
 		sumRes += m.reserved
 		strays += s.Strays
-		if len(m.shadow) > 0 {
+		if m.asleep != m.a.Asleep() {
+			w.fatalf("arena %d: asleep %v, model %v", m.id, m.a.Asleep(), m.asleep)
+		}
+		if len(m.shadow) > 0 && !m.asleep {
 			mem, err := w.hd.Bytes(m.base, uintptr(m.len))
 			if err != nil {
 				w.fatalf("arena %d: bytes in use are not all mapped: %v", m.id, err)
@@ -559,12 +571,23 @@ func (w *world) checkFresh(m *marena, from, to int) {
 	}
 }
 
-// pickArena returns an open arena, or nil.
+// pickArena returns an open arena that is awake, or nil.
 func (w *world) pickArena() *marena {
-	if len(w.open) == 0 {
+	return w.pick(false)
+}
+
+// pick returns an open arena asleep or awake as asked, or nil.
+func (w *world) pick(asleep bool) *marena {
+	var ms []*marena
+	for _, m := range w.open {
+		if m.asleep == asleep {
+			ms = append(ms, m)
+		}
+	}
+	if len(ms) == 0 {
 		return nil
 	}
-	return w.open[w.c.intn(len(w.open))]
+	return ms[w.c.intn(len(ms))]
 }
 
 // pickBuf returns a live buffer with at least one byte, or false.
@@ -582,7 +605,21 @@ func (w *world) step() {
 		w.newArena()
 		return
 	}
-	switch k := w.c.intn(100); {
+	if w.pickArena() == nil {
+		w.wake() // every arena is asleep
+		return
+	}
+	n := 100
+	if w.o.sleep {
+		n = 110
+	}
+	switch k := w.c.intn(n); {
+	case k >= 106:
+		w.sleep()
+	case k >= 103:
+		w.wake()
+	case k >= 100:
+		w.asleepOps()
 	case k < 5:
 		w.newArena()
 	case k < 25:
@@ -993,13 +1030,29 @@ func (w *world) closeArena() {
 	m := w.open[i]
 	refills := m.a.Stats().Refills
 	if !w.settle(fmt.Sprintf("a%d.Close() len %d cap %d", m.id, m.len, m.cap), m.a.Close(), nil) {
-		w.closeFailed(m)
-		return
+		if !w.closedAnyway(m) {
+			w.closeFailed(m)
+			return
+		}
 	}
 	w.n.refills += refills
 	w.open = append(w.open[:i], w.open[i+1:]...)
 	w.closed = append(w.closed, m)
 	w.dropStream(m)
+}
+
+// closedAnyway reports whether a Close that failed closed the arena: its
+// last step, freeing a sleeping arena's host copy, failed after the
+// reservation was released. A second Close frees what the first left.
+func (w *world) closedAnyway(m *marena) bool {
+	if !m.a.Stats().Closed {
+		return false
+	}
+	w.inject = w.fd.Injected(faultdriver.Any)
+	if !w.settle(fmt.Sprintf("a%d.Close() again", m.id), m.a.Close(), nil) {
+		w.fatalf("a%d: a second Close did not free what the first left", m.id)
+	}
+	return true
 }
 
 // closeFailed brings the model in line with an arena whose Close failed.
@@ -1057,8 +1110,8 @@ func (w *world) useDropped() {
 			w.stale = append(w.stale[:k], w.stale[k+1:]...)
 			continue
 		}
-		if b.off+b.n <= b.m.len || b.n == 0 {
-			continue // in use again: a stale Buffer cannot tell (documented)
+		if b.off+b.n <= b.m.len || b.n == 0 || b.m.asleep {
+			continue // in use again: a stale Buffer cannot tell (documented); or asleep (asleepOps)
 		}
 		w.n.badInputs += 2
 		w.settle("stale CopyIn", arena.CopyIn(b.b, []byte{b.m.tag}), arena.ErrRange)
@@ -1109,6 +1162,90 @@ func (w *world) badInput() {
 	}
 }
 
+// sleep puts an awake arena to sleep. Afterwards it holds no chunk (Cap 0),
+// keeps Len, and, in Offload mode, its bytes below Len for the wake. A fault
+// leaves it awake and as it was, or, a free that failed in Discard mode,
+// asleep holding that chunk, which a second Sleep frees.
+func (w *world) sleep() {
+	m := w.pickArena()
+	mode := []arena.SleepMode{arena.Discard, arena.Offload}[w.c.intn(2)]
+	op := fmt.Sprintf("a%d.Sleep(%v) len %d cap %d", m.id, mode, m.len, m.cap)
+	err := m.a.Sleep(context.Background(), mode)
+	if !w.settle(op, err, nil) {
+		if !m.a.Asleep() {
+			w.afterFailure(m)
+			return
+		}
+		// A free failed: asleep, the chunk held. Sleep again frees it.
+		w.inject = w.fd.Injected(faultdriver.Any)
+		if !w.settle(fmt.Sprintf("a%d.Sleep(%v) again", m.id, mode), m.a.Sleep(context.Background(), mode), nil) {
+			w.fatalf("a%d: a second Sleep did not free what the first held", m.id)
+		}
+	}
+	m.asleep, m.mode, m.cap = true, mode, 0
+	m.busy = m.busy[:0] // Sleep waited for the stream
+	w.n.sleeps++
+	if mode == arena.Discard {
+		m.forgetAbove(0)
+	}
+}
+
+// wake wakes a sleeping arena: it maps Len and what Grow promised at the
+// same addresses, taking memory as a growth does (reclaiming idle memory of
+// the other arenas), or fails for want of it, still asleep. An Offload's
+// bytes come back; a Discard's are a new mapping's (zeros or the tenant's
+// own).
+func (w *world) wake() {
+	m := w.pick(true)
+	if m == nil {
+		w.alloc()
+		return
+	}
+	newCap := w.roundUp(max(m.len, m.floor))
+	var want error
+	if !w.fits(m, newCap/w.cs) {
+		want = arena.ErrOutOfMemory
+	}
+	err := m.a.Wake(context.Background())
+	ok := w.settle(fmt.Sprintf("a%d.Wake() len %d floor %d, %v", m.id, m.len, m.floor, m.mode), err, want)
+	w.reclaimedFrom(m)
+	if !ok {
+		if !m.a.Asleep() {
+			w.fatalf("a%d: a failed Wake left it awake", m.id)
+		}
+		return
+	}
+	m.asleep, m.cap = false, newCap
+	w.n.wakes++
+	from := 0
+	if m.mode == arena.Offload {
+		// Below Len: the bytes that were there, which check compares
+		// (checkFresh scans whole 4 KiB blocks, the arena's own bytes pass).
+		from = m.len &^ (len(zeroBlock) - 1)
+	}
+	w.checkFresh(m, from, newCap)
+}
+
+// asleepOps calls what a sleeping arena refuses: each fails with ErrAsleep
+// and changes nothing.
+func (w *world) asleepOps() {
+	m := w.pick(true)
+	if m == nil {
+		w.sleep()
+		return
+	}
+	w.n.badInputs += 5
+	_, err := m.a.Alloc(1, 1)
+	w.settle(fmt.Sprintf("asleep a%d.Alloc", m.id), err, arena.ErrAsleep)
+	w.settle(fmt.Sprintf("asleep a%d.Grow", m.id), m.a.Grow(1), arena.ErrAsleep)
+	w.settle(fmt.Sprintf("asleep a%d.Truncate", m.id), m.a.Truncate(0), arena.ErrAsleep)
+	w.settle(fmt.Sprintf("asleep a%d.Shrink", m.id), m.a.Shrink(), arena.ErrAsleep)
+	if len(m.bufs) > 0 {
+		b := m.bufs[w.c.intn(len(m.bufs))]
+		w.settle(fmt.Sprintf("asleep a%d CopyIn", m.id), arena.CopyIn(b.b, []byte{m.tag}), arena.ErrAsleep)
+	}
+}
+
 // teardown closes every arena and the pool, first with the faults still
 // armed (a Close that fails must change nothing), then with them off, and
 // checks that the driver holds nothing.
@@ -1118,7 +1255,7 @@ func (w *world) teardown() {
 		m := w.open[0]
 		refills := m.a.Stats().Refills
 		err := m.a.Close()
-		if !w.settle(fmt.Sprintf("teardown a%d.Close()", m.id), err, nil) {
+		if !w.settle(fmt.Sprintf("teardown a%d.Close()", m.id), err, nil) && !w.closedAnyway(m) {
 			w.closeFailed(m)
 			w.check()
 			w.fd.Clear() // and try again
@@ -1194,6 +1331,9 @@ func TestModel(t *testing.T) {
 		{"deferred-device-limit", func(o *modelOpts) { *o = deferredOpts(); o.byDevice = true }},
 		{"deferred-scrub-on-release", func(o *modelOpts) { *o = deferredOpts(); o.scrub = chunk.ScrubOnRelease }},
 		{"deferred-tight", func(o *modelOpts) { *o = deferredOpts(); o.limit, o.maxCached = 6, 2 }},
+		{"sleep", func(o *modelOpts) { o.sleep = true }},
+		{"sleep-deferred", func(o *modelOpts) { *o = deferredOpts(); o.sleep = true }},
+		{"sleep-deferred-tight", func(o *modelOpts) { *o = deferredOpts(); o.sleep, o.limit, o.maxCached = true, 6, 2 }},
 	}
 	var total modelCounts
 	for _, cfg := range configs {
@@ -1208,9 +1348,9 @@ func TestModel(t *testing.T) {
 			}
 		})
 	}
-	t.Logf("model: %d sequences, %d operations (%d failed as predicted, %d bad inputs), %d checks, %d bytes compared, %d new chunks scanned for foreign bytes; %d chunks reclaimed under pressure, %d unmapped after their events, %d headroom refills, %d kernels in flight, no device fault",
+	t.Logf("model: %d sequences, %d operations (%d failed as predicted, %d bad inputs), %d checks, %d bytes compared, %d new chunks scanned for foreign bytes; %d chunks reclaimed under pressure, %d unmapped after their events, %d headroom refills, %d kernels in flight, %d sleeps and %d wakes, no device fault",
 		len(configs)*seeds, total.ops, total.failed, total.badInputs, total.checks, total.bytesChecked, total.chunksScanned,
-		total.reclaimed, total.ordered, total.refills, total.kernels)
+		total.reclaimed, total.ordered, total.refills, total.kernels, total.sleeps, total.wakes)
 }
 
 // TestModelFaultEveryCall runs one sequence once to count its driver calls,
@@ -1236,7 +1376,7 @@ func TestModelFaultEveryCall(t *testing.T) {
 					// same order from run to run; streams would not (the
 					// worker polls events as the kernels finish), so they
 					// take their faults in TestModelRandomFaults.
-					o.headroom, o.tenants, o.skimRefills = true, true, true
+					o.headroom, o.tenants, o.skimRefills, o.sleep = true, true, true, true
 					if scrub == chunk.ScrubOnRelease {
 						o.maxCached = 2 // evictions: frees in the middle of operations
 					}
@@ -1278,8 +1418,8 @@ func TestModelFaultEveryCall(t *testing.T) {
 	if unreached > positions/20 {
 		t.Errorf("%d of %d call positions were never reached: the runs' calls vary too much to test every one", unreached, positions)
 	}
-	t.Logf("fault at every call: %d call positions (each a run with that call failing; %s; %d not reached, the run ending first), %d operations, %d faults injected: %d operations failed by them and changed nothing, %d absorbed; %d checks, %d chunks scanned, nothing leaked",
-		positions, total.kinds(), unreached, total.ops, total.injected, total.faultFailed, total.faultAbsorbed, total.checks, total.chunksScanned)
+	t.Logf("fault at every call: %d call positions (each a run with that call failing; %s; %d not reached, the run ending first), %d operations (%d sleeps and %d wakes), %d faults injected: %d operations failed by them and changed nothing, %d absorbed; %d checks, %d chunks scanned, nothing leaked",
+		positions, total.kinds(), unreached, total.ops, total.sleeps, total.wakes, total.injected, total.faultFailed, total.faultAbsorbed, total.checks, total.chunksScanned)
 }
 
 // TestModelRandomFaults lets every driver call fail with some probability,

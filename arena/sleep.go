@@ -384,8 +384,10 @@ func (a *Arena) sleepLocked(ctx context.Context, mode SleepMode, note *BackingCh
 			err = errors.Join(err, fmt.Errorf("and the undo left it asleep: %w", werr))
 		}
 	}
-	if st.awake() {
-		// Every chunk is mapped again, some of them new ones.
+	if err != nil && st.awake() {
+		// Every chunk is mapped again, some of them new ones. (Without an
+		// error nothing is mapped: every chunk went, or there was none, and
+		// an arena that held nothing sleeps like any other.)
 		for i, sl := range st.slots {
 			a.chunks[i] = sl.c
 		}

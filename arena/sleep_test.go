@@ -567,3 +567,57 @@ func TestSleepWithHeadroom(t *testing.T) {
 	e.pool.Lender().Settle()
 	require.GreaterOrEqual(t, a.Cap(), a.Len()+4*sleepChunk, "the headroom is back")
 }
+
+// An arena that holds nothing sleeps like any other: until Wake its
+// operations fail with ErrAsleep and the worker maps no headroom into it.
+// (Sleep once returned with such an arena still awake; the model test found
+// it.)
+func TestSleepEmpty(t *testing.T) {
+	e := newSleepEnv(t)
+	for _, mode := range []arena.SleepMode{arena.Discard, arena.Offload} {
+		a := e.arena(t, arena.Config{})
+		require.Zero(t, a.Cap())
+		require.NoError(t, a.Sleep(context.Background(), mode))
+		require.True(t, a.Asleep(), "%v", mode)
+		_, err := a.Alloc(1, 1)
+		require.ErrorIs(t, err, arena.ErrAsleep)
+		require.ErrorIs(t, a.Grow(1), arena.ErrAsleep)
+		require.NoError(t, a.Wake(context.Background()))
+		require.False(t, a.Asleep())
+		_, err = a.Alloc(1, 1)
+		require.NoError(t, err)
+	}
+}
+
+// A Close whose free of the host copy fails: an awake arena's copy (kept
+// for the next Offload) is freed first, so the Close changes nothing and can
+// be retried; a sleeping arena's (its contents) is freed last, after the
+// reservation is released, so the arena is closed and the next Close frees
+// it. (Close once returned with the arena closed and the copy kept for
+// nobody; the model test found it.)
+func TestCloseFreesTheHostCopy(t *testing.T) {
+	for _, asleep := range []bool{false, true} {
+		t.Run(map[bool]string{false: "awake", true: "asleep"}[asleep], func(t *testing.T) {
+			e := newSleepEnv(t)
+			a, err := arena.New(arena.Config{Pool: e.pool, Reserve: 16 << 20})
+			require.NoError(t, err)
+			b, want := fill(t, a, sleepChunk, 2)
+			require.NoError(t, a.Sleep(context.Background(), arena.Offload))
+			if !asleep {
+				require.NoError(t, a.Wake(context.Background()))
+			}
+			require.Positive(t, a.HostCopy())
+			e.fd.FailNth(faultdriver.FreeHost, 1, 0)
+			require.Error(t, a.Close())
+			if asleep {
+				require.True(t, a.Stats().Closed, "the reservation went first")
+			} else {
+				require.False(t, a.Stats().Closed, "nothing changed")
+				require.True(t, bytes.Equal(want, contents(t, b)))
+			}
+			require.NoError(t, a.Close())
+			require.True(t, a.Stats().Closed)
+			require.Zero(t, e.hd.Live().HostBuffers)
+		})
+	}
+}

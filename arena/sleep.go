@@ -13,6 +13,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/sched"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -615,6 +616,7 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	*note = a.changed(BackingWoke)
 	a.logSleep(EventWake, st.mode, len(st.slots))
 	a.wantHeadroom(s & lenMask)
+	sched.At(sched.WakeAsked, a)
 	return nil
 }
 

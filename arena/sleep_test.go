@@ -16,6 +16,7 @@ import (
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 const sleepChunk = 2 << 20
@@ -620,4 +621,28 @@ func TestCloseFreesTheHostCopy(t *testing.T) {
 			require.Zero(t, e.hd.Live().HostBuffers)
 		})
 	}
+}
+
+// Wake asks the worker to refill the headroom while it still holds the
+// arena's lock, so the worker's first try finds the arena busy. The refill
+// must not be lost: the worker asks again on its next round. The worker's
+// round runs at that very moment (the test settles it from inside the
+// Wake), then the Wake ends, and one more round must bring the headroom.
+func TestWakeRefillNotLost(t *testing.T) {
+	e := newSleepEnv(t)
+	a := e.arena(t, arena.Config{Headroom: 2 * sleepChunk, MaxHeadroom: 2 * sleepChunk})
+	e.pool.Lender().Settle()
+	fill(t, a, 3*sleepChunk/2, 3)
+	require.NoError(t, a.Sleep(context.Background(), arena.Offload))
+	tried := false
+	t.Cleanup(sched.Set(func(p sched.Point, who any) {
+		if p == sched.WakeAsked && who == a && !tried {
+			tried = true
+			e.pool.Lender().Settle() // the worker's round, while Wake holds the lock
+		}
+	}))
+	require.NoError(t, a.Wake(context.Background()))
+	require.True(t, tried)
+	e.pool.Lender().Settle()
+	require.GreaterOrEqual(t, a.Cap(), a.Len()+2*sleepChunk, "the headroom came back")
 }

@@ -29,6 +29,7 @@ const (
 	ReliefDone    Point = "relief.done"     // it handed the chunks over
 	GiveLocked    Point = "give.locked"     // a member holds its lock while it gives chunks to a relief
 	CloseWaiting  Point = "close.waiting"   // a Close holds its arena's lock and is about to wait for the device
+	WakeAsked     Point = "wake.asked"      // a Wake asked the worker to refill the headroom, still holding its arena's lock
 	WaitEnqueued  Point = "wait.enqueued"   // a growth joined the queue of waiters
 	WaitWoken     Point = "wait.woken"      // a waiter woke, before its retry
 	WaitServed    Point = "wait.served"     // a waiting growth succeeded, before it leaves the queue

@@ -72,7 +72,10 @@ type Client interface {
 	// many it gave.
 	Give(n int, by Ticket, take func(ms []Mapped, streams []acl.Stream)) int
 	// Refill maps the headroom the client keeps, with memory that is free
-	// now (TryAcquire): it takes nothing from anyone.
+	// now (TryAcquire): it takes nothing from anyone. The pool clears the
+	// member's request before it calls Refill, so a client that cannot
+	// refill now (its lock is busy) asks again (Member.WantRefill) rather
+	// than drop the request: the worker serves it on its next round.
 	Refill()
 }
 

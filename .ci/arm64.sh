@@ -3,6 +3,8 @@
 # run the device bindings' tests there (acl/ascend and acl/cuda), under
 # qemu-user emulation: each test binary is cross-compiled with GOARCH=arm64,
 # and the tests build their C test doubles with the aarch64 cross compiler.
+# Their results go through go run ./internal/skipcheck, as .ci/run's tests
+# do: only the tests that need a real device may skip.
 #
 # Self-contained: it installs qemu-user and gcc-aarch64-linux-gnu with apt-get
 # when they are missing (as root, as in CI; Debian or Ubuntu). From anywhere:
@@ -39,6 +41,9 @@ GOOS=linux GOARCH=arm64 CGO_ENABLED=0 go vet $pkgs
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# The skip check of .ci/run, built for this machine: each run below must skip
+# only what needs a device (a double that does not build fails).
+go build -o "$work/skipcheck" ./internal/skipcheck
 for cgo in ${ARM64_CGO:-0 1}; do
 	for pkg in ascend cuda; do
 		echo "== acl/$pkg tests on linux/arm64 under $(basename "$qemu"), CGO_ENABLED=$cgo"
@@ -48,7 +53,8 @@ for cgo in ${ARM64_CGO:-0 1}; do
 		# The tests run in their package directory (they read testdata/) and
 		# build their double with $CC: qemu-user runs that x86 compiler natively.
 		(cd acl/$pkg && CC=aarch64-linux-gnu-gcc "$qemu" -L "$sysroot" \
-			"$work/$pkg-cgo$cgo.test" ${ARM64_TESTFLAGS:--test.count=1})
+			"$work/$pkg-cgo$cgo.test" -test.v=test2json ${ARM64_TESTFLAGS:--test.count=1}) |
+			go tool test2json -t -p "acl/$pkg (linux/arm64, CGO_ENABLED=$cgo)" | "$work/skipcheck"
 		echo "   ($((SECONDS - t0)) s)"
 	done
 done

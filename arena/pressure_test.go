@@ -17,6 +17,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/sched"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 // The pressure protocol's promises, tested by forcing interleavings: a test
@@ -339,9 +340,7 @@ func TestPressureTwoWaitersEverySchedule(t *testing.T) {
 // that each need three of six chunks, two are served and the third fails;
 // nothing is left pinned.
 func TestPressureThreeGrowthsEverySchedule(t *testing.T) {
-	if testing.Short() {
-		t.Skip("long: every pair of points")
-	}
+	skip.IfShort(t, "long: every pair of points")
 	gs := newGates(t)
 	probe := newContest(t, 6, 2, 3)
 	first := candidates(probe, probe.arenas[0], probe.arenas[1])

@@ -15,6 +15,7 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 // An execution trace shows the arena's slow paths and the driver calls
@@ -32,7 +33,7 @@ func TestTraceRegions(t *testing.T) {
 
 	var buf bytes.Buffer
 	if err := trace.Start(&buf); err != nil {
-		t.Skipf("a trace is already being recorded (go test -trace?): %v", err)
+		skip.ByFlag(t, "a trace is already being recorded (go test -trace?): %v", err)
 	}
 	ctx, task := trace.NewTask(context.Background(), "decode step")
 	b, err := a.AllocContext(ctx, 2*g, 1) // grows: malloc, map, access

@@ -10,15 +10,14 @@ import (
 	"testing"
 
 	"github.com/vmarena/vmarena/bench/internal/strategy"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 // TestQuick runs the whole suite in quick mode on the host driver, writing
 // and reading back every tensor (-verify), and checks what it prints and
 // writes.
 func TestQuick(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the quick suite takes a few seconds")
-	}
+	skip.IfShort(t, "the quick suite takes a few seconds")
 	dir := t.TempDir()
 	o, err := parseFlags([]string{"-quick", "-verify", "-device", "host", "-progress", "off", "-out", dir, "-strategies", "all",
 		"-kv-compute", "200us"}, os.Stderr)

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 // Factory opens drivers for the suite.
@@ -29,50 +30,69 @@ type Factory struct {
 	// Open returns a fresh driver for one test. The suite closes it.
 	Open func(t testing.TB) acl.Driver
 	// OpenCapacity returns a fresh driver whose device holds capacity bytes,
-	// so that the suite can run it out of memory. nil skips those tests (real
-	// hardware).
+	// so that the suite can run it out of memory. It may be nil only on
+	// Hardware, where those tests skip; a simulator without it fails them.
 	OpenCapacity func(t testing.TB, capacity uintptr) acl.Driver
 	// ExactCodes makes the suite check the codes the simulators choose where
 	// ACL's are not documented. Leave it false on real hardware.
 	ExactCodes bool
 	// Launcher returns a way to queue stand-in device work on d, for the tests
 	// of work in flight. nil means d itself, when it implements acl.Launcher
-	// (the host driver, the device model); a nil result skips those tests
-	// (real hardware, where no kernel can be launched from Go).
+	// (the host driver, the device model). Only on Hardware may there be
+	// none (no kernel can be launched from Go), and those tests skip; a
+	// simulator without one fails them.
 	Launcher func(d acl.Driver) acl.Launcher
+	// Hardware says the drivers are a real device: what only a simulator can
+	// do (limit the capacity, queue stand-in work) skips as a limit of the
+	// device, where a simulator that cannot do it fails.
+	Hardware bool
+}
+
+// A test of the suite that applies only to drivers with some capability:
+// the suite runs it where the driver's Caps promise it, and does not list it
+// elsewhere (a driver that promises nothing about fresh memory has nothing
+// to check there).
+type capTest struct {
+	name  string
+	fn    func(*testing.T, acl.Driver, Factory)
+	needs func(acl.Caps) bool
 }
 
 // Run runs the conformance suite against the drivers f opens.
 func Run(t *testing.T, f Factory) {
-	tests := []struct {
-		name string
-		fn   func(*testing.T, acl.Driver, Factory)
-	}{
-		{"Granularity", testGranularity},
-		{"MallocPhysicalChecks", testMallocChecks},
-		{"ReserveChecks", testReserveChecks},
-		{"MapRules", testMapRules},
-		{"UnmapRules", testUnmapRules},
-		{"ReleaseRules", testReleaseRules},
-		{"FreeRefcount", testFreeRefcount},
-		{"SetAccessRules", testSetAccess},
-		{"CopyRoundTrip", testCopy},
-		{"RemapKeepsData", testRemap},
-		{"HostMemory", testHostMemory},
-		{"GetMemInfo", testMemInfo},
-		{"Concurrent", testConcurrent},
-		{"Streams", testStreams},
-		{"Events", testEvents},
-		{"MemsetAsync", testMemsetAsync},
-		{"AccessSpan", testAccessSpan},
-		{"FreshMemory", testFresh},
-		{"WorkInFlight", testInFlight},
-		{"UnmapUnderWorkFaults", testUnmapFault},
-		{"CopyRacingWorkFaults", testCopyRaceFault},
-		{"ShareArgs", testShareArgs},
-		{"ShareExport", testShareExport},
+	tests := []capTest{
+		{"Granularity", testGranularity, nil},
+		{"MallocPhysicalChecks", testMallocChecks, nil},
+		{"ReserveChecks", testReserveChecks, nil},
+		{"MapRules", testMapRules, nil},
+		{"UnmapRules", testUnmapRules, nil},
+		{"ReleaseRules", testReleaseRules, nil},
+		{"FreeRefcount", testFreeRefcount, nil},
+		{"SetAccessRules", testSetAccess, nil},
+		{"CopyRoundTrip", testCopy, nil},
+		{"RemapKeepsData", testRemap, nil},
+		{"HostMemory", testHostMemory, nil},
+		{"GetMemInfo", testMemInfo, nil},
+		{"Concurrent", testConcurrent, nil},
+		{"Streams", testStreams, nil},
+		{"Events", testEvents, nil},
+		{"MemsetAsync", testMemsetAsync, nil},
+		{"AccessSpan", testAccessSpan, nil},
+		{"FreshMemory", testFresh, func(c acl.Caps) bool { return c.Fresh == acl.FreshZeroed }},
+		{"WorkInFlight", testInFlight, nil},
+		{"UnmapUnderWorkFaults", testUnmapFault, nil},
+		{"CopyRacingWorkFaults", testCopyRaceFault, nil},
+		{"ShareArgs", testShareArgs, nil},
+		{"ShareExport", testShareExport, func(c acl.Caps) bool { return c.Sharing != acl.SharingNone }},
 	}
+	d := f.Open(t) // for its Caps, which say which tests apply
+	require.NotNil(t, d)
+	caps := d.Caps()
+	require.NoError(t, d.Close())
 	for _, tc := range tests {
+		if tc.needs != nil && !tc.needs(caps) {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			d := open(t, f.Open)
 			tc.fn(t, d, f)
@@ -80,10 +100,20 @@ func Run(t *testing.T, f Factory) {
 	}
 	t.Run("OutOfMemory", func(t *testing.T) {
 		if f.OpenCapacity == nil {
-			t.Skip("the factory cannot limit the device's capacity")
+			simulatorOnly(t, f, "the factory cannot limit the device's capacity (Factory.OpenCapacity)")
 		}
 		testOOM(t, f)
 	})
+}
+
+// simulatorOnly ends a test that needs what only a simulator can do: a skip
+// on Hardware, a failure for a simulator whose factory does not provide it.
+func simulatorOnly(t *testing.T, f Factory, what string) {
+	t.Helper()
+	if f.Hardware {
+		skip.NoDevice(t, "%s: a real device", what)
+	}
+	t.Fatalf("%s, and Factory.Hardware is false: a simulator must provide it", what)
 }
 
 // open opens a driver and registers a cleanup that asserts nothing leaked.

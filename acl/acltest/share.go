@@ -79,11 +79,11 @@ func testShareArgs(t *testing.T, d acl.Driver, f Factory) {
 	}
 }
 
+// testShareExport runs where the driver shares memory (Run lists it only
+// there); testShareArgs checks that a driver that does not refuses.
 func testShareExport(t *testing.T, d acl.Driver, f Factory) {
 	sh := d.Caps().Sharing
-	if sh == acl.SharingNone {
-		t.Skipf("%s does not share memory", d.Name())
-	}
+	require.NotEqual(t, acl.SharingNone, sh)
 	g := granule(t, d)
 	ht := sh.HandleType()
 	before, counted := live(d)

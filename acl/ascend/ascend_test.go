@@ -22,6 +22,7 @@ import (
 	"github.com/vmarena/vmarena/acl/device"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/arena/arenatest"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 // factory opens drivers over the double at path for the conformance suite,
@@ -508,14 +509,14 @@ func TestLoading(t *testing.T) {
 	})
 	t.Run("SearchFindsNothing", func(t *testing.T) {
 		if _, err := os.Stat(ascend.DefaultInstall); err == nil {
-			t.Skip("CANN is installed here: the search would find it")
+			skip.NoDevice(t, "CANN is installed here (%s): the search would find it", ascend.DefaultInstall)
 		}
 		t.Setenv(ascend.LibraryEnv, "")
 		t.Setenv("ASCEND_HOME_PATH", "/nonexistent/ascend")
 		t.Setenv("ASCEND_TOOLKIT_HOME", "")
 		_, err := ascend.Open(ascend.Config{})
 		if err == nil {
-			t.Skip("the dynamic loader finds a libascendcl.so here")
+			skip.NoDevice(t, "the dynamic loader finds a libascendcl.so here")
 		}
 		require.ErrorIs(t, err, acl.ErrNotSupported)
 		for _, s := range []string{"/nonexistent/ascend/lib64/libascendcl.so ($ASCEND_HOME_PATH)",

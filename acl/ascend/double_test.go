@@ -19,6 +19,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/ascend"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 // The test double of the ACL runtime, testdata/fakeacl.c, is built with the C
@@ -39,58 +40,67 @@ var variants = map[string]struct {
 }
 
 var built struct {
-	dir  string // variant/<file> lives under it
-	skip string // why the double could not be built
+	once sync.Once
+	dir  string // variant/<file> lives under it; TestMain removes it
+	cc   error  // no C compiler: the tests that need the double skip (internal/skip.NoGCC)
+	err  error  // the double did not build: those tests fail
 }
 
 func TestMain(m *testing.M) {
-	code := func() int {
-		dir, err := os.MkdirTemp("", "fakeacl")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		built.dir = dir
-		if err := buildDouble(dir); err != nil {
-			built.skip = err.Error()
-		}
-		return m.Run()
-	}()
+	code := m.Run()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
 	os.Exit(code)
 }
 
-func buildDouble(dir string) error {
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "gcc"
-	}
-	if _, err := exec.LookPath(cc); err != nil {
-		return fmt.Errorf("no C compiler to build the ACL test double (%s: %v); install gcc or set CC", cc, err)
+// buildDouble builds every variant of the double into built.dir, once per
+// test binary, on first use.
+func buildDouble() {
+	cc, err := skip.CC()
+	if err != nil {
+		built.cc = err
+		return
 	}
 	src, err := filepath.Abs(filepath.Join("testdata", "fakeacl.c"))
-	if err != nil {
-		return err
+	if err == nil {
+		_, err = os.Stat(src)
 	}
+	if err != nil {
+		built.err = fmt.Errorf("the ACL test double's source: %w", err)
+		return
+	}
+	dir, err := os.MkdirTemp("", "fakeacl")
+	if err != nil {
+		built.err = err
+		return
+	}
+	built.dir = dir
 	for name, v := range variants {
 		out := filepath.Join(dir, name, v.file)
 		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-			return err
+			built.err = err
+			return
 		}
-		args := append([]string{"-shared", "-fPIC", "-O1", "-Wall", "-pthread", "-o", out, src}, v.flags...)
+		args := append([]string{"-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", out, src}, v.flags...)
 		if b, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("building the ACL test double with %s failed: %v\n%s", cc, err, b)
+			built.err = fmt.Errorf("building the ACL test double (variant %s) with %s failed: %v\n%s", name, cc, err, b)
+			return
 		}
 	}
-	return nil
 }
 
-// variantPath returns the built library of a variant, skipping the test when
-// there is no C compiler.
+// variantPath returns the built library of a variant. Without a C compiler
+// it skips the test (a failure under CI=true); when the double does not
+// build, it fails it.
 func variantPath(t testing.TB, name string) string {
 	t.Helper()
-	if built.skip != "" {
-		t.Skip(built.skip)
+	built.once.Do(buildDouble)
+	if built.cc != nil {
+		skip.NoGCC(t, built.cc)
+	}
+	if built.err != nil {
+		t.Fatal(built.err)
 	}
 	return filepath.Join(built.dir, name, variants[name].file)
 }

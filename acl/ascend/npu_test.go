@@ -17,6 +17,7 @@ import (
 	"github.com/vmarena/vmarena/acl/acltest"
 	"github.com/vmarena/vmarena/acl/ascend"
 	"github.com/vmarena/vmarena/arena/arenatest"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 // The hardware tests run on a real NPU through the runtime the default
@@ -52,7 +53,7 @@ func openNPU(t testing.TB) *ascend.Driver {
 	t.Helper()
 	d, err := ascend.Open(ascend.Config{Device: npuDevice()})
 	if errors.Is(err, acl.ErrNotSupported) && os.Getenv(RequireNPUEnv) == "" {
-		t.Skipf("no Ascend NPU: %v (set %s=1 to make this a failure)", err, RequireNPUEnv)
+		skip.NoDevice(t, "no Ascend NPU: %v (set %s=1 to make this a failure)", err, RequireNPUEnv)
 	}
 	require.NoError(t, err, "an Ascend runtime is present but does not work")
 	t.Cleanup(func() { assert.NoError(t, d.Close()) })
@@ -73,7 +74,7 @@ func TestNPUOpen(t *testing.T) {
 // skip; the codes ACL leaves undocumented are not checked.
 func TestNPUConformance(t *testing.T) {
 	openNPU(t) // skip once, here, not in every subtest
-	acltest.Run(t, acltest.Factory{Open: func(t testing.TB) acl.Driver { return openNPU(t) }})
+	acltest.Run(t, acltest.Factory{Open: func(t testing.TB) acl.Driver { return openNPU(t) }, Hardware: true})
 }
 
 // A stream the caller's own CANN code created (aclrtCreateStream called
@@ -105,7 +106,7 @@ func testRawForeignStream(t *testing.T, d *ascend.Driver) {
 	}
 	ev, err := d.CreateEvent()
 	if errors.Is(err, acl.ErrNotSupported) {
-		t.Skipf("no events on this runtime: %v", err)
+		skip.NoDevice(t, "no events on this runtime: %v", err)
 	}
 	require.NoError(t, err)
 	defer func() { require.NoError(t, d.DestroyEvent(ev)) }()

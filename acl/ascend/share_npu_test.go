@@ -13,10 +13,11 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/ipc"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
-// envShareChild makes TestNPUShareChild the importing process of
-// TestNPUShareAcrossProcesses.
+// envShareChild makes TestNPUShareAcrossProcesses, started by itself in a
+// second process, play the importing process.
 const envShareChild = "VMARENA_ASCEND_SHARE_CHILD"
 
 // TestNPUShareAcrossProcesses exports a chunk holding a pattern for a second
@@ -25,9 +26,13 @@ const envShareChild = "VMARENA_ASCEND_SHARE_CHILD"
 // memory, and writes an answer into it, which this process reads: one
 // memory, two processes, on the NPU.
 func TestNPUShareAcrossProcesses(t *testing.T) {
+	if os.Getenv(envShareChild) != "" {
+		npuShareChild(t)
+		return
+	}
 	d := openNPU(t)
 	if d.Caps().Sharing != acl.SharingToken {
-		t.Skipf("%s: the runtime has no sharing calls", d.Name())
+		skip.NoDevice(t, "%s: the runtime has no sharing calls", d.Name())
 	}
 	const g = acl.HugePageSize
 	p := acl.DeviceProp(d.Device(), 0)
@@ -43,7 +48,7 @@ func TestNPUShareAcrossProcesses(t *testing.T) {
 	conn, f, err := ipc.Socketpair()
 	require.NoError(t, err)
 	defer conn.Close()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestNPUShareChild$", "-test.v")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestNPUShareAcrossProcesses$", "-test.v")
 	cmd.Env = append(os.Environ(), envShareChild+"=1")
 	cmd.ExtraFiles = []*os.File{f}
 	out := &bytes.Buffer{}
@@ -64,12 +69,8 @@ func TestNPUShareAcrossProcesses(t *testing.T) {
 	require.NoError(t, d.ReleaseMemAddress(base))
 }
 
-// TestNPUShareChild is the importing process of TestNPUShareAcrossProcesses;
-// it runs only when that test starts it.
-func TestNPUShareChild(t *testing.T) {
-	if os.Getenv(envShareChild) == "" {
-		t.Skip("runs as the second process of TestNPUShareAcrossProcesses")
-	}
+// npuShareChild is the importing process of TestNPUShareAcrossProcesses.
+func npuShareChild(t *testing.T) {
 	f := os.NewFile(3, "socket")
 	conn, err := ipc.FileConn(f)
 	require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 // The test double of libcuda (testdata/fakecuda.c) is compiled once per test
@@ -30,8 +31,8 @@ var double struct {
 	once sync.Once
 	dir  string // removed by TestMain
 	lib  string
-	skip string // why the double cannot be used here
-	err  error
+	cc   error // no C compiler: the tests that need the double skip (internal/skip.NoGCC)
+	err  error // the double did not build, or its source is missing: those tests fail
 }
 
 func TestMain(m *testing.M) {
@@ -43,25 +44,24 @@ func TestMain(m *testing.M) {
 }
 
 // builtDouble returns the path of the compiled double, building it on first
-// use. It skips the test when there is no C compiler.
+// use. Without a C compiler it skips the test (a failure under CI=true);
+// when the double does not build, it fails it.
 func builtDouble(t testing.TB) string {
 	t.Helper()
+	if !supported {
+		// The build tags of this file admit only platforms the binding
+		// loads libraries on; this is a guard, not a skip.
+		t.Fatalf("the CUDA binding does not load libraries on %s/%s", runtime.GOOS, runtime.GOARCH)
+	}
 	double.once.Do(func() {
-		if !supported {
-			double.skip = fmt.Sprintf("the CUDA binding does not load libraries on %s/%s", runtime.GOOS, runtime.GOARCH)
-			return
-		}
 		src := filepath.Join("testdata", "fakecuda.c")
 		if _, err := os.Stat(src); err != nil {
-			double.skip = fmt.Sprintf("the libcuda test double's source is not here (a test binary run outside acl/cuda?): %v", err)
+			double.err = fmt.Errorf("the libcuda test double's source (a test binary run outside acl/cuda?): %w", err)
 			return
 		}
-		cc := os.Getenv("CC")
-		if cc == "" {
-			cc = "gcc"
-		}
-		if _, err := exec.LookPath(cc); err != nil {
-			double.skip = fmt.Sprintf("no C compiler (%s) to build the libcuda test double: %v", cc, err)
+		cc, err := skip.CC()
+		if err != nil {
+			double.cc = err
 			return
 		}
 		dir, err := os.MkdirTemp("", "vmarena-fakecuda-")
@@ -79,8 +79,8 @@ func builtDouble(t testing.TB) string {
 		}
 		double.lib = lib
 	})
-	if double.skip != "" {
-		t.Skip(double.skip)
+	if double.cc != nil {
+		skip.NoGCC(t, double.cc)
 	}
 	require.NoError(t, double.err)
 	return double.lib
@@ -318,9 +318,10 @@ func resultOf(err error) Result {
 func TestDoubleSymbolsAreTheBindingsSymbols(t *testing.T) {
 	src := builtDouble(t)
 	out, err := exec.Command("nm", "-D", "--defined-only", src).Output()
-	if err != nil {
-		t.Skipf("nm: %v", err)
+	if errors.Is(err, exec.ErrNotFound) {
+		skip.NoGCC(t, fmt.Errorf("no nm (binutils, which gcc needs too): %w", err))
 	}
+	require.NoError(t, err, "nm -D %s", src)
 	var exported []string
 	for _, line := range strings.Split(string(out), "\n") {
 		fields := strings.Fields(line)

@@ -21,6 +21,7 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/acltest"
 	"github.com/vmarena/vmarena/arena/arenatest"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 // The hardware check. It needs an NVIDIA GPU with its driver, and neither a
@@ -47,7 +48,7 @@ func openGPU(t testing.TB) *Driver {
 	if err != nil {
 		absent := errors.Is(err, acl.ErrNotSupported) || errors.Is(err, acl.ErrNoDevice)
 		if absent && os.Getenv("VMARENA_REQUIRE_GPU") == "" {
-			t.Skipf("no usable NVIDIA GPU (set VMARENA_REQUIRE_GPU=1 to fail instead): %v", err)
+			skip.NoDevice(t, "no usable NVIDIA GPU (set VMARENA_REQUIRE_GPU=1 to fail instead): %v", err)
 		}
 		t.Fatalf("NVIDIA GPU: %v", err)
 	}
@@ -55,6 +56,16 @@ func openGPU(t testing.TB) *Driver {
 }
 
 func TestHardware(t *testing.T) {
+	// The checks that cross processes start this test again as the second
+	// process, with a variable that says which part it plays.
+	if os.Getenv(envFreshChild) != "" {
+		freshChild(t)
+		return
+	}
+	if os.Getenv(envShareChild) != "" {
+		shareChild(t)
+		return
+	}
 	d := openGPU(t)
 	t.Logf("%s: CUDA driver %s, granularity %d (recommended %d), caps %+v", d.Name(), versionString(d.version), d.gran, d.granRec, d.Caps())
 	require.NoError(t, d.Close())
@@ -64,11 +75,12 @@ func TestHardware(t *testing.T) {
 	t.Run("FreshAcrossProcesses", func(t *testing.T) { fresh = testFreshAcrossProcesses(t) })
 	t.Run("Conformance", func(t *testing.T) {
 		// Launcher nil: no kernel can be queued from Go, so the tests of
-		// work in flight skip; streams, events, MemsetAsync and access spans
-		// run on the GPU.
+		// work in flight skip (Hardware); streams, events, MemsetAsync and
+		// access spans run on the GPU.
 		acltest.Run(t, acltest.Factory{
 			Open:       func(t testing.TB) acl.Driver { return openGPU(t) },
 			ExactCodes: false,
+			Hardware:   true,
 		})
 	})
 	t.Run("ArenaConformance", func(t *testing.T) {
@@ -526,13 +538,10 @@ func allBytes(b []byte, v byte) bool {
 	return true
 }
 
-// TestHardwareFreshChild is the child of the fresh-memory check; it skips
-// unless TestHardware started it.
-func TestHardwareFreshChild(t *testing.T) {
+// freshChild is the child of the fresh-memory check: TestHardware, started
+// by it with envFreshChild set.
+func freshChild(t *testing.T) {
 	spec := os.Getenv(envFreshChild)
-	if spec == "" {
-		t.Skip("run by TestHardware's fresh-memory check only")
-	}
 	var gib, value int
 	_, err := fmt.Sscanf(spec, "%d,%d", &gib, &value)
 	require.NoError(t, err, envFreshChild)
@@ -556,11 +565,11 @@ func testFreshAcrossProcesses(t *testing.T) string {
 		require.NoError(t, err, "VMARENA_HW_FRESH_GIB")
 	}
 	if gib < 1 {
-		t.Skipf("%d MiB free: too little for the check", free>>20)
+		skip.NoDevice(t, "%d MiB free on the GPU: too little for the check", free>>20)
 	}
 	// Bytes nothing else in the tests writes.
 	theirs, ours := byte(0xC3), byte(0x3C)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHardwareFreshChild$", "-test.v")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHardware$", "-test.v")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d,%d", envFreshChild, gib, theirs))
 	t0 := time.Now()
 	out, err := cmd.CombinedOutput()

@@ -12,10 +12,11 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/ipc"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
-// envShareChild makes TestHardwareShareChild the importing process of
-// testShareAcrossProcesses.
+// envShareChild makes TestHardware, started again by
+// testShareAcrossProcesses, play the importing process (shareChild).
 const envShareChild = "VMARENA_CUDA_SHARE_CHILD"
 
 // testShareAcrossProcesses exports a chunk holding a pattern, sends the
@@ -26,7 +27,7 @@ func testShareAcrossProcesses(t *testing.T) {
 	d := openGPU(t)
 	defer func() { require.NoError(t, d.Close()) }()
 	if d.Caps().Sharing != acl.SharingFD {
-		t.Skipf("%s does not export POSIX file descriptors", d.Name())
+		skip.NoDevice(t, "%s does not export POSIX file descriptors", d.Name())
 	}
 	g := d.gran
 	p := acl.DeviceProp(d.Device(), 0)
@@ -44,7 +45,7 @@ func testShareAcrossProcesses(t *testing.T) {
 	conn, f, err := ipc.Socketpair()
 	require.NoError(t, err)
 	defer conn.Close()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHardwareShareChild$", "-test.v")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHardware$", "-test.v")
 	cmd.Env = append(os.Environ(), envShareChild+"=1")
 	cmd.ExtraFiles = []*os.File{f}
 	out := &bytes.Buffer{}
@@ -63,12 +64,8 @@ func testShareAcrossProcesses(t *testing.T) {
 	require.True(t, d.Live().Zero(), "%+v", d.Live())
 }
 
-// TestHardwareShareChild is the importing process of
-// testShareAcrossProcesses; it runs only when that test starts it.
-func TestHardwareShareChild(t *testing.T) {
-	if os.Getenv(envShareChild) == "" {
-		t.Skip("runs as the second process of TestHardware/ShareAcrossProcesses")
-	}
+// shareChild is the importing process of testShareAcrossProcesses.
+func shareChild(t *testing.T) {
 	f := os.NewFile(3, "socket")
 	conn, err := ipc.FileConn(f)
 	require.NoError(t, err)

@@ -36,6 +36,9 @@ func TestConformanceNoSetAccess(t *testing.T) {
 		Open: func(t testing.TB) acl.Driver {
 			return newHost(t, host.Config{Capacity: 1 << 30, NoSetAccess: true})
 		},
+		OpenCapacity: func(t testing.TB, c uintptr) acl.Driver {
+			return newHost(t, host.Config{Capacity: c, NoSetAccess: true})
+		},
 		ExactCodes: true,
 	})
 }
@@ -229,6 +232,9 @@ func TestConformanceAccessSpan(t *testing.T) {
 	acltest.Run(t, acltest.Factory{
 		Open: func(t testing.TB) acl.Driver {
 			return newHost(t, host.Config{Capacity: 1 << 30, AccessSpan: true})
+		},
+		OpenCapacity: func(t testing.TB, c uintptr) acl.Driver {
+			return newHost(t, host.Config{Capacity: c, AccessSpan: true})
 		},
 		ExactCodes: true,
 	})

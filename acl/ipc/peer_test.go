@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -70,17 +71,26 @@ func TestRecvPeerSocketpair(t *testing.T) {
 
 // Over a connected socket the peer is who connected, as the kernel recorded
 // it then (SO_PEERCRED): what the peer claims in a message does not count.
+// The other process is this test again, told by envPeer where to connect.
 func TestRecvPeerConnected(t *testing.T) {
+	if path := os.Getenv(envPeer); path != "" {
+		// The other process: connect, say hello, wait for the close.
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
+		require.NoError(t, err)
+		defer c.Close()
+		_, err = c.Write([]byte("hello"))
+		require.NoError(t, err)
+		_, _ = c.Read(make([]byte, 1))
+		return
+	}
 	path := t.TempDir() + "/s"
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	require.NoError(t, err)
 	defer l.Close()
-	if _, err := exec.LookPath("python3"); err != nil {
-		t.Skip("needs python3 to play another process")
-	}
-	cmd := exec.Command("python3", "-c",
-		"import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b'hello'); s.recv(1)", path)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRecvPeerConnected$")
+	cmd.Env = append(os.Environ(), envPeer+"="+path)
 	require.NoError(t, cmd.Start())
+	require.NoError(t, l.SetDeadline(time.Now().Add(time.Minute)), "fail, not hang, if the other process never connects")
 	c, err := l.AcceptUnix()
 	require.NoError(t, err)
 	defer c.Close()
@@ -94,8 +104,12 @@ func TestRecvPeerConnected(t *testing.T) {
 	assert.Equal(t, cmd.Process.Pid, p.PID)
 	assert.Contains(t, p.String(), "SO_PEERCRED")
 	c.Close()
-	_ = cmd.Wait()
+	require.NoError(t, cmd.Wait(), "the other process")
 }
+
+// envPeer makes TestRecvPeerConnected, started again by itself, the process
+// that connects.
+const envPeer = "VMARENA_IPC_PEER"
 
 // A process that has exited is not alive, and a pidfd never names a later
 // holder of its PID.

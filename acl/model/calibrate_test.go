@@ -15,6 +15,7 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/acl/host"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 // truthProfile has a distinct, easily measured value for every coefficient
@@ -167,7 +168,7 @@ func TestCalibrateModel(t *testing.T) {
 func TestCalibrateHost(t *testing.T) {
 	d, err := host.New(host.Config{Capacity: 256 << 20, AccessSpan: true})
 	if errors.Is(err, acl.ErrNotSupported) {
-		t.Skip(err)
+		skip.Unsupported(t, "the host driver: %v", err)
 	}
 	require.NoError(t, err)
 	defer func() { require.NoError(t, d.Close()) }()

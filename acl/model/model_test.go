@@ -9,6 +9,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/acltest"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 func open(t testing.TB, cfg Config) *Driver {
@@ -66,9 +67,7 @@ func TestName(t *testing.T) {
 // chunks, and checks that the model's own memory stays proportional to its
 // books, and that a read fails instead of returning bytes nobody wrote.
 func TestLargeDevice(t *testing.T) {
-	if testing.Short() {
-		t.Skip("maps 72192 chunks")
-	}
+	skip.IfShort(t, "maps 72192 chunks")
 	const capacity = 141 << 30
 	d := open(t, Config{Capacity: capacity, Untimed: true, NoData: true})
 	defer func() {

@@ -266,3 +266,24 @@ type Launcher interface {
 	// or a data race.
 	Faults() int
 }
+
+// GrantAccess grants desc to n adjacent mappings of size bytes each, the
+// first at ptr, the way d's device allows: one MemSetAccess over the whole
+// run where d.Caps().AccessSpan says so, else one call per mapping (ACL's
+// rule). It stops at the first error and returns it as the driver gave it;
+// one matching ErrNotSupported means the runtime lacks the call and the
+// mappings are accessible without it.
+func GrantAccess(d Driver, ptr DevicePtr, size uintptr, n int, desc []MemAccessDesc) error {
+	if n <= 0 {
+		return nil
+	}
+	if d.Caps().AccessSpan {
+		return d.MemSetAccess(ptr, uintptr(n)*size, desc)
+	}
+	for i := range n {
+		if err := d.MemSetAccess(ptr.Add(uintptr(i)*size), size, desc); err != nil {
+			return err
+		}
+	}
+	return nil
+}

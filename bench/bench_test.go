@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -51,6 +52,10 @@ func TestQuick(t *testing.T) {
 			PeakLive           int64   `json:"peak_live"`
 			WallNS             float64 `json:"wall_ns"`
 			DeviceSyncs        int64   `json:"device_syncs"`
+			MaxMappings        int64   `json:"max_mappings"`
+			MaxMapBatch        int64   `json:"max_map_batch"`
+			Remaps             int64   `json:"remaps"`
+			Reclaimed          int64   `json:"reclaimed"`
 		}
 		Targets []struct{ Name string }
 	}
@@ -101,6 +106,36 @@ func TestQuick(t *testing.T) {
 	if len(res.Targets) == 0 {
 		t.Error("no targets checked")
 	}
+	// -quick exercises what the full run does, at small sizes.
+	seen := map[string]bool{}
+	for _, r := range res.Rows {
+		key := r.Workload + "/" + r.Strategy
+		seen[key] = true
+		var got []string
+		if r.MaxMappings > 1 {
+			got = append(got, "several")
+		}
+		if r.MaxMapBatch > 1 {
+			got = append(got, "batch")
+		}
+		if r.Remaps > 0 {
+			got = append(got, "regrowth")
+		}
+		if r.Reclaimed > 0 {
+			got = append(got, "relief")
+		}
+		for _, f := range strings.Split(fullFeatures[key], ",") {
+			if f != "" && !slices.Contains(got, f) {
+				t.Errorf("%s: the full run exercises %s (%s), -quick does not (it did %v): max mappings %d, most mapped at once %d, remaps %d, reclaimed %d",
+					key, f, featureMeaning[f], got, r.MaxMappings, r.MaxMapBatch, r.Remaps, r.Reclaimed)
+			}
+		}
+	}
+	for key := range fullFeatures {
+		if !seen[key] {
+			t.Errorf("%s: in the full run, not in -quick", key)
+		}
+	}
 
 	// bench.txt is Go benchmark format: a header, then Benchmark lines with
 	// an iteration count and value-unit pairs.
@@ -132,6 +167,31 @@ func TestQuick(t *testing.T) {
 			}
 		}
 	}
+}
+
+// fullFeatures is what the full suite (go run ./bench, no flags) exercised
+// on the host driver and on the device model, by workload and strategy (the
+// default strategies; arena-eager as the arena): results.json's
+// max_mappings > 1 (several), max_map_batch > 1 (batch), remaps > 0
+// (regrowth) and reclaimed > 0 (relief). TestQuick requires -quick to do at
+// least as much.
+var fullFeatures = map[string]string{
+	"kv/arena":                   "several,batch",
+	"kv/arena-eager":             "several,batch",
+	"kv/caching-expandable":      "several,batch",
+	"scratch/arena":              "several,batch,regrowth",
+	"scratch/arena-eager":        "several,batch,regrowth",
+	"scratch/caching-expandable": "several,batch",
+	"churn/arena":                "several,batch,regrowth,relief",
+	"churn/arena-eager":          "several,batch,regrowth",
+	"churn/caching-expandable":   "several",
+}
+
+var featureMeaning = map[string]string{
+	"several":  "a region holding several mappings",
+	"batch":    "several mappings made at once, before their access call",
+	"regrowth": "a region mapped again where a shrink had unmapped",
+	"relief":   "idle chunks taken back under the budget for another tenant",
 }
 
 func TestParseSize(t *testing.T) {

@@ -100,20 +100,23 @@ var replayed = []string{"kv", "scratch", "churn"}
 
 var scrubs = map[string]chunk.Scrub{"reuse": chunk.ScrubOnReuse, "release": chunk.ScrubOnRelease, "never": chunk.ScrubNever}
 
-// quickValues are the flag values -quick uses, for flags not set explicitly.
+// quickValues are the flag values -quick uses, for flags not set explicitly:
+// small sizes that still exercise what the full run does (TestQuick checks
+// it): regions of several mappings, growths that map several at once,
+// shrinks and regrowth, reliefs under the churn budget.
 var quickValues = map[string]string{
 	"kv-layers":          "4",
 	"kv-block":           "128",
 	"kv-slots":           "4",
 	"kv-requests":        "8",
-	"kv-prompt":          "32:512",
+	"kv-prompt":          "32:1536", // a prefill over 20 MiB: caching-expandable maps several pages at once, as in the full run
 	"kv-gen":             "32:512",
 	"kv-compute":         "200us",
-	"scratch-steps":      "40",
+	"scratch-steps":      "80", // enough trims and spikes that an arena shrinks and grows back
 	"scratch-bufs":       "2:8",
 	"scratch-size":       "64KiB:2MiB",
 	"scratch-spike":      "0.05",
-	"scratch-spike-size": "4MiB:8MiB",
+	"scratch-spike-size": "16MiB:48MiB", // spikes over a 20 MiB page, as in the full run
 	"churn-steps":        "30",
 	"churn-period":       "15",
 	"churn-demand":       "8MiB:32MiB",

@@ -86,7 +86,12 @@ type row struct {
 	Written       int64   `json:"written"`
 	Denied        int64   `json:"denied"`
 	FailedTrims   int64   `json:"failed_trims"`
-	Served        float64 `json:"served"` // fraction of the demand held (budgeted workloads)
+	// The shape of the run's mappings (counting.Memory): what -quick must
+	// exercise as the full run does.
+	MaxMappings int64   `json:"max_mappings"`  // the most one reservation held at once
+	MaxMapBatch int64   `json:"max_map_batch"` // the most mapped in a row before an access call
+	Remaps      int64   `json:"remaps"`        // maps where a shrink had unmapped: regrowth
+	Served      float64 `json:"served"`        // fraction of the demand held (budgeted workloads)
 
 	Calls     map[string][2]int64 `json:"driver_calls"`         // kind → [calls, ns]
 	PathCalls map[string][2]int64 `json:"driver_calls_on_path"` // the same, inside the caller's strategy calls (an upper bound)
@@ -280,6 +285,7 @@ func summarise(runs []*workload.Result) *row {
 	x.PeakLive = med.PeakLive
 	x.Regions = med.Regions
 	x.Copied, x.Written = med.Mem.Copied, med.Mem.Written
+	x.MaxMappings, x.MaxMapBatch, x.Remaps = med.Mem.MaxMappings, med.Mem.MaxMapBatch, med.Mem.Remaps
 	x.Denied, x.FailedTrims = med.Denied, med.FailedTrims
 	if med.Demand > 0 {
 		x.Served = float64(med.Served) / float64(med.Demand)

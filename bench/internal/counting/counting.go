@@ -110,6 +110,12 @@ type Memory struct {
 	PeakMapped   int64 // the most Mapped ever was
 	Copied       int64 // bytes copied device to device
 	Written      int64 // bytes copied host to device
+
+	// The shape of what the strategy did with its mappings, over the run
+	// (what -quick must exercise as the full run does):
+	MaxMappings int64 // the most mappings one reservation held at once
+	MaxMapBatch int64 // the most MapMem calls made in a row before a MemSetAccess granted access
+	Remaps      int64 // MapMem calls at an address unmapped earlier in the same reservation: regrowth after a shrink
 }
 
 // Driver counts and times the calls it passes on to the wrapped driver.
@@ -129,11 +135,20 @@ type Driver struct {
 
 	budget int64
 
-	mu      sync.Mutex
-	handles map[acl.PhysicalHandle]*handle
-	maps    map[acl.DevicePtr]mapping
-	mem     Memory
-	claimed int64 // bytes of MallocPhysical calls in flight
+	mu       sync.Mutex
+	handles  map[acl.PhysicalHandle]*handle
+	maps     map[acl.DevicePtr]mapping
+	resv     map[acl.DevicePtr]*reservation // by base
+	unmapped map[acl.DevicePtr]bool         // addresses unmapped in a live reservation
+	batch    int64                          // MapMem calls since the last MemSetAccess
+	mem      Memory
+	claimed  int64 // bytes of MallocPhysical calls in flight
+}
+
+// reservation is a live reservation and how many mappings it holds.
+type reservation struct {
+	size uintptr
+	maps int64
 }
 
 type handle struct {
@@ -153,11 +168,23 @@ var _ acl.Driver = (*Driver)(nil)
 // out-of-memory code once the physical bytes held would pass it.
 func New(d acl.Driver, budget int64) *Driver {
 	return &Driver{
-		Driver:  d,
-		budget:  budget,
-		handles: make(map[acl.PhysicalHandle]*handle),
-		maps:    make(map[acl.DevicePtr]mapping),
+		Driver:   d,
+		budget:   budget,
+		handles:  make(map[acl.PhysicalHandle]*handle),
+		maps:     make(map[acl.DevicePtr]mapping),
+		resv:     make(map[acl.DevicePtr]*reservation),
+		unmapped: make(map[acl.DevicePtr]bool),
 	}
+}
+
+// reservationOfLocked returns the live reservation holding ptr, or nil.
+func (d *Driver) reservationOfLocked(ptr acl.DevicePtr) *reservation {
+	for base, r := range d.resv {
+		if ptr >= base && uintptr(ptr-base) < r.size {
+			return r
+		}
+	}
+	return nil
 }
 
 // Unwrap returns the wrapped driver.
@@ -312,14 +339,37 @@ func (d *Driver) FreePhysical(h acl.PhysicalHandle) error {
 
 // ReserveMemAddress passes the call on.
 func (d *Driver) ReserveMemAddress(size, alignment uintptr, expect acl.DevicePtr, flags uint64) (acl.DevicePtr, error) {
-	defer func(start time.Time) { d.self(d.done(Reserve, start)) }(time.Now())
-	return d.Driver.ReserveMemAddress(size, alignment, expect, flags)
+	start := time.Now()
+	base, err := d.Driver.ReserveMemAddress(size, alignment, expect, flags)
+	end := d.done(Reserve, start)
+	defer d.self(end)
+	if err == nil {
+		d.mu.Lock()
+		d.resv[base] = &reservation{size: size}
+		d.mu.Unlock()
+	}
+	return base, err
 }
 
 // ReleaseMemAddress passes the call on.
 func (d *Driver) ReleaseMemAddress(base acl.DevicePtr) error {
-	defer func(start time.Time) { d.self(d.done(Release, start)) }(time.Now())
-	return d.Driver.ReleaseMemAddress(base)
+	start := time.Now()
+	err := d.Driver.ReleaseMemAddress(base)
+	end := d.done(Release, start)
+	defer d.self(end)
+	if err == nil {
+		d.mu.Lock()
+		if r := d.resv[base]; r != nil {
+			for p := range d.unmapped {
+				if p >= base && uintptr(p-base) < r.size {
+					delete(d.unmapped, p) // a later reservation may lie here
+				}
+			}
+			delete(d.resv, base)
+		}
+		d.mu.Unlock()
+	}
+	return err
 }
 
 // MapMem passes the call on.
@@ -336,6 +386,16 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, h acl.PhysicalH
 		}
 		d.mem.Mapped += int64(size)
 		d.mem.PeakMapped = max(d.mem.PeakMapped, d.mem.Mapped)
+		if r := d.reservationOfLocked(ptr); r != nil {
+			r.maps++
+			d.mem.MaxMappings = max(d.mem.MaxMappings, r.maps)
+		}
+		if d.unmapped[ptr] {
+			delete(d.unmapped, ptr)
+			d.mem.Remaps++
+		}
+		d.batch++
+		d.mem.MaxMapBatch = max(d.mem.MaxMapBatch, d.batch)
 		d.mu.Unlock()
 	}
 	return err
@@ -356,6 +416,10 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 				d.unrefLocked(m.h, x)
 			}
 		}
+		if r := d.reservationOfLocked(ptr); r != nil {
+			r.maps--
+			d.unmapped[ptr] = true
+		}
 		d.mu.Unlock()
 	}
 	return err
@@ -363,8 +427,14 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 
 // MemSetAccess passes the call on.
 func (d *Driver) MemSetAccess(ptr acl.DevicePtr, size uintptr, desc []acl.MemAccessDesc) error {
-	defer func(start time.Time) { d.self(d.done(SetAccess, start)) }(time.Now())
-	return d.Driver.MemSetAccess(ptr, size, desc)
+	start := time.Now()
+	err := d.Driver.MemSetAccess(ptr, size, desc)
+	end := d.done(SetAccess, start)
+	defer d.self(end)
+	d.mu.Lock()
+	d.batch = 0
+	d.mu.Unlock()
+	return err
 }
 
 // MemcpyHtoD passes the call on and counts the bytes written.

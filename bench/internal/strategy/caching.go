@@ -31,7 +31,8 @@ import (
 // Expandable, it is PyTorch's expandable-segments mode: each pool is one
 // reservation of address space that grows at its end by mapping pages (2 MiB
 // in the small pool, 20 MiB in the large: a physical allocation and a map
-// each, and one access call over the new run), so a free block at the end
+// each, and one access call over the new run, or one per page where the
+// driver's Caps().AccessSpan says a call covers one mapping), so a free block at the end
 // of the segment grows instead of a new segment being made; releasing
 // unmaps the pages of the free space at the segment's end.
 type cachingStrategy struct {
@@ -335,8 +336,9 @@ func (s *cachingStrategy) grow(p *cpool, size int64) error {
 		made = append(made, segment{base: ptr, h: h, size: sg.page})
 	}
 	if !s.implicit {
-		// One access call over the run of new pages, as PyTorch does.
-		err := s.drv.MemSetAccess(at, uintptr(pages*sg.page), s.access)
+		// One access call over the run of new pages, as PyTorch does, where
+		// the driver allows it (CUDA); one per page where it does not (ACL).
+		err := acl.GrantAccess(s.drv, at, uintptr(sg.page), int(pages), s.access)
 		switch {
 		case errors.Is(err, acl.ErrNotSupported):
 			s.implicit = true

@@ -1,14 +1,17 @@
 package strategy
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/acl/model"
 	"github.com/vmarena/vmarena/bench/internal/counting"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 const mib = 1 << 20
@@ -146,4 +149,41 @@ func TestCachingExpandable(t *testing.T) {
 	require.NoError(t, r.Close())
 	require.NoError(t, st.Close())
 	assert.Zero(t, cd.Memory().Physical)
+}
+
+// TestCachingExpandableFollowsTheDriver grows the expandable segment by
+// three pages at once on the host driver, which keeps ACL's rule (one
+// MemSetAccess per mapping) unless told to allow spans as CUDA does: the
+// access calls follow acl.Caps.AccessSpan, and the memory is usable.
+func TestCachingExpandableFollowsTheDriver(t *testing.T) {
+	for _, span := range []bool{false, true} {
+		h, err := host.New(host.Config{Capacity: 256 * mib, AccessSpan: span})
+		if errors.Is(err, acl.ErrNotSupported) {
+			skip.Unsupported(t, "the host driver: %v", err)
+		}
+		require.NoError(t, err)
+		cd := counting.New(h, 0)
+		st, err := New("caching-expandable", Config{Driver: cd})
+		require.NoError(t, err)
+		r, err := st.Open(0)
+		require.NoError(t, err)
+		require.NoError(t, r.Grow(50*mib), "AccessSpan %v: three 20 MiB pages in one growth", span)
+		calls := cd.Calls()
+		require.Equal(t, int64(3), calls.N[counting.Map])
+		want := int64(3)
+		if span {
+			want = 1
+		}
+		assert.Equal(t, want, calls.N[counting.SetAccess], "AccessSpan %v: access calls", span)
+		assert.Equal(t, int64(3), cd.Memory().MaxMapBatch)
+		off, err := r.Alloc(50*mib, 256)
+		require.NoError(t, err)
+		p, err := r.Ptr(off, 50*mib)
+		require.NoError(t, err)
+		require.NoError(t, h.Memset(p, 0xA5, 50*mib), "the whole run is accessible")
+		require.NoError(t, r.Close())
+		require.NoError(t, st.Close())
+		assert.True(t, h.Live().Zero(), "%+v", h.Live())
+		require.NoError(t, h.Close())
+	}
 }

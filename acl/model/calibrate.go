@@ -159,6 +159,7 @@ type cal struct {
 	hs      map[acl.PhysicalHandle]bool
 	streams map[acl.Stream]bool
 	events  map[acl.Event]bool
+	pinned  []byte // MallocHost's buffer while the pinned copies are measured
 }
 
 func (c *cal) add(name string, size uintptr, d time.Duration) {
@@ -298,6 +299,9 @@ func (c *cal) cleanup() error {
 			delete(c.streams, s)
 		}
 	}
+	if c.pinned != nil && retry(func() error { return c.d.FreeHost(c.pinned) }) {
+		c.pinned = nil
+	}
 	return errors.Join(errs...)
 }
 
@@ -431,6 +435,37 @@ func (c *cal) span(k int) error {
 	return c.release(p, n, false)
 }
 
+// pinnedCopies measures the copies to and from p through a MallocHost
+// buffer (page-locked memory, what an Offload sleep and wake copy through),
+// where the driver has MallocHost; without it the pinned bandwidths are
+// carried over.
+func (c *cal) pinnedCopies(p acl.DevicePtr) error {
+	buf, err := c.d.MallocHost(c.copyMax)
+	if errors.Is(err, acl.ErrNotSupported) {
+		c.opts.Log("no MallocHost (%v): the pinned bandwidths are carried over", err)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("MallocHost of %d bytes: %w", c.copyMax, err)
+	}
+	c.pinned = buf
+	for rep := -1; rep < c.opts.Reps; rep++ {
+		for _, n := range c.opts.CopySizes {
+			if err := c.timed("htod_pinned", n, rep >= 0, func() error { return c.d.MemcpyHtoD(p, buf[:n]) }); err != nil {
+				return fmt.Errorf("htod of %d bytes from pinned memory: %w", n, err)
+			}
+			if err := c.timed("dtoh_pinned", n, rep >= 0, func() error { return c.d.MemcpyDtoH(buf[:n], p) }); err != nil {
+				return fmt.Errorf("dtoh of %d bytes to pinned memory: %w", n, err)
+			}
+		}
+	}
+	if err := c.d.FreeHost(buf); err != nil {
+		return fmt.Errorf("FreeHost: %w", err) // cleanup tries again
+	}
+	c.pinned = nil
+	return nil
+}
+
 // copies measures the copies, Memset and MemsetAsync in a work area of
 // work bytes.
 func (c *cal) copies(work uintptr) error {
@@ -468,6 +503,9 @@ func (c *cal) copies(work uintptr) error {
 				}
 			}
 		}
+	}
+	if err := c.pinnedCopies(p); err != nil {
+		return err
 	}
 	if err := c.probeStreams(); err != nil {
 		return err
@@ -790,6 +828,23 @@ func (c *cal) profile() *Profile {
 		src := fmt.Sprintf("least squares over the medians at %s, %d samples each", sizesText(sizes), o.Reps)
 		set(&p.Calls[k.name].Base, r3(max(0, a)), src+" (the intercept)", note)
 		set(k.bw, r3(1048.576/b), src+" (1 ÷ the slope)", note)
+	}
+	// The same copies through page-locked memory: the call's base is the
+	// pageable copy's, the bandwidth their own.
+	for _, k := range []struct {
+		name string
+		bw   **Coef
+	}{{"htod_pinned", &p.Device.PinnedHtoDGBps}, {"dtoh_pinned", &p.Device.PinnedDtoHGBps}} {
+		sizes, meds := c.medians(k.name)
+		_, b, ok := lsq(sizesF(sizes), meds)
+		if !ok || b <= 0 {
+			continue
+		}
+		if *k.bw == nil {
+			*k.bw = &Coef{}
+		}
+		src := fmt.Sprintf("copies through a MallocHost buffer, least squares over the medians at %s, %d samples each (1 ÷ the slope)", sizesText(sizes), o.Reps)
+		set(*k.bw, r3(1048.576/b), src, describe(sizes, meds, sizeName))
 	}
 
 	// Device work: MemsetAsync followed by SynchronizeStream, less the

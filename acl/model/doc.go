@@ -32,7 +32,8 @@
 //	    base + per_mib × (size − granularity) / MiB
 //	    (+ per_mapping × (k − 1) for a MemSetAccess over k adjacent mappings)
 //	other calls:                      base
-//	MemcpyHtoD, MemcpyDtoH:           base + n ÷ link bandwidth
+//	MemcpyHtoD, MemcpyDtoH:           base + n ÷ link bandwidth (the pinned one
+//	                                  for a MallocHost buffer, else the pageable one)
 //	MemcpyDtoD, Memset (synchronous): base + latency + bytes moved ÷ local bandwidth
 //	                                  (a copy moves 2n bytes, a memset n)
 //	MemsetAsync, Launch, LaunchFor:   base for the caller; the work then

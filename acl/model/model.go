@@ -70,6 +70,7 @@ type Driver struct {
 	// hold while they spend their host time. It is taken before mu.
 	dev        sync.Mutex
 	launchWait atomic.Int64 // ns launches waited for dev (LaunchWaitNS)
+	charged    atomic.Int64 // modelled ns charged to the calls (ChargedNS)
 
 	mu      sync.RWMutex // the books; copies and queries share it
 	closed  bool
@@ -238,10 +239,20 @@ func (d *Driver) begin(k call) int64 {
 // reading adds to its launches from its host's own jitter.
 func (d *Driver) LaunchWaitNS() int64 { return d.launchWait.Load() }
 
+// ChargedNS returns the modelled time charged to the calls made so far, on
+// every goroutine: the sum of each call's host time and the transfer or
+// device work that follows it, as the profile prices them. Unlike the wall
+// time a caller measures around the calls, it does not depend on how the
+// host ran them (another process's load, the scheduler), so two sequences
+// of calls compare exactly; the time a synchronising call spends waiting for
+// queued work is not in it (that work's own cost is not charged to a call).
+func (d *Driver) ChargedNS() int64 { return d.charged.Load() }
+
 // end spends the call's host time, until t0+host, releases the device lock,
 // and then waits out the device time or transfer that follows (never under
 // the lock).
 func (d *Driver) end(k call, t0, host, after int64) {
+	d.charged.Add(host + max(after, 0))
 	waitUntil(t0 + host)
 	if d.cost.serial[k] {
 		d.dev.Unlock()
@@ -594,21 +605,27 @@ func (d *Driver) accessibleLocked(op string, ptr acl.DevicePtr, n uintptr) (*res
 // device lock if the profile says so, and the transfer at the profile's
 // bandwidth, or the device work for the device-side copy and memset.
 
-// MemcpyHtoD copies src to device memory at dst. With Config.NoData the
-// bytes go nowhere.
+// MemcpyHtoD copies src to device memory at dst, at the pinned bandwidth
+// when src lies in a MallocHost buffer. With Config.NoData the bytes go
+// nowhere.
 func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	if len(src) == 0 {
 		return nil
 	}
 	const op = "aclrtMemcpy"
 	n := uintptr(len(src))
+	perByte := d.cost.htod
+	if d.hostBufs.Holds(src) {
+		perByte = d.cost.pinnedHtoD
+	}
 	t0 := d.begin(cHtoD)
 	err := d.syncAccess(op, dst, n, true, 0, 0, func(r *reservation) { d.writeData(r, uintptr(dst), src) })
-	d.end(cHtoD, t0, d.cost.base[cHtoD], ok(err, int64(d.cost.htod*float64(n))))
+	d.end(cHtoD, t0, d.cost.base[cHtoD], ok(err, int64(perByte*float64(n))))
 	return err
 }
 
-// MemcpyDtoH copies device memory at src into dst. With Config.NoData the
+// MemcpyDtoH copies device memory at src into dst, at the pinned bandwidth
+// when dst lies in a MallocHost buffer. With Config.NoData the
 // model holds no bytes to read: after checking the range and spending the
 // copy's modelled time it fails with 207000 (acl.ErrNotSupported) and leaves
 // dst as it was.
@@ -618,11 +635,15 @@ func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	}
 	const op = "aclrtMemcpy"
 	n := uintptr(len(dst))
+	perByte := d.cost.dtoh
+	if d.hostBufs.Holds(dst) {
+		perByte = d.cost.pinnedDtoH
+	}
 	t0 := d.begin(cDtoH)
 	err := d.syncAccess(op, src, n, false, 0, 0, func(r *reservation) { d.readData(r, uintptr(src), dst) })
 	// Without data the modelled device still copies (the call costs its
 	// transfer, so that timings match), but there is nothing to return.
-	d.end(cDtoH, t0, d.cost.base[cDtoH], ok(err, int64(d.cost.dtoh*float64(n))))
+	d.end(cDtoH, t0, d.cost.base[cDtoH], ok(err, int64(perByte*float64(n))))
 	if err == nil && d.cfg.NoData {
 		err = fail(op, acl.ErrCodeRTFeatureNotSupport, "%s", errNoData)
 	}

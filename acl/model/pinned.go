@@ -6,9 +6,10 @@ import (
 
 // MallocHost is aclrtMallocHost: size bytes of host memory for copies to
 // and from the device. The model returns ordinary Go memory and charges the
-// call nothing (no profile prices page-locking yet), and its copies to and
-// from the buffer are charged the profile's bandwidths like any other's. The
-// buffer is counted in Live until FreeHost.
+// call nothing (no profile prices page-locking yet); copies to and from the
+// buffer (or any part of it) are charged the profile's pinned bandwidths
+// (DeviceCost.PinnedHtoDGBps, PinnedDtoHGBps). The buffer is counted in Live
+// until FreeHost.
 func (d *Driver) MallocHost(size uintptr) ([]byte, error) {
 	const op = "aclrtMallocHost"
 	if size == 0 {

@@ -98,6 +98,12 @@ type DeviceCost struct {
 	// copies from and to host memory the Go heap owns (pageable memory).
 	HtoDGBps Coef `json:"htod_gbps"`
 	DtoHGBps Coef `json:"dtoh_gbps"`
+	// PinnedHtoDGBps and PinnedDtoHGBps are the same copies' bandwidths
+	// from and to page-locked host memory (the buffers of MallocHost, which
+	// the device reaches without staging the bytes). Absent, such copies
+	// cost what pageable ones do.
+	PinnedHtoDGBps *Coef `json:"pinned_htod_gbps,omitempty"`
+	PinnedDtoHGBps *Coef `json:"pinned_dtoh_gbps,omitempty"`
 }
 
 // ProfileCaps is what the device allows beyond the contract (acl.Caps).
@@ -340,6 +346,12 @@ func (p *Profile) Validate() error {
 	positive("device.local_gbps", p.Device.LocalGBps)
 	positive("device.htod_gbps", p.Device.HtoDGBps)
 	positive("device.dtoh_gbps", p.Device.DtoHGBps)
+	if c := p.Device.PinnedHtoDGBps; c != nil {
+		positive("device.pinned_htod_gbps", *c)
+	}
+	if c := p.Device.PinnedDtoHGBps; c != nil {
+		positive("device.pinned_dtoh_gbps", *c)
+	}
 	for c := range numCalls {
 		name := callNames[c]
 		cc := p.Calls[name]
@@ -405,6 +417,12 @@ func (p *Profile) coefs(fn func(name string, c *Coef)) {
 	fn("device.local_gbps", &p.Device.LocalGBps)
 	fn("device.htod_gbps", &p.Device.HtoDGBps)
 	fn("device.dtoh_gbps", &p.Device.DtoHGBps)
+	if c := p.Device.PinnedHtoDGBps; c != nil {
+		fn("device.pinned_htod_gbps", c)
+	}
+	if c := p.Device.PinnedDtoHGBps; c != nil {
+		fn("device.pinned_dtoh_gbps", c)
+	}
 	for _, name := range callNames {
 		cc := p.Calls[name]
 		if cc == nil {
@@ -449,6 +467,8 @@ type costs struct {
 	latency    int64   // ns of device work beyond its bytes
 	local      float64 // ns per byte moved on the device
 	htod, dtoh float64 // ns per byte copied
+	// ns per byte copied from and to MallocHost's buffers
+	pinnedHtoD, pinnedDtoH float64
 }
 
 func compile(p *Profile) costs {
@@ -466,6 +486,13 @@ func compile(p *Profile) costs {
 	c.local = 1 / p.Device.LocalGBps.Value // GB/s = bytes per ns
 	c.htod = 1 / p.Device.HtoDGBps.Value
 	c.dtoh = 1 / p.Device.DtoHGBps.Value
+	c.pinnedHtoD, c.pinnedDtoH = c.htod, c.dtoh
+	if cf := p.Device.PinnedHtoDGBps; cf != nil {
+		c.pinnedHtoD = 1 / cf.Value
+	}
+	if cf := p.Device.PinnedDtoHGBps; cf != nil {
+		c.pinnedDtoH = 1 / cf.Value
+	}
 	return c
 }
 

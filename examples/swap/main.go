@@ -17,7 +17,13 @@
 // is where a wake saves most.
 //
 // It runs on the driver VMARENA_DEVICE names (the host driver when no device
-// answers).
+// answers). On a device, and on the host driver, the times are the wall
+// clock's. On the device model (model:NAME) they are the modelled times of
+// the calls (the model's ChargedNS, summed over goroutines, so that a sleep's
+// or wake's pipeline, which overlaps its copies with its unmaps or maps, is
+// counted at most): the model keeps every byte, so the wall clock there
+// mostly measures the model's own work on the host, moving and clearing bytes
+// that a device would move without the caller.
 package main
 
 import (
@@ -26,7 +32,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
+	"os"
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
@@ -44,10 +52,36 @@ var (
 
 func main() {
 	flag.Parse()
-	if err := run(); err != nil {
+	if _, err := run(os.Stdout); err != nil {
 		log.SetFlags(0)
 		log.Fatal("swap: ", err)
 	}
+}
+
+// clock is what the example times with: the wall clock, or, on a driver
+// that models time, the time it charged the calls.
+type clock struct {
+	model interface{ ChargedNS() int64 }
+	start time.Time
+}
+
+func newClock(drv acl.Driver) clock {
+	c := clock{start: time.Now()}
+	c.model, _ = drv.(interface{ ChargedNS() int64 })
+	return c
+}
+
+func (c clock) now() time.Duration {
+	if c.model != nil {
+		return time.Duration(c.model.ChargedNS())
+	}
+	return time.Since(c.start)
+}
+
+// result is what the example measured, on average over the turns.
+type result struct {
+	sleep, wake, reload time.Duration
+	modelled            bool // the device model's modelled times, not the wall clock's
 }
 
 // model is one model's memory: its weights (and their host checkpoint, to
@@ -61,14 +95,16 @@ type model struct {
 	checkpoint []byte
 }
 
-func run() error {
+func run(w io.Writer) (res result, err error) {
 	choice, err := device.FromEnv()
 	if err != nil {
-		return err
+		return res, err
 	}
 	drv := choice.Driver
 	defer drv.Close()
-	fmt.Printf("driver %s — %s\n", drv.Name(), choice.Reason)
+	fmt.Fprintf(w, "driver %s — %s\n", drv.Name(), choice.Reason)
+	clk := newClock(drv)
+	res.modelled = clk.model != nil
 	wBytes, kvBytes := *weightsMiB<<20, *kvMiB<<20
 	ctx := context.Background()
 
@@ -76,56 +112,70 @@ func run() error {
 	for i := range models {
 		m, err := load(drv, fmt.Sprintf("model-%c", 'A'+i), wBytes, kvBytes, byte(i+1))
 		if err != nil {
-			return err
+			return res, err
 		}
 		defer m.close()
 		models[i] = m
 		// Only one model is on the device at a time: the other sleeps.
 		if i > 0 {
 			if err := models[i].sleep(ctx); err != nil {
-				return err
+				return res, err
 			}
 		}
 	}
 	free0, _, _ := drv.GetMemInfo(acl.HBMMem)
-	fmt.Printf("two models of %s weights and %s KV cache; %s of the device free with one asleep\n",
+	fmt.Fprintf(w, "two models of %s weights and %s KV cache; %s of the device free with one asleep\n",
 		units.Bytes(int64(wBytes)), units.Bytes(int64(kvBytes)), units.IEC(int64(free0)))
 
-	var slept, woke time.Duration
+	var slept, woke, wallWake time.Duration
 	for turn := 0; turn < *turns; turn++ {
 		active, next := models[turn%2], models[(turn+1)%2]
 		if err := active.work(); err != nil {
-			return err
+			return res, err
 		}
-		t0 := time.Now()
+		t0 := clk.now()
 		if err := active.sleep(ctx); err != nil {
-			return err
+			return res, err
 		}
-		t1 := time.Now()
+		t1, w1 := clk.now(), time.Now()
 		if err := next.wake(ctx); err != nil {
-			return err
+			return res, err
 		}
-		t2 := time.Now()
-		slept += t1.Sub(t0)
-		woke += t2.Sub(t1)
-		fmt.Printf("turn %d: %s sleeps in %v, %s wakes in %v\n", turn+1, active.name,
-			t1.Sub(t0).Round(time.Microsecond), next.name, t2.Sub(t1).Round(time.Microsecond))
+		t2 := clk.now()
+		wallWake += time.Since(w1)
+		slept += t1 - t0
+		woke += t2 - t1
+		fmt.Fprintf(w, "turn %d: %s sleeps in %v, %s wakes in %v\n", turn+1, active.name,
+			(t1 - t0).Round(time.Microsecond), next.name, (t2 - t1).Round(time.Microsecond))
 	}
 	n := time.Duration(*turns)
 
 	// A full reload instead of a wake: free the model's memory, make new
 	// arenas, copy the weights in from host memory again.
 	m := models[*turns%2]
-	t0 := time.Now()
+	t0, w0 := clk.now(), time.Now()
 	if err := m.reload(wBytes, kvBytes); err != nil {
-		return err
+		return res, err
 	}
-	reload := time.Since(t0)
-	fmt.Printf("on average a sleep took %v and a wake %v (a swap: %v); a full reload (free, allocate, copy from host) took %v, %.2f× the wake\n",
-		(slept / n).Round(time.Microsecond), (woke / n).Round(time.Microsecond), ((slept + woke) / n).Round(time.Microsecond),
-		reload.Round(time.Microsecond), float64(reload)/float64(woke/n))
-	return nil
+	res.sleep, res.wake, res.reload = slept/n, woke/n, clk.now()-t0
+	wallReload := time.Since(w0)
+	times := "wall-clock times"
+	if res.modelled {
+		times = fmt.Sprintf("modelled times (what %s charges the calls, whatever the host's load; summed over the "+
+			"goroutines of the sleep's and wake's pipelines, which overlap copies with unmaps and maps, so an upper bound of theirs)", drv.Name())
+	}
+	fmt.Fprintf(w, "%s: on average a sleep took %v and a wake %v (a swap: %v); a full reload (free, allocate, copy from Go memory) took %v, %.2f× the wake\n",
+		times, res.sleep.Round(time.Microsecond), res.wake.Round(time.Microsecond), (res.sleep + res.wake).Round(time.Microsecond),
+		res.reload.Round(time.Microsecond), res.ratio())
+	if res.modelled {
+		fmt.Fprintf(w, "(wall clock here: a wake %v, the reload %v, %.2f×: mostly the model's own work on the host, which keeps every byte)\n",
+			(wallWake / n).Round(time.Microsecond), wallReload.Round(time.Microsecond), float64(wallReload)/float64(wallWake/n))
+	}
+	return res, nil
 }
+
+// ratio is a full reload's time over a wake's.
+func (r result) ratio() float64 { return float64(r.reload) / float64(r.wake) }
 
 // load makes a model's arenas and loads its weights.
 func load(drv acl.Driver, name string, wBytes, kvBytes int, seed byte) (*model, error) {

@@ -39,6 +39,25 @@ func (t *Table) Size(b []byte) (int, bool) {
 	return n, ok
 }
 
+// Holds reports whether b lies wholly inside one live buffer: whether a copy
+// to or from b reads or writes MallocHost's memory.
+func (t *Table) Holds(b []byte) bool {
+	if len(b) == 0 {
+		return false
+	}
+	lo := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	hi := lo + uintptr(len(b))
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for p, n := range t.m {
+		start := uintptr(unsafe.Pointer(p))
+		if lo >= start && hi <= start+uintptr(n) {
+			return true
+		}
+	}
+	return false
+}
+
 // Remove takes the buffer that starts at b's first byte out of the books,
 // and returns its length, or false if no such buffer is live.
 func (t *Table) Remove(b []byte) (int, bool) {

@@ -172,24 +172,38 @@ func spans(file string, first int, para []string) []command {
 	return cmds
 }
 
-// stripComment drops a shell comment: a # at the start of the line or after
-// a blank, outside quotes.
-func stripComment(l string) string {
+// unquoted calls fn with the index of each byte of s that lies outside
+// single and double quotes, until fn returns false.
+func unquoted(s string, fn func(i int) bool) {
 	var quote byte
-	for i := 0; i < len(l); i++ {
-		c := l[i]
-		switch {
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
 		case quote != 0:
 			if c == quote {
 				quote = 0
 			}
 		case c == '\'' || c == '"':
 			quote = c
-		case c == '#' && (i == 0 || l[i-1] == ' ' || l[i-1] == '\t'):
-			return l[:i]
+		default:
+			if !fn(i) {
+				return
+			}
 		}
 	}
-	return l
+}
+
+// stripComment drops a shell comment: a # at the start of the line or after
+// a blank, outside quotes.
+func stripComment(l string) string {
+	end := len(l)
+	unquoted(l, func(i int) bool {
+		if l[i] == '#' && (i == 0 || l[i-1] == ' ' || l[i-1] == '\t') {
+			end = i
+			return false
+		}
+		return true
+	})
+	return l[:end]
 }
 
 func normalize(s string) string { return strings.TrimSpace(spaces.ReplaceAllString(s, " ")) }
@@ -198,26 +212,19 @@ func normalize(s string) string { return strings.TrimSpace(spaces.ReplaceAllStri
 // outside quotes.
 func splitShell(s string) []string {
 	var parts []string
-	var quote byte
-	start := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
+	start, skip := 0, -1
+	unquoted(s, func(i int) bool {
 		switch {
-		case quote != 0:
-			if c == quote {
-				quote = 0
-			}
-		case c == '\'' || c == '"':
-			quote = c
-		case c == ';':
+		case i == skip:
+		case s[i] == ';':
 			parts = append(parts, strings.TrimSpace(s[start:i]))
 			start = i + 1
-		case c == '&' && i+1 < len(s) && s[i+1] == '&':
+		case s[i] == '&' && i+1 < len(s) && s[i+1] == '&':
 			parts = append(parts, strings.TrimSpace(s[start:i]))
-			start = i + 2
-			i++
+			start, skip = i+2, i+1
 		}
-	}
+		return true
+	})
 	return append(parts, strings.TrimSpace(s[start:]))
 }
 

@@ -92,3 +92,15 @@ func TestGoTestPatterns(t *testing.T) {
 		}
 	}
 }
+
+func TestShellWords(t *testing.T) {
+	if got := splitShell(`a -x 'p;q' && b "r&&s"; c`); !slices.Equal(got, []string{`a -x 'p;q'`, `b "r&&s"`, "c"}) {
+		t.Errorf("splitShell: %q", got)
+	}
+	if got := stripComment(`go test -run '#1' ./x   # why`); got != `go test -run '#1' ./x   ` {
+		t.Errorf("stripComment: %q", got)
+	}
+	if got := words(`VAR=1 go test -run 'A|B' "./x y"`); !slices.Equal(got, []string{"VAR=1", "go", "test", "-run", "A|B", "./x y"}) {
+		t.Errorf("words: %q", got)
+	}
+}

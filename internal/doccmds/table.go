@@ -63,7 +63,7 @@ var table = []entry{
 	{cmd: "go test -json ./acl/ascend | go run ./internal/skipcheck -v", how: asWritten},
 
 	// The benchmark suite.
-	// The full suite takes minutes (2.5–3 on the host driver, under 2 on the
+	// The full suite takes minutes (2.5–3 on the host driver, 1.7–2.6 on the
 	// model, on a 2-core machine): CI runs it in quick mode, which does what
 	// the full run does at small sizes (bench's TestQuick checks that).
 	{cmd: "go run ./bench", how: scaledDown, flags: "-quick"},

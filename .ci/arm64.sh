@@ -15,6 +15,7 @@
 #	ARM64_CGO       CGO_ENABLED values to test with (default "0 1")
 #	ARM64_PKGS      packages to build and vet for arm64 (default ./...)
 #	ARM64_TESTFLAGS flags for the test binary (default -test.count=1)
+#	ARM64_TIMEOUT   seconds each test binary may run under qemu (default 600)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -52,7 +53,10 @@ for cgo in ${ARM64_CGO:-0 1}; do
 			go test -c -o "$work/$pkg-cgo$cgo.test" ./acl/$pkg
 		# The tests run in their package directory (they read testdata/) and
 		# build their double with $CC: qemu-user runs that x86 compiler natively.
-		(cd acl/$pkg && CC=aarch64-linux-gnu-gcc "$qemu" -L "$sysroot" \
+		# timeout signals its whole process group, so that a fork that hangs
+		# under qemu-user (a child deadlocked before its exec) fails the run
+		# instead of holding it forever.
+		(cd acl/$pkg && CC=aarch64-linux-gnu-gcc timeout -k 30 "${ARM64_TIMEOUT:-600}" "$qemu" -L "$sysroot" \
 			"$work/$pkg-cgo$cgo.test" -test.v=test2json ${ARM64_TESTFLAGS:--test.count=1}) |
 			go tool test2json -t -p "acl/$pkg (linux/arm64, CGO_ENABLED=$cgo)" | "$work/skipcheck"
 		echo "   ($((SECONDS - t0)) s)"

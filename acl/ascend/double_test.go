@@ -47,6 +47,12 @@ var built struct {
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(envShareChild) == "" {
+		// Before any test runs: a process that forks while its tests run
+		// can hang under qemu-user (.ci/arm64.sh), which deadlocked the
+		// child of a fork made from a busy test binary.
+		built.once.Do(buildDouble)
+	}
 	code := m.Run()
 	if built.dir != "" {
 		os.RemoveAll(built.dir)
@@ -55,7 +61,8 @@ func TestMain(m *testing.M) {
 }
 
 // buildDouble builds every variant of the double into built.dir, once per
-// test binary, on first use.
+// test binary (from TestMain; a test of a second process that needs it
+// builds it on first use).
 func buildDouble() {
 	cc, err := skip.CC()
 	if err != nil {

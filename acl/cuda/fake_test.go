@@ -36,6 +36,11 @@ var double struct {
 }
 
 func TestMain(m *testing.M) {
+	if supported && os.Getenv(envFreshChild) == "" && os.Getenv(envShareChild) == "" {
+		// Before any test runs: a process that forks while its tests run
+		// can hang under qemu-user (.ci/arm64.sh).
+		double.once.Do(buildDouble)
+	}
 	code := m.Run()
 	if double.dir != "" {
 		os.RemoveAll(double.dir)
@@ -43,9 +48,39 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// builtDouble returns the path of the compiled double, building it on first
-// use. Without a C compiler it skips the test (a failure under CI=true);
-// when the double does not build, it fails it.
+// buildDouble compiles the double into double.dir, once per test binary
+// (from TestMain).
+func buildDouble() {
+	src := filepath.Join("testdata", "fakecuda.c")
+	if _, err := os.Stat(src); err != nil {
+		double.err = fmt.Errorf("the libcuda test double's source (a test binary run outside acl/cuda?): %w", err)
+		return
+	}
+	cc, err := skip.CC()
+	if err != nil {
+		double.cc = err
+		return
+	}
+	dir, err := os.MkdirTemp("", "vmarena-fakecuda-")
+	if err != nil {
+		double.err = err
+		return
+	}
+	double.dir = dir
+	lib := filepath.Join(dir, "libfakecuda.so")
+	out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread",
+		"-o", lib, src).CombinedOutput()
+	if err != nil {
+		double.err = fmt.Errorf("build the libcuda test double: %v\n%s", err, out)
+		return
+	}
+	double.lib = lib
+}
+
+// builtDouble returns the path of the compiled double (TestMain built it,
+// unless this is a test's second process). Without a C compiler it skips the
+// test (a failure under CI=true); when the double does not build, it fails
+// it.
 func builtDouble(t testing.TB) string {
 	t.Helper()
 	if !supported {
@@ -53,32 +88,7 @@ func builtDouble(t testing.TB) string {
 		// loads libraries on; this is a guard, not a skip.
 		t.Fatalf("the CUDA binding does not load libraries on %s/%s", runtime.GOOS, runtime.GOARCH)
 	}
-	double.once.Do(func() {
-		src := filepath.Join("testdata", "fakecuda.c")
-		if _, err := os.Stat(src); err != nil {
-			double.err = fmt.Errorf("the libcuda test double's source (a test binary run outside acl/cuda?): %w", err)
-			return
-		}
-		cc, err := skip.CC()
-		if err != nil {
-			double.cc = err
-			return
-		}
-		dir, err := os.MkdirTemp("", "vmarena-fakecuda-")
-		if err != nil {
-			double.err = err
-			return
-		}
-		double.dir = dir
-		lib := filepath.Join(dir, "libfakecuda.so")
-		out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread",
-			"-o", lib, src).CombinedOutput()
-		if err != nil {
-			double.err = fmt.Errorf("build the libcuda test double: %v\n%s", err, out)
-			return
-		}
-		double.lib = lib
-	})
+	double.once.Do(buildDouble)
 	if double.cc != nil {
 		skip.NoGCC(t, double.cc)
 	}

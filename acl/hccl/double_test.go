@@ -3,6 +3,7 @@
 package hccl_test
 
 import (
+	"debug/elf"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 
@@ -215,4 +217,22 @@ func (f *fake) registrar(t testing.TB, bind acl.Binder) *hccl.Registrar {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, r.Close()) })
 	return r
+}
+
+// exported lists the functions lib defines and exports whose names start
+// with prefix, read from its dynamic symbol table.
+func exported(t testing.TB, lib, prefix string) []string {
+	t.Helper()
+	f, err := elf.Open(lib)
+	require.NoError(t, err)
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	require.NoError(t, err)
+	var names []string
+	for _, s := range syms {
+		if elf.ST_TYPE(s.Info) == elf.STT_FUNC && s.Section != elf.SHN_UNDEF && strings.HasPrefix(s.Name, prefix) {
+			names = append(names, s.Name)
+		}
+	}
+	return names
 }

@@ -335,3 +335,9 @@ func TestErrorText(t *testing.T) {
 	_, err = f.lib.CommInitRootInfo(2, nil, 0)
 	acltest.RequireCode(t, err, acl.ErrCodeRTParamInvalid)
 }
+
+// The double exports exactly the HCCL symbols the binding resolves, so that
+// the tests exercise every one of them.
+func TestDoubleSymbolsAreTheBindingsSymbols(t *testing.T) {
+	require.ElementsMatch(t, hccl.SymbolNames(), exported(t, builtPath(t, "full"), "Hccl"))
+}

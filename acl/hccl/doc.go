@@ -34,8 +34,8 @@
 // HcclCommDeactivateCommMemory (whole blocks only), and each reservation
 // before it goes with HcclCommUnsetMemoryRange. The books are the process's,
 // shared by its communicators. The calls are documented for the Atlas A3
-// series (and, from CANN 8.5, some A2 servers) and marked as a trial
-// interface; a chip without them answers HCCL_E_NOT_SUPPORT. A communicator
-// of one rank accepts them and does nothing. docs/distributed.md gives the
-// rules in full and what is known and unknown about them.
+// series, as a trial interface that Huawei supports only from torch_npu's
+// backend; a chip without them answers HCCL_E_NOT_SUPPORT. A communicator of
+// one rank accepts them and does nothing. docs/distributed.md gives the rules
+// in full and what is known and unknown about them.
 package hccl

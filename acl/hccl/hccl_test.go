@@ -4,7 +4,10 @@ package hccl_test
 
 import (
 	"errors"
+	"runtime"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ebitengine/purego"
@@ -340,4 +343,74 @@ func TestErrorText(t *testing.T) {
 // the tests exercise every one of them.
 func TestDoubleSymbolsAreTheBindingsSymbols(t *testing.T) {
 	require.ElementsMatch(t, hccl.SymbolNames(), exported(t, builtPath(t, "full"), "Hccl"))
+}
+
+// gate is a Binder that holds every HCCL call at its start until released,
+// once armed, and counts the calls that reached it.
+type gate struct {
+	armed   atomic.Bool
+	calls   atomic.Int32
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gate) Bind(fn func() error) error {
+	if g.armed.Load() {
+		g.calls.Add(1)
+		g.entered <- struct{}{}
+		<-g.release
+	}
+	return fn()
+}
+
+// parkedOnLock reports whether a goroutine is blocked on a mutex inside fn.
+func parkedOnLock(fn string) bool {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "[sync.Mutex.Lock") && strings.Contains(g, fn) {
+			return true
+		}
+	}
+	return false
+}
+
+// A registrar makes one HCCL call at a time and checks its books under the
+// same lock: a second Register of an overlapping mapping, arriving while the
+// first is inside HCCL, waits for it and is then refused by the books, never
+// reaching HCCL. The test holds the first call inside HCCL, starts the
+// second, and releases the first only once the second is parked on the
+// registrar's lock (or, were the lock not held across the call, has reached
+// HCCL too, which fails the test).
+func TestRegistrarSerialisesItsCalls(t *testing.T) {
+	f := newFake(t, "full")
+	gt := &gate{entered: make(chan struct{}, 8), release: make(chan struct{})}
+	r, err := hccl.NewRegistrar(f.lib, f.comm(t, 8), gt)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.Close()) }()
+	defer gt.armed.Store(false) // before Close, however the test ends
+	base := acl.DevicePtr(0x7f0000000000)
+	require.NoError(t, r.SetMemoryRange(base, 4*g))
+	defer func() { require.NoError(t, r.UnsetMemoryRange(base)) }()
+	m := acl.Mapping{Ptr: base, Size: g, Handle: 1}
+	activations := f.calls(t, "HcclCommActivateCommMemory")
+
+	gt.armed.Store(true)
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { first <- r.Register(m) }()
+	<-gt.entered // the first is inside HCCL
+	go func() { second <- r.Register(acl.Mapping{Ptr: base, Size: 2 * g, Handle: 2}) }()
+	for !parkedOnLock("hccl.(*Registrar).begin") && gt.calls.Load() < 2 {
+		runtime.Gosched()
+	}
+	close(gt.release)
+	require.NoError(t, <-first)
+	err = <-second
+	require.ErrorIs(t, err, acl.ErrInvalidParam)
+	var he *hccl.Error
+	require.False(t, errors.As(err, &he), "refused by the registrar's books, not by HCCL: %v", err)
+	require.Equal(t, int32(1), gt.calls.Load(), "one call reached HCCL")
+	require.Equal(t, activations+1, f.calls(t, "HcclCommActivateCommMemory"))
+	gt.armed.Store(false)
+	require.NoError(t, r.Deregister(m))
 }

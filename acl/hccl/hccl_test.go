@@ -279,7 +279,7 @@ func TestRegistrarClose(t *testing.T) {
 	require.NoError(t, r.SetMemoryRange(base, 4*g))
 	require.NoError(t, r.Register(acl.Mapping{Ptr: base, Size: g, Handle: 7}))
 	err = r.Close()
-	require.ErrorContains(t, err, "1 activated mappings and 1 set ranges")
+	require.ErrorContains(t, err, "1 registered mappings and 1 set ranges")
 	require.Equal(t, live{Comms: 1, Exported: 1}, f.live(), "Close deactivated and unset them")
 	require.NoError(t, r.Close(), "twice")
 	acltest.RequireCode(t, r.Register(acl.Mapping{Ptr: base, Size: g, Handle: 7}), acl.ErrCodeRTContextNull)
@@ -400,7 +400,7 @@ func TestRegistrarSerialisesItsCalls(t *testing.T) {
 	go func() { first <- r.Register(m) }()
 	<-gt.entered // the first is inside HCCL
 	go func() { second <- r.Register(acl.Mapping{Ptr: base, Size: 2 * g, Handle: 2}) }()
-	for !parkedOnLock("hccl.(*Registrar).begin") && gt.calls.Load() < 2 {
+	for !parkedOnLock("regtable.(*Books).Lock") && gt.calls.Load() < 2 {
 		runtime.Gosched()
 	}
 	close(gt.release)

@@ -1,10 +1,6 @@
 package hccl
 
 import (
-	"errors"
-	"fmt"
-	"sync"
-
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/internal/regtable"
 )
@@ -42,14 +38,10 @@ const RemoteAlign = acl.HugePageSize
 //
 // A Registrar is safe for concurrent use; it makes one HCCL call at a time.
 type Registrar struct {
-	lib  *Library
-	zc   *zeroCopy
-	comm Comm
-	bind acl.Binder
-
-	mu     sync.Mutex
-	table  regtable.Table
-	closed bool
+	lib   *Library
+	zc    *zeroCopy
+	comm  Comm
+	books regtable.Books
 }
 
 var _ acl.Registrar = (*Registrar)(nil)
@@ -66,90 +58,68 @@ func NewRegistrar(lib *Library, comm Comm, bind acl.Binder) (*Registrar, error) 
 	if err != nil {
 		return nil, err
 	}
-	return &Registrar{lib: lib, zc: zc, comm: comm, bind: bind}, nil
-}
-
-// call runs fn as an HCCL call on a thread bound to the device.
-func (r *Registrar) call(fn func() error) error {
-	if r.bind == nil {
-		return fn()
-	}
-	return r.bind.Bind(fn)
-}
-
-// begin locks r, and fails once it is closed.
-func (r *Registrar) begin(op string) error {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return acl.Errorf(op, acl.ErrCodeRTContextNull, "registrar closed")
-	}
-	return nil
+	r := &Registrar{lib: lib, zc: zc, comm: comm}
+	r.books.Bind = bind
+	return r, nil
 }
 
 // SetMemoryRange is HcclCommSetMemoryRange(comm, base, size, 0, 0).
 func (r *Registrar) SetMemoryRange(base acl.DevicePtr, size uintptr) error {
 	const op = "HcclCommSetMemoryRange"
-	if err := r.begin(op); err != nil {
+	if err := r.books.Lock(op); err != nil {
 		return err
 	}
-	defer r.mu.Unlock()
-	if err := r.table.CheckSet(op, base, size); err != nil {
+	defer r.books.Unlock()
+	t := r.books.Table()
+	if err := t.CheckSet(op, base, size); err != nil {
 		return err
 	}
 	if err := aligned(op, uintptr(base), size); err != nil {
 		return err
 	}
-	err := r.call(func() error {
-		return r.lib.fail(op, r.zc.setMemoryRange(uintptr(r.comm), base, size, 0, 0))
-	})
-	if err != nil {
+	if err := r.books.Call(func() error { return r.setMemoryRange(base, size) }); err != nil {
 		return err
 	}
-	r.table.Set(base, size)
+	t.Set(base, size)
 	return nil
 }
 
 // UnsetMemoryRange is HcclCommUnsetMemoryRange(comm, base).
 func (r *Registrar) UnsetMemoryRange(base acl.DevicePtr) error {
 	const op = "HcclCommUnsetMemoryRange"
-	if err := r.begin(op); err != nil {
+	if err := r.books.Lock(op); err != nil {
 		return err
 	}
-	defer r.mu.Unlock()
-	if _, err := r.table.CheckUnset(op, base); err != nil {
+	defer r.books.Unlock()
+	t := r.books.Table()
+	if _, err := t.CheckUnset(op, base); err != nil {
 		return err
 	}
-	err := r.call(func() error {
-		return r.lib.fail(op, r.zc.unsetMemoryRange(uintptr(r.comm), base))
-	})
-	if err != nil {
+	if err := r.books.Call(func() error { return r.unsetMemoryRange(base) }); err != nil {
 		return err
 	}
-	r.table.Unset(base)
+	t.Unset(base)
 	return nil
 }
 
 // Register is HcclCommActivateCommMemory(comm, m.Ptr, m.Size, 0, m.Handle, 0).
 func (r *Registrar) Register(m acl.Mapping) error {
 	const op = "HcclCommActivateCommMemory"
-	if err := r.begin(op); err != nil {
+	if err := r.books.Lock(op); err != nil {
 		return err
 	}
-	defer r.mu.Unlock()
-	if err := r.table.CheckRegister(op, m); err != nil {
+	defer r.books.Unlock()
+	t := r.books.Table()
+	if err := t.CheckRegister(op, m); err != nil {
 		return err
 	}
 	if err := aligned(op, uintptr(m.Ptr), m.Size); err != nil {
 		return err
 	}
-	err := r.call(func() error {
-		return r.lib.fail(op, r.zc.activate(uintptr(r.comm), m.Ptr, m.Size, 0, m.Handle, 0))
-	})
-	if err != nil {
+	if err := r.books.Call(func() error { return r.activate(m) }); err != nil {
 		return err
 	}
-	r.table.Register(m)
+	t.Register(m)
 	return nil
 }
 
@@ -157,70 +127,48 @@ func (r *Registrar) Register(m acl.Mapping) error {
 // Register activated as m.
 func (r *Registrar) Deregister(m acl.Mapping) error {
 	const op = "HcclCommDeactivateCommMemory"
-	if err := r.begin(op); err != nil {
+	if err := r.books.Lock(op); err != nil {
 		return err
 	}
-	defer r.mu.Unlock()
-	if err := r.table.CheckDeregister(op, m); err != nil {
+	defer r.books.Unlock()
+	t := r.books.Table()
+	if err := t.CheckDeregister(op, m); err != nil {
 		return err
 	}
-	err := r.call(func() error {
-		return r.lib.fail(op, r.zc.deactivate(uintptr(r.comm), m.Ptr))
-	})
-	if err != nil {
+	if err := r.books.Call(func() error { return r.deactivate(m) }); err != nil {
 		return err
 	}
-	r.table.Deregister(m)
+	t.Deregister(m)
 	return nil
+}
+
+// The HCCL calls, with the registrar's communicator.
+
+func (r *Registrar) setMemoryRange(base acl.DevicePtr, size uintptr) error {
+	return r.lib.fail("HcclCommSetMemoryRange", r.zc.setMemoryRange(uintptr(r.comm), base, size, 0, 0))
+}
+
+func (r *Registrar) unsetMemoryRange(base acl.DevicePtr) error {
+	return r.lib.fail("HcclCommUnsetMemoryRange", r.zc.unsetMemoryRange(uintptr(r.comm), base))
+}
+
+func (r *Registrar) activate(m acl.Mapping) error {
+	return r.lib.fail("HcclCommActivateCommMemory", r.zc.activate(uintptr(r.comm), m.Ptr, m.Size, 0, m.Handle, 0))
+}
+
+func (r *Registrar) deactivate(m acl.Mapping) error {
+	return r.lib.fail("HcclCommDeactivateCommMemory", r.zc.deactivate(uintptr(r.comm), m.Ptr))
 }
 
 // Live returns how many ranges the registrar has set and how many mappings
 // it has activated, with their bytes.
-func (r *Registrar) Live() (ranges, mappings int, bytes uintptr) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	mappings, bytes = r.table.Mappings()
-	return r.table.Ranges(), mappings, bytes
-}
+func (r *Registrar) Live() (ranges, mappings int, bytes uintptr) { return r.books.Live() }
 
 // Close deactivates what is still activated and unsets what is still set
 // (the caller leaked them: the error names them), and makes later calls
 // fail with 107002. It does not destroy the communicator, which the caller
 // owns. Close is safe to call more than once.
-func (r *Registrar) Close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil
-	}
-	r.closed = true
-	maps, ranges := r.table.All(), r.table.AllRanges()
-	if len(maps) == 0 && len(ranges) == 0 {
-		return nil
-	}
-	errs := []error{fmt.Errorf("hccl: registrar closed with %d activated mappings and %d set ranges", len(maps), len(ranges))}
-	for _, m := range maps {
-		err := r.call(func() error {
-			return r.lib.fail("HcclCommDeactivateCommMemory", r.zc.deactivate(uintptr(r.comm), m.Ptr))
-		})
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		r.table.Deregister(m)
-	}
-	for _, rg := range ranges {
-		err := r.call(func() error {
-			return r.lib.fail("HcclCommUnsetMemoryRange", r.zc.unsetMemoryRange(uintptr(r.comm), acl.DevicePtr(rg.Base)))
-		})
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		r.table.Unset(acl.DevicePtr(rg.Base))
-	}
-	return errors.Join(errs...)
-}
+func (r *Registrar) Close() error { return r.books.Close("hccl", r.deactivate, r.unsetMemoryRange) }
 
 // aligned checks that an address and a length are whole multiples of
 // RemoteAlign.

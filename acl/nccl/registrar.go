@@ -1,10 +1,6 @@
 package nccl
 
 import (
-	"errors"
-	"fmt"
-	"sync"
-
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/internal/regtable"
 )
@@ -31,14 +27,10 @@ import (
 //
 // A Registrar is safe for concurrent use; it makes one NCCL call at a time.
 type Registrar struct {
-	lib  *Library
-	comm Comm
-	bind acl.Binder
-
-	mu      sync.Mutex
-	table   regtable.Table
-	handles map[acl.DevicePtr]uintptr // each registered mapping's handle (0 where NCCL registered nothing)
-	closed  bool
+	lib     *Library
+	comm    Comm
+	books   regtable.Books
+	handles map[acl.DevicePtr]uintptr // each registered mapping's handle (0 where NCCL registered nothing); guarded by books
 }
 
 var _ acl.Registrar = (*Registrar)(nil)
@@ -49,72 +41,61 @@ func NewRegistrar(lib *Library, comm Comm, bind acl.Binder) (*Registrar, error) 
 	if lib == nil || comm == 0 {
 		return nil, acl.Errorf("nccl.NewRegistrar", acl.ErrCodeRTParamInvalid, "a library and a communicator are needed")
 	}
-	return &Registrar{lib: lib, comm: comm, bind: bind, handles: map[acl.DevicePtr]uintptr{}}, nil
-}
-
-func (r *Registrar) call(fn func() error) error {
-	if r.bind == nil {
-		return fn()
-	}
-	return r.bind.Bind(fn)
-}
-
-func (r *Registrar) begin(op string) error {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return acl.Errorf(op, acl.ErrCodeRTContextNull, "registrar closed")
-	}
-	return nil
+	r := &Registrar{lib: lib, comm: comm, handles: map[acl.DevicePtr]uintptr{}}
+	r.books.Bind = bind
+	return r, nil
 }
 
 // SetMemoryRange records the range; NCCL is not called.
 func (r *Registrar) SetMemoryRange(base acl.DevicePtr, size uintptr) error {
 	const op = "SetMemoryRange"
-	if err := r.begin(op); err != nil {
+	if err := r.books.Lock(op); err != nil {
 		return err
 	}
-	defer r.mu.Unlock()
-	if err := r.table.CheckSet(op, base, size); err != nil {
+	defer r.books.Unlock()
+	t := r.books.Table()
+	if err := t.CheckSet(op, base, size); err != nil {
 		return err
 	}
-	r.table.Set(base, size)
+	t.Set(base, size)
 	return nil
 }
 
 // UnsetMemoryRange forgets the range, which must have no registrations.
 func (r *Registrar) UnsetMemoryRange(base acl.DevicePtr) error {
 	const op = "UnsetMemoryRange"
-	if err := r.begin(op); err != nil {
+	if err := r.books.Lock(op); err != nil {
 		return err
 	}
-	defer r.mu.Unlock()
-	if _, err := r.table.CheckUnset(op, base); err != nil {
+	defer r.books.Unlock()
+	t := r.books.Table()
+	if _, err := t.CheckUnset(op, base); err != nil {
 		return err
 	}
-	r.table.Unset(base)
+	t.Unset(base)
 	return nil
 }
 
 // Register is ncclCommRegister(comm, m.Ptr, m.Size, &handle).
 func (r *Registrar) Register(m acl.Mapping) error {
 	const op = "ncclCommRegister"
-	if err := r.begin(op); err != nil {
+	if err := r.books.Lock(op); err != nil {
 		return err
 	}
-	defer r.mu.Unlock()
-	if err := r.table.CheckRegister(op, m); err != nil {
+	defer r.books.Unlock()
+	t := r.books.Table()
+	if err := t.CheckRegister(op, m); err != nil {
 		return err
 	}
 	var h uintptr
-	err := r.call(func() (err error) {
+	err := r.books.Call(func() (err error) {
 		h, err = r.lib.CommRegister(r.comm, m.Ptr, m.Size)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	r.table.Register(m)
+	t.Register(m)
 	r.handles[m.Ptr] = h
 	return nil
 }
@@ -122,58 +103,37 @@ func (r *Registrar) Register(m acl.Mapping) error {
 // Deregister is ncclCommDeregister(comm, handle) of m's registration.
 func (r *Registrar) Deregister(m acl.Mapping) error {
 	const op = "ncclCommDeregister"
-	if err := r.begin(op); err != nil {
+	if err := r.books.Lock(op); err != nil {
 		return err
 	}
-	defer r.mu.Unlock()
-	if err := r.table.CheckDeregister(op, m); err != nil {
+	defer r.books.Unlock()
+	t := r.books.Table()
+	if err := t.CheckDeregister(op, m); err != nil {
 		return err
 	}
-	if err := r.call(func() error { return r.lib.CommDeregister(r.comm, r.handles[m.Ptr]) }); err != nil {
+	if err := r.books.Call(func() error { return r.deregister(m) }); err != nil {
 		return err
 	}
-	r.table.Deregister(m)
+	t.Deregister(m)
+	return nil
+}
+
+// deregister is ncclCommDeregister of m's handle, which it forgets once NCCL
+// has accepted. Call it holding the books.
+func (r *Registrar) deregister(m acl.Mapping) error {
+	if err := r.lib.CommDeregister(r.comm, r.handles[m.Ptr]); err != nil {
+		return err
+	}
 	delete(r.handles, m.Ptr)
 	return nil
 }
 
 // Live returns how many ranges the registrar has set and how many mappings
 // it has registered, with their bytes.
-func (r *Registrar) Live() (ranges, mappings int, bytes uintptr) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	mappings, bytes = r.table.Mappings()
-	return r.table.Ranges(), mappings, bytes
-}
+func (r *Registrar) Live() (ranges, mappings int, bytes uintptr) { return r.books.Live() }
 
 // Close deregisters what is still registered and forgets what is still set
 // (the caller leaked them: the error names them), and makes later calls
 // fail with 107002. It does not destroy the communicator, which the caller
 // owns. Close is safe to call more than once.
-func (r *Registrar) Close() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil
-	}
-	r.closed = true
-	maps, ranges := r.table.All(), r.table.AllRanges()
-	if len(maps) == 0 && len(ranges) == 0 {
-		return nil
-	}
-	errs := []error{fmt.Errorf("nccl: registrar closed with %d registered mappings and %d set ranges", len(maps), len(ranges))}
-	for _, m := range maps {
-		if err := r.call(func() error { return r.lib.CommDeregister(r.comm, r.handles[m.Ptr]) }); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		r.table.Deregister(m)
-		delete(r.handles, m.Ptr)
-	}
-	for _, rg := range ranges {
-		if _, err := r.table.CheckUnset("UnsetMemoryRange", acl.DevicePtr(rg.Base)); err == nil {
-			r.table.Unset(acl.DevicePtr(rg.Base))
-		}
-	}
-	return errors.Join(errs...)
-}
+func (r *Registrar) Close() error { return r.books.Close("nccl", r.deregister, nil) }

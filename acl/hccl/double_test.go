@@ -3,16 +3,9 @@
 package hccl_test
 
 import (
-	"debug/elf"
-	"errors"
-	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/ebitengine/purego"
@@ -21,98 +14,23 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/acltest"
 	"github.com/vmarena/vmarena/acl/hccl"
+	"github.com/vmarena/vmarena/acl/internal/cdouble"
 )
 
-// The test double of HCCL, testdata/fakehccl.c, is compiled with the C
-// compiler ($CC, else gcc) once per test binary, in these variants, into a
-// folder TestMain removes. Each test loads a copy of its own under a new
-// path: dlopen of a new path is a new instance, with books of its own.
-var variants = map[string][]string{
-	"full":       nil,
-	"nozerocopy": {"-DFAKEHCCL_NO_ZEROCOPY"},
-	"nocomm":     {"-DFAKEHCCL_NO_COMM"},
-}
-
-var built struct {
-	once   sync.Once
-	dir    string
-	noCC   string // why there is no C compiler; the only reason to skip
-	err    error  // the build failed: every test that needs the double fails
-	fakeac string // the ACL double of package acl/ascend, built too
-}
+// The test double of HCCL, testdata/fakehccl.c, is compiled once per test
+// binary in three variants, and the ACL double of package acl/ascend beside
+// it; each test loads an instance of its own (cdouble).
+var doubles = &cdouble.Set{Libs: []cdouble.Lib{
+	{Name: "full", Src: filepath.Join("testdata", "fakehccl.c")},
+	{Name: "nozerocopy", Src: filepath.Join("testdata", "fakehccl.c"), Flags: []string{"-DFAKEHCCL_NO_ZEROCOPY"}},
+	{Name: "nocomm", Src: filepath.Join("testdata", "fakehccl.c"), Flags: []string{"-DFAKEHCCL_NO_COMM"}},
+	{Name: "fakeacl", Src: filepath.Join("..", "ascend", "testdata", "fakeacl.c")},
+}}
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if built.dir != "" {
-		os.RemoveAll(built.dir)
-	}
+	doubles.Remove()
 	os.Exit(code)
-}
-
-// skipWithoutCompiler skips t because the machine has no C compiler to
-// build the double: the one reason a test of this package may skip. A
-// double that fails to build is a failure, not a skip.
-func skipWithoutCompiler(t testing.TB, why string) {
-	t.Helper()
-	t.Skip(why)
-}
-
-func build() {
-	cc := os.Getenv("CC")
-	if cc == "" {
-		cc = "gcc"
-	}
-	if _, err := exec.LookPath(cc); err != nil {
-		built.noCC = fmt.Sprintf("no C compiler (%s) to build the HCCL test double: %v", cc, err)
-		return
-	}
-	dir, err := os.MkdirTemp("", "vmarena-fakehccl-")
-	if err != nil {
-		built.err = err
-		return
-	}
-	built.dir = dir
-	compile := func(src, out string, flags []string) error {
-		args := append([]string{"-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", out, src}, flags...)
-		if b, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
-			return fmt.Errorf("building %s with %s: %v\n%s", src, cc, err, b)
-		}
-		return nil
-	}
-	for name, flags := range variants {
-		if built.err = compile(filepath.Join("testdata", "fakehccl.c"), filepath.Join(dir, name+".so"), flags); built.err != nil {
-			return
-		}
-	}
-	built.fakeac = filepath.Join(dir, "fakeacl.so")
-	built.err = compile(filepath.Join("..", "ascend", "testdata", "fakeacl.c"), built.fakeac, nil)
-}
-
-// builtPath returns the compiled variant, building every variant on first
-// use.
-func builtPath(t testing.TB, variant string) string {
-	t.Helper()
-	built.once.Do(build)
-	if built.noCC != "" {
-		skipWithoutCompiler(t, built.noCC)
-	}
-	require.NoError(t, built.err, "the HCCL test double must build")
-	return filepath.Join(built.dir, variant+".so")
-}
-
-// copyTo copies src to a new file name in a new folder of the test's, and
-// returns its path.
-func copyTo(t testing.TB, src, name string) string {
-	t.Helper()
-	dst := filepath.Join(t.TempDir(), name)
-	in, err := os.Open(src)
-	require.NoError(t, err)
-	defer in.Close()
-	out, err := os.Create(dst)
-	require.NoError(t, err)
-	_, err = io.Copy(out, in)
-	require.NoError(t, errors.Join(err, out.Close()))
-	return dst
 }
 
 // live mirrors fakehccl_live_t.
@@ -138,7 +56,7 @@ type fake struct {
 // the binding (Config.Library).
 func newFake(t testing.TB, variant string) *fake {
 	t.Helper()
-	path := copyTo(t, builtPath(t, variant), "libhccl.so")
+	path := doubles.Instance(t, variant, "libhccl.so")
 	f := &fake{path: path}
 	runtime.LockOSThread()
 	h, err := purego.Dlopen(path, purego.RTLD_NOW|purego.RTLD_LOCAL)
@@ -217,22 +135,4 @@ func (f *fake) registrar(t testing.TB, bind acl.Binder) *hccl.Registrar {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, r.Close()) })
 	return r
-}
-
-// exported lists the functions lib defines and exports whose names start
-// with prefix, read from its dynamic symbol table.
-func exported(t testing.TB, lib, prefix string) []string {
-	t.Helper()
-	f, err := elf.Open(lib)
-	require.NoError(t, err)
-	defer f.Close()
-	syms, err := f.DynamicSymbols()
-	require.NoError(t, err)
-	var names []string
-	for _, s := range syms {
-		if elf.ST_TYPE(s.Info) == elf.STT_FUNC && s.Section != elf.SHN_UNDEF && strings.HasPrefix(s.Name, prefix) {
-			names = append(names, s.Name)
-		}
-	}
-	return names
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/vmarena/vmarena/acl/ascend"
 	"github.com/vmarena/vmarena/acl/hccl"
 	"github.com/vmarena/vmarena/acl/host"
+	"github.com/vmarena/vmarena/acl/internal/cdouble"
 )
 
 const g = acl.HugePageSize
@@ -53,11 +54,10 @@ func TestRegistrarConformance(t *testing.T) {
 // The same suite on the ACL binding over its own double: HCCL gets the ACL
 // runtime's physical handles, and is called inside the driver's Bind.
 func TestRegistrarOnTheACLBinding(t *testing.T) {
-	builtPath(t, "full") // builds the ACL double too
 	fakes := sync.Map{}
 	acltest.RunRegistrar(t, acltest.RegistrarFactory{
 		Driver: func(t testing.TB) acl.Driver {
-			d, err := ascend.Open(ascend.Config{Library: copyTo(t, built.fakeac, "libascendcl.so")})
+			d, err := ascend.Open(ascend.Config{Library: doubles.Instance(t, "fakeacl", "libascendcl.so")})
 			require.NoError(t, err)
 			return d
 		},
@@ -296,7 +296,7 @@ func TestOpen(t *testing.T) {
 	require.ErrorIs(t, err, acl.ErrNotSupported)
 	require.ErrorIs(t, old.lib.ActivateCommMemory(1, 0x1000, g, 0, 1, 0), acl.ErrNotSupported)
 
-	bad := copyTo(t, builtPath(t, "nocomm"), "libhccl.so")
+	bad := doubles.Instance(t, "nocomm", "libhccl.so")
 	_, err = hccl.Open(hccl.Config{Library: bad})
 	require.ErrorIs(t, err, acl.ErrNotSupported)
 	require.ErrorContains(t, err, "HcclCommInitRootInfo")
@@ -342,7 +342,7 @@ func TestErrorText(t *testing.T) {
 // The double exports exactly the HCCL symbols the binding resolves, so that
 // the tests exercise every one of them.
 func TestDoubleSymbolsAreTheBindingsSymbols(t *testing.T) {
-	require.ElementsMatch(t, hccl.SymbolNames(), exported(t, builtPath(t, "full"), "Hccl"))
+	require.ElementsMatch(t, hccl.SymbolNames(), cdouble.Exported(t, doubles.Path(t, "full"), "Hccl"))
 }
 
 // gate is a Binder that holds every HCCL call at its start until released,

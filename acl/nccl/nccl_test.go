@@ -13,6 +13,7 @@ import (
 	"github.com/vmarena/vmarena/acl/acltest"
 	"github.com/vmarena/vmarena/acl/cuda"
 	"github.com/vmarena/vmarena/acl/host"
+	"github.com/vmarena/vmarena/acl/internal/cdouble"
 	"github.com/vmarena/vmarena/acl/nccl"
 )
 
@@ -63,9 +64,8 @@ func TestRegistrarConformance(t *testing.T) {
 // The same suite on the CUDA binding over its double, calling NCCL inside
 // the driver's Bind.
 func TestRegistrarOnTheCUDABinding(t *testing.T) {
-	src := builtPath(t, &built.fakecuda)
 	suite(t, func(t testing.TB) acl.Driver {
-		d, err := cuda.Open(cuda.Config{Library: copyTo(t, src, "libcuda.so.1")})
+		d, err := cuda.Open(cuda.Config{Library: doubles.Instance(t, "fakecuda", "libcuda.so.1")})
 		require.NoError(t, err)
 		return d
 	}, true)
@@ -209,7 +209,7 @@ func TestRegistrarClose(t *testing.T) {
 // what it lacks; a library that does not load is ErrNotSupported; the
 // environment names the library.
 func TestOpen(t *testing.T) {
-	old := copyTo(t, builtPath(t, &built.old), "libnccl.so.2")
+	old := doubles.Instance(t, "old", "libnccl.so.2")
 	_, err := nccl.Open(nccl.Config{Library: old})
 	require.ErrorIs(t, err, acl.ErrNotSupported)
 	require.ErrorContains(t, err, "ncclCommRegister")
@@ -240,5 +240,5 @@ func TestErrorText(t *testing.T) {
 // The double exports exactly the NCCL symbols the binding resolves, so that
 // the tests exercise every one of them.
 func TestDoubleSymbolsAreTheBindingsSymbols(t *testing.T) {
-	require.ElementsMatch(t, nccl.SymbolNames(), exported(t, builtPath(t, &built.full), "nccl"))
+	require.ElementsMatch(t, nccl.SymbolNames(), cdouble.Exported(t, doubles.Path(t, "full"), "nccl"))
 }

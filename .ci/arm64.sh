@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # arm64.sh: build vmarena for linux/arm64 (Ascend hosts are often aarch64) and
-# run the device bindings' tests there (acl/ascend and acl/cuda), under
+# run the device bindings' tests there (acl/ascend, acl/cuda, and the HCCL
+# and NCCL bindings, acl/hccl and acl/nccl), under
 # qemu-user emulation: each test binary is cross-compiled with GOARCH=arm64,
 # and the tests build their C test doubles with the aarch64 cross compiler.
 # Their results go through go run ./internal/skipcheck, as .ci/run's tests
@@ -46,7 +47,7 @@ trap 'rm -rf "$work"' EXIT
 # only what needs a device (a double that does not build fails).
 go build -o "$work/skipcheck" ./internal/skipcheck
 for cgo in ${ARM64_CGO:-0 1}; do
-	for pkg in ascend cuda; do
+	for pkg in ascend cuda hccl nccl; do
 		echo "== acl/$pkg tests on linux/arm64 under $(basename "$qemu"), CGO_ENABLED=$cgo"
 		t0=$SECONDS
 		GOOS=linux GOARCH=arm64 CGO_ENABLED=$cgo CC=aarch64-linux-gnu-gcc \

@@ -60,6 +60,17 @@
 // errors.Is: [ErrOutOfMemory] for 207001, [ErrInvalidParam], [ErrNotSupported]
 // and so on.
 //
+// # Registration
+//
+// Memory that collective and transfer libraries (HCCL, NCCL, RDMA engines)
+// use must be registered with them, and registered again whenever its
+// backing changes. [Registrar] is the protocol an owner of reserved memory
+// follows to keep a library's view true at every step; [Mapping] names what
+// one registration covers. Drivers may offer [Binder] (run code with the
+// device's context current, for such libraries) and [DMABufExporter]
+// (export a mapped range as a dma-buf for an RDMA NIC). docs/distributed.md
+// describes them.
+//
 // # Drivers
 //
 // The host driver (package acl/host) implements the contract on Linux virtual

@@ -116,6 +116,14 @@ func (d *Driver) SocName() string {
 	return s
 }
 
+// Bind runs fn on a locked OS thread with the device's context current
+// (acl.Binder), for calls into other CANN libraries (HCCL) that must see the
+// driver's device. It fails with 107002 once the driver is closed, and
+// Close waits for fn to return.
+func (d *Driver) Bind(fn func() error) error { return d.on("Bind", fn) }
+
+var _ acl.Binder = (*Driver)(nil)
+
 // Caps reports what the NPU allows beyond the rules every driver enforces:
 // little, until an NPU shows otherwise. ACL documents one aclrtMemSetAccess
 // per mapping and READWRITE access only, and no ACL document or driver path

@@ -635,3 +635,31 @@ func TestRuntimeLifecycle(t *testing.T) {
 	var nilDriver *ascend.Driver
 	require.NoError(t, nilDriver.Close())
 }
+
+// Bind runs its function on a thread with the device's context current,
+// even a thread that had none, returns its error, and refuses once the
+// driver is closed.
+func TestBind(t *testing.T) {
+	path := freshCopy(t, "full", "", "libascendcl.so")
+	d, dbl := openDouble(t, path, 0, ascend.Config{})
+	var ctx uintptr
+	var code int32
+	var err error
+	onThread(func() {
+		dbl.clearContext()
+		err = d.Bind(func() error {
+			code = dbl.getCurrentContext(&ctx)
+			return nil
+		})
+	})
+	require.NoError(t, err)
+	require.Equal(t, acl.Success, code)
+	require.NotZero(t, ctx, "the device's context is current inside Bind")
+	want := errors.New("from fn")
+	require.Equal(t, want, d.Bind(func() error { return want }))
+
+	d2, err := ascend.Open(ascend.Config{Library: path, Device: 1})
+	require.NoError(t, err)
+	require.NoError(t, d2.Close())
+	acltest.RequireCode(t, d2.Bind(func() error { return nil }), acl.ErrCodeRTContextNull)
+}

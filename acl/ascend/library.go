@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/internal/cannpath"
 )
 
 const (
@@ -18,7 +19,7 @@ const (
 	LibraryEnv = "VMARENA_ASCEND_LIBRARY"
 	// DefaultInstall is where the CANN toolkit installs by default; the
 	// search looks in its lib64.
-	DefaultInstall = "/usr/local/Ascend/ascend-toolkit/latest"
+	DefaultInstall = cannpath.DefaultInstall
 
 	libName   = "libascendcl.so" // the library CANN users link
 	rtLibName = "libacl_rt.so"   // where the open-source 9.x runtime puts aclrt*
@@ -37,30 +38,11 @@ func searchPath(cfg Config) (cands []candidate, explicit bool) {
 	if lib == "" {
 		lib, where = os.Getenv(LibraryEnv), "$"+LibraryEnv
 	}
-	if lib != "" {
-		if abs, err := filepath.Abs(lib); err == nil {
-			lib = abs
-		}
-		if fi, err := os.Stat(lib); err == nil && fi.IsDir() {
-			lib = filepath.Join(lib, libName)
-		}
-		return []candidate{{lib, where}}, true
+	found, explicit := cannpath.Search(lib, where, libName)
+	for _, c := range found {
+		cands = append(cands, candidate{c.Path, c.Where})
 	}
-	seen := map[string]bool{}
-	add := func(path, where string) {
-		if !seen[path] {
-			seen[path] = true
-			cands = append(cands, candidate{path, where})
-		}
-	}
-	for _, env := range []string{"ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"} {
-		if dir := os.Getenv(env); dir != "" {
-			add(filepath.Join(dir, "lib64", libName), "$"+env)
-		}
-	}
-	add(filepath.Join(DefaultInstall, "lib64", libName), "default install")
-	add(libName, "dynamic loader: LD_LIBRARY_PATH, ld.so.cache")
-	return cands, false
+	return cands, explicit
 }
 
 // registry holds every library this process loaded, by the path it was

@@ -53,6 +53,8 @@ type Driver struct {
 	granRec uintptr // CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
 	gran1G  uintptr // the granularity of the ACL HUGE1G attributes
 	posixFD bool    // the device exports POSIX descriptors (share.go)
+	rdma    bool    // allocations are made GPUDirect RDMA capable (dmabuf.go)
+	dmaBuf  bool    // the device exports dma-bufs (dmabuf.go)
 
 	// life is read-held by every call for its whole duration and
 	// write-held by Close, so Close waits for calls in flight and no call
@@ -93,6 +95,7 @@ type handle struct {
 	refs  int     // the owner's reference plus one per mapping
 	freed bool    // FreePhysical dropped the owner's reference (cuMemRelease done)
 	share         // exportable, exported and imported allocations (share.go)
+	props props   // what a dma-buf export needs identical across its chunks (dmabuf.go)
 }
 
 // A reservation is one cuMemAddressReserve; a mapping is one cuMemMap of a
@@ -180,6 +183,7 @@ func (d *Driver) open() error {
 			d.cfg.Device, acl.ErrNotSupported)
 	}
 	d.posixFD = d.queryPosixFD()
+	d.rdma, d.dmaBuf = d.queryRDMA()
 	if r := l.cuDevicePrimaryCtxRetain(&d.ctx, d.dev); r != ResultSuccess {
 		return l.newError("cuDevicePrimaryCtxRetain", r)
 	}
@@ -238,12 +242,18 @@ func versionString(v int32) string { return fmt.Sprintf("%d.%d", v/1000, v%1000/
 func roundUp(n, to uintptr) uintptr { return (n + to - 1) / to * to }
 
 // cuProp is the CUmemAllocationProp of every allocation: pinned memory on
-// the driver's device, no shareable handle.
+// the driver's device, no shareable handle, GPUDirect RDMA capable where the
+// device allows it on VMM memory (so that every chunk has the properties a
+// dma-buf export of several of them needs, dmabuf.go).
 func (d *Driver) cuProp() memAllocationProp {
-	return memAllocationProp{
+	p := memAllocationProp{
 		Type:     cuMemAllocationTypePinned,
 		Location: memLocation{Type: cuMemLocationTypeDevice, ID: int32(d.cfg.Device)},
 	}
+	if d.rdma {
+		p.GPUDirectRDMACapable = 1
+	}
+	return p
 }
 
 // Thread discipline. CUDA's current context belongs to the calling OS
@@ -435,7 +445,8 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.nextID++
-	h := &handle{id: d.nextID, cu: cu, size: size, page: page, refs: 1, share: share{exportable: posix, fd: -1}}
+	h := &handle{id: d.nextID, cu: cu, size: size, page: page, refs: 1, share: share{exportable: posix, fd: -1},
+		props: propsOf(&cuprop)}
 	d.handles[h.id] = h
 	d.live.Handles++
 	d.live.PhysicalBytes += size

@@ -31,8 +31,9 @@ var double struct {
 	once sync.Once
 	dir  string // removed by TestMain
 	lib  string
-	cc   error // no C compiler: the tests that need the double skip (internal/skip.NoGCC)
-	err  error // the double did not build, or its source is missing: those tests fail
+	old  string // built without cuMemGetHandleForAddressRange
+	cc   error  // no C compiler: the tests that need the double skip (internal/skip.NoGCC)
+	err  error  // the double did not build, or its source is missing: those tests fail
 }
 
 func TestMain(m *testing.M) {
@@ -67,14 +68,18 @@ func buildDouble() {
 		return
 	}
 	double.dir = dir
-	lib := filepath.Join(dir, "libfakecuda.so")
-	out, err := exec.Command(cc, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread",
-		"-o", lib, src).CombinedOutput()
-	if err != nil {
-		double.err = fmt.Errorf("build the libcuda test double: %v\n%s", err, out)
-		return
+	lib, old := filepath.Join(dir, "libfakecuda.so"), filepath.Join(dir, "libfakecuda-nodmabuf.so")
+	for _, b := range []struct {
+		out   string
+		flags []string
+	}{{lib, nil}, {old, []string{"-DFAKECUDA_NO_DMABUF"}}} {
+		args := append([]string{"-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", b.out, src}, b.flags...)
+		if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
+			double.err = fmt.Errorf("build the libcuda test double: %v\n%s", err, out)
+			return
+		}
 	}
-	double.lib = lib
+	double.lib, double.old = lib, old
 }
 
 // builtDouble returns the path of the compiled double (TestMain built it,
@@ -112,6 +117,8 @@ type fake struct {
 	finish     func(id int32) int32
 	faults     func() int64
 	hostLive   func(n *int64, bytes *uintptr)
+	rdma       func(h uint64) int32 // 1 if allocation h is GPUDirect RDMA capable, 0 if not, -1 if no such allocation
+	dmabufs    func() int64         // dma-bufs exported
 
 	foreignStream        func(dev int32, flags uint32) uintptr // a CUstream, or 0
 	destroyForeignStream func(h uintptr) int32                 // a CUresult
@@ -121,7 +128,19 @@ type fake struct {
 // env holds FAKECUDA_* settings the double reads as it loads.
 func newFake(t testing.TB, env ...string) *fake {
 	t.Helper()
-	src := builtDouble(t)
+	return newFakeOf(t, builtDouble(t), env...)
+}
+
+// newOldFake is newFake of the double built without
+// cuMemGetHandleForAddressRange.
+func newOldFake(t testing.TB) *fake {
+	t.Helper()
+	builtDouble(t)
+	return newFakeOf(t, double.old)
+}
+
+func newFakeOf(t testing.TB, src string, env ...string) *fake {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "libcuda.so.1")
 	require.NoError(t, copyFile(path, src))
 	for i := 0; i+1 < len(env); i += 2 {
@@ -145,6 +164,8 @@ func newFake(t testing.TB, env ...string) *fake {
 		"fakecuda_finish":      &f.finish,
 		"fakecuda_faults":      &f.faults,
 		"fakecuda_host_live":   &f.hostLive,
+		"fakecuda_rdma":        &f.rdma,
+		"fakecuda_dmabufs":     &f.dmabufs,
 
 		"fakecuda_foreign_stream":         &f.foreignStream,
 		"fakecuda_destroy_foreign_stream": &f.destroyForeignStream,

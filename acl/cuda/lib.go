@@ -37,6 +37,9 @@ const (
 	cuMemAccessProtRead        = 1   // CU_MEM_ACCESS_FLAGS_PROT_READ
 	cuStreamNonBlocking        = 1   // CU_STREAM_NON_BLOCKING: not ordered with the legacy default stream
 	cuEventDisableTiming       = 2   // CU_EVENT_DISABLE_TIMING: no timestamp, the cheapest event
+	cuDevAttrRDMAWithVMM       = 110 // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+	cuDevAttrDMABufSupported   = 124 // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+	cuMemRangeHandleDMABufFD   = 1   // CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD
 )
 
 // memLocation is CUmemLocation (8 bytes).
@@ -120,6 +123,11 @@ type library struct {
 	// cuMemGetAllocationPropertiesFromHandle says where an imported
 	// allocation lives, and so its granularity.
 	cuMemGetAllocationPropertiesFromHandle func(prop *memAllocationProp, h uint64) Result
+
+	// cuMemGetHandleForAddressRange (CUDA 11.7 on) writes, for a dma-buf,
+	// an int descriptor through its void* handle. Optional: nil when the
+	// driver lacks it.
+	cuMemGetHandleForAddressRange func(fd *int32, dptr uint64, size uintptr, handleType int32, flags uint64) Result
 }
 
 // symbols lists every symbol the binding resolves, with the field it fills.
@@ -165,12 +173,20 @@ func (l *library) symbols() []symbol {
 		{"cuMemHostAlloc", &l.cuMemHostAlloc},
 		{"cuMemFreeHost", &l.cuMemFreeHost},
 		{"cuGetErrorString", &l.cuGetErrorString},
+		{"cuMemGetHandleForAddressRange", &l.cuMemGetHandleForAddressRange},
 	}
 }
 
 type symbol struct {
 	name string
 	fn   any // pointer to a func field of library
+}
+
+// optionalSymbols are the symbols the binding works without: a driver that
+// lacks one leaves its field nil, and only the calls that need it fail (with
+// ErrNotSupported).
+var optionalSymbols = map[string]bool{
+	"cuMemGetHandleForAddressRange": true, // CUDA 11.7
 }
 
 // libraryPath returns the library Open loads for cfg: Config.Library, else

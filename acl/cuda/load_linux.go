@@ -28,6 +28,9 @@ func (l *library) load() error {
 	}
 	for _, s := range l.symbols() {
 		addr, err := purego.Dlsym(h, s.name)
+		if err != nil && optionalSymbols[s.name] {
+			continue
+		}
 		if err != nil {
 			// The handle is not closed: dlclose of a half-initialised CUDA
 			// driver is no safer than of a whole one, and it costs nothing.

@@ -181,7 +181,7 @@ func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int3
 		d.unbind(b)
 		return 0, d.lib.newError("cuMemImportFromShareableHandle", r)
 	}
-	page, err := d.importedGranularity(op, cu)
+	page, pr, err := d.importedGranularity(op, cu)
 	if err != nil {
 		_ = d.lib.cuMemRelease(cu)
 		d.unbind(b)
@@ -191,7 +191,7 @@ func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int3
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.nextID++
-	h := &handle{id: d.nextID, cu: cu, page: page, refs: 1, share: share{imported: true, fd: -1}}
+	h := &handle{id: d.nextID, cu: cu, page: page, refs: 1, share: share{imported: true, fd: -1}, props: pr}
 	d.handles[h.id] = h
 	d.live.Handles++
 	d.live.Imported++
@@ -199,27 +199,27 @@ func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int3
 }
 
 // importedGranularity checks that the imported allocation cu is pinned
-// memory of this driver's device, and returns its granularity. Call it
-// bound.
-func (d *Driver) importedGranularity(op string, cu uint64) (uintptr, error) {
+// memory of this driver's device, and returns its granularity and the
+// properties it was made with. Call it bound.
+func (d *Driver) importedGranularity(op string, cu uint64) (uintptr, props, error) {
 	var prop memAllocationProp
 	if r := d.lib.cuMemGetAllocationPropertiesFromHandle(&prop, cu); r != ResultSuccess {
-		return 0, d.lib.newError("cuMemGetAllocationPropertiesFromHandle", r)
+		return 0, props{}, d.lib.newError("cuMemGetAllocationPropertiesFromHandle", r)
 	}
 	want := d.cuProp()
 	if prop.Type != want.Type || prop.Location != want.Location {
-		return 0, acl.Errorf(op, acl.ErrCodeRTInvalidHandle,
+		return 0, props{}, acl.Errorf(op, acl.ErrCodeRTInvalidHandle,
 			"the imported memory is allocation type %d at location type %d, id %d: not pinned memory of device %d",
 			prop.Type, prop.Location.Type, prop.Location.ID, d.cfg.Device)
 	}
 	var gran uintptr
 	if r := d.lib.cuMemGetAllocationGranularity(&gran, &prop, cuGranularityMinimum); r != ResultSuccess {
-		return 0, d.lib.newError("cuMemGetAllocationGranularity", r)
+		return 0, props{}, d.lib.newError("cuMemGetAllocationGranularity", r)
 	}
 	if gran == 0 || gran%d.gran != 0 {
-		return 0, acl.Errorf(op, acl.ErrCodeRTInvalidHandle, "the imported memory's granularity %d is not a multiple of the device's %d", gran, d.gran)
+		return 0, props{}, acl.Errorf(op, acl.ErrCodeRTInvalidHandle, "the imported memory's granularity %d is not a multiple of the device's %d", gran, d.gran)
 	}
-	return gran, nil
+	return gran, propsOf(&prop), nil
 }
 
 // DeviceGetBareTgid returns os.Getpid(): CUDA has no other id for a process.

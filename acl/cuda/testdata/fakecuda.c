@@ -17,6 +17,16 @@
 //   - cuMemCreate fails with CUDA_ERROR_OUT_OF_MEMORY past a capacity;
 //   - structs are checked field by field at their cuda.h offsets, so a binding
 //     that lays one out wrongly gets CUDA_ERROR_INVALID_VALUE;
+//   - dma-bufs: cuMemGetHandleForAddressRange exports a range as a dma-buf
+//     (a real descriptor: a new memory file of the range's size) only when
+//     the device supports it (the dma_buf knob, attribute 124), the range
+//     is aligned to 4 KiB, mapped throughout, and every allocation behind
+//     it has the same properties (requested handle types, device, and the
+//     GPUDirect RDMA flag, which cuMemCreate accepts only where the rdma_vmm
+//     knob, attribute 110, says the device supports it on VMM memory);
+//     CUDA_ERROR_INVALID_VALUE otherwise, CUDA_ERROR_NOT_SUPPORTED without
+//     support. An imported allocation reports the RDMA flag the device
+//     supports, as if its exporter had made it the way this binding does;
 //   - sharing: an allocation made with requestedHandleTypes =
 //     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR lives in a memory file of its
 //     own (memfd); cuMemExportToShareableHandle writes a new descriptor of
@@ -86,7 +96,9 @@
 // Test controls (exported, prefixed fakecuda_), and environment variables read
 // at load: FAKECUDA_CAPACITY (bytes), FAKECUDA_DEVICES (count),
 // FAKECUDA_GRANULARITY (bytes), FAKECUDA_STUB=1 (behave as the toolkit's stub
-// library: every call returns CUDA_ERROR_STUB_LIBRARY).
+// library: every call returns CUDA_ERROR_STUB_LIBRARY). Built with
+// -DFAKECUDA_NO_DMABUF it lacks cuMemGetHandleForAddressRange, like a driver
+// older than CUDA 11.7.
 
 #include <pthread.h>
 #include <stddef.h>
@@ -168,6 +180,8 @@ _Static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc");
 #define ATTR_UNIFIED_ADDRESSING 41
 #define ATTR_VMM_SUPPORTED 102
 #define ATTR_POSIX_FD_SUPPORTED 103
+#define ATTR_RDMA_WITH_VMM 110
+#define ATTR_DMA_BUF_SUPPORTED 124
 #define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
 
 // ---- global state, guarded by mu ----
@@ -192,6 +206,7 @@ struct alloc {
 	int fd;       // its memory file when exportable or imported, else -1
 	int imported; // made by cuMemImportFromShareableHandle
 	int device;   // its location's device
+	int rdma;     // allocFlags.gpuDirectRDMACapable
 	struct alloc *next;
 };
 
@@ -256,6 +271,9 @@ static int stub;
 static int ndevices = 1;
 static int vmm_supported = 1;
 static int posix_fd_supported = 1;
+static int rdma_vmm = 1; // attribute 110: GPUDirect RDMA with VMM memory
+static int dma_buf = 1;  // attribute 124: dma-buf export
+static long dmabufs;     // dma-bufs exported
 static int driver_version = 12060;
 static size_t granularity = 2u << 20;
 static size_t capacity = (size_t)1 << 30;
@@ -304,6 +322,7 @@ static struct fn_stat stats[] = {
 	{"cuEventQuery", 0, 0, 0}, {"cuEventSynchronize", 0, 0, 0}, {"cuEventDestroy_v2", 0, 0, 0},
 	{"cuGetErrorName", 0, 0, 0}, {"cuGetErrorString", 0, 0, 0},
 	{"cuMemHostAlloc", 0, 0, 0}, {"cuMemFreeHost", 0, 0, 0},
+	{"cuMemGetHandleForAddressRange", 0, 0, 0},
 };
 #define NSTATS (sizeof(stats) / sizeof(stats[0]))
 
@@ -709,6 +728,12 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice dev) {
 	case ATTR_UNIFIED_ADDRESSING:
 		*v = 1;
 		break;
+	case ATTR_RDMA_WITH_VMM:
+		*v = rdma_vmm;
+		break;
+	case ATTR_DMA_BUF_SUPPORTED:
+		*v = dma_buf;
+		break;
 	default:
 		END(CUDA_ERROR_INVALID_VALUE);
 	}
@@ -947,6 +972,8 @@ static CUresult check_prop(const CUmemAllocationProp *p) {
 		return CUDA_ERROR_INVALID_VALUE;
 	if (p->allocFlags.compressionType != 0 || p->allocFlags.gpuDirectRDMACapable > 1 || p->allocFlags.usage != 0)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (p->allocFlags.gpuDirectRDMACapable && !rdma_vmm)
+		return CUDA_ERROR_NOT_SUPPORTED;
 	for (int i = 28; i < 32; i++)
 		if (raw[i] != 0)
 			return CUDA_ERROR_INVALID_VALUE;
@@ -1031,6 +1058,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
 	a->size = size;
 	a->mem = mem;
 	a->device = prop->location.id;
+	a->rdma = prop->allocFlags.gpuDirectRDMACapable;
 	a->next = allocs;
 	allocs = a;
 	used += size;
@@ -1084,6 +1112,7 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
 	a->fd = own;
 	a->imported = 1;
 	a->device = import_device > 0 ? (int)import_device - 1 : current->device;
+	a->rdma = rdma_vmm;
 	a->next = allocs;
 	allocs = a;
 	live_allocs++;
@@ -1104,6 +1133,7 @@ EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop
 	prop->requestedHandleTypes = a->fd >= 0 ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : 0;
 	prop->location.type = 1;
 	prop->location.id = a->device;
+	prop->allocFlags.gpuDirectRDMACapable = (unsigned char)a->rdma;
 	END(CUDA_SUCCESS);
 }
 
@@ -1264,6 +1294,49 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
 	}
 	END(CUDA_SUCCESS);
 }
+
+// ---- dma-bufs ----
+
+#ifndef FAKECUDA_NO_DMABUF // built without it: a driver older than CUDA 11.7
+// same_props reports whether two allocations were made with identical
+// properties, as a dma-buf export of both needs.
+static int same_props(const struct alloc *a, const struct alloc *b) {
+	return (a->fd >= 0) == (b->fd >= 0) && a->device == b->device && a->rdma == b->rdma;
+}
+
+// cuMemGetHandleForAddressRange writes, into the int handle points to, a new
+// descriptor standing for the dma-buf of [dptr, dptr+size): a memory file
+// of that size, which the caller owns.
+EXPORT CUresult cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size, int handleType,
+                                              unsigned long long flags) {
+	BEGIN("cuMemGetHandleForAddressRange", need_ctx());
+	if (handle == NULL || handleType != 1 || flags != 0 || size == 0 || dptr % 4096 != 0 || size % 4096 != 0)
+		END(CUDA_ERROR_INVALID_VALUE);
+	if (!dma_buf)
+		END(CUDA_ERROR_NOT_SUPPORTED);
+	struct alloc *first = NULL;
+	for (CUdeviceptr at = dptr; at < dptr + size;) {
+		struct mapping *m = mapping_at(at);
+		if (m == NULL)
+			END(CUDA_ERROR_INVALID_VALUE); // not fully mapped
+		if (first == NULL)
+			first = m->a;
+		else if (!same_props(first, m->a))
+			END(CUDA_ERROR_INVALID_VALUE);
+		at = m->va + m->size;
+	}
+	int fd = memfd_create("fakecuda-dmabuf", FAKE_MFD_CLOEXEC);
+	if (fd < 0)
+		END(CUDA_ERROR_OUT_OF_MEMORY);
+	if (ftruncate(fd, (off_t)size) != 0) {
+		close(fd);
+		END(CUDA_ERROR_OUT_OF_MEMORY);
+	}
+	*(int *)handle = fd;
+	dmabufs++;
+	END(CUDA_SUCCESS);
+}
+#endif
 
 // ---- copies and memsets ----
 
@@ -1507,6 +1580,7 @@ EXPORT void fakecuda_live(long *allocations, long *maps, long *resv, size_t *byt
 }
 
 // fakecuda_set sets a knob: "capacity", "devices", "granularity", "vmm", "posix_fd",
+// "rdma_vmm" (attribute 110), "dma_buf" (attribute 124),
 // "version", "stub", "va_limit", "reuse_streams", "import_device" (1 + the device
 // an imported allocation says it lives on; 0, the default: the importer's). It returns -1 for an
 // unknown knob.
@@ -1523,6 +1597,10 @@ EXPORT int fakecuda_set(const char *knob, size_t value) {
 		vmm_supported = (int)value;
 	else if (strcmp(knob, "posix_fd") == 0)
 		posix_fd_supported = (int)value;
+	else if (strcmp(knob, "rdma_vmm") == 0)
+		rdma_vmm = (int)value;
+	else if (strcmp(knob, "dma_buf") == 0)
+		dma_buf = (int)value;
 	else if (strcmp(knob, "version") == 0)
 		driver_version = (int)value;
 	else if (strcmp(knob, "stub") == 0)
@@ -1661,3 +1739,22 @@ EXPORT long fakecuda_faults(void) {
 #include <fcntl.h>
 
 static int fcntl_dup(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 0); }
+
+// fakecuda_rdma reports whether allocation h was made GPUDirect RDMA
+// capable: 1 or 0, or -1 when there is no such allocation.
+EXPORT int fakecuda_rdma(CUmemGenericAllocationHandle h) {
+	pthread_mutex_lock(&mu);
+	struct alloc *a = find_alloc(h);
+	int rc = a == NULL ? -1 : a->rdma;
+	pthread_mutex_unlock(&mu);
+	return rc;
+}
+
+// fakecuda_dmabufs returns how many dma-bufs cuMemGetHandleForAddressRange
+// exported.
+EXPORT long fakecuda_dmabufs(void) {
+	pthread_mutex_lock(&mu);
+	long n = dmabufs;
+	pthread_mutex_unlock(&mu);
+	return n;
+}

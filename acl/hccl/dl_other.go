@@ -1,0 +1,20 @@
+//go:build !(linux && (amd64 || arm64))
+
+package hccl
+
+import (
+	"fmt"
+	"runtime"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// HCCL runs on 64-bit Linux (x86-64 and aarch64) only; elsewhere the package
+// builds, and every Open fails with an error wrapping acl.ErrNotSupported.
+
+var errPlatform = fmt.Errorf("%w: HCCL exists for linux/amd64 and linux/arm64 only, not %s/%s",
+	acl.ErrNotSupported, runtime.GOOS, runtime.GOARCH)
+
+func dlopen(string) (uintptr, error)         { return 0, errPlatform }
+func dlsym(uintptr, string) (uintptr, error) { return 0, errPlatform }
+func register(any, uintptr)                  {}

@@ -42,8 +42,8 @@ type Set struct {
 
 	once  sync.Once
 	dir   string
-	noCC  error  // why there is no C compiler
-	err   error  // why the build failed
+	noCC  error // why there is no C compiler
+	err   error // why the build failed
 	paths map[string]string
 }
 

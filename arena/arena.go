@@ -147,7 +147,7 @@ type Arena struct {
 	// arenas in turn, between copies that evict them).
 	state    atomic.Uint64 // epoch | len, see lenBits
 	cap      atomic.Uint64 // bytes mapped
-	lowWater atomic.Uint64 // refill when less than this is mapped above Len; 0 without headroom (headroom.go)
+	lowWater atomic.Uint64 // low 41 bits: refill when less than this is mapped above Len, 0 without headroom (headroom.go); above: the epoch's era (stale.go)
 	maxAlign uint64        // the largest alignment base guarantees
 
 	floor atomic.Uint64 // bytes Grow promised to keep mapped: a pool under pressure takes only what lies above it and Len
@@ -179,6 +179,9 @@ type Arena struct {
 	imp *importMode // set for an Imported's arena: another process's memory, of a fixed size (share.go)
 	obs observer    // events, trace regions, counters (observe.go)
 	sl  sleeper     // sleep and wake (sleep.go)
+	// drops are the drops of Len since the arena was made, for the
+	// buffers' staleness check (stale.go). Written under mu.
+	drops dropLog
 
 	// growMu serialises the growths that may relieve pressure (Grow, Alloc's
 	// slow path), which release mu while the pool relieves it. Taken before
@@ -549,12 +552,13 @@ func (a *Arena) Alloc(size, align int) (Buffer, error) {
 	if s&frozen == 0 {
 		start := (s&lenMask + uint64(align) - 1) &^ (uint64(align) - 1)
 		end := start + uint64(size) // cannot wrap: start < 2^41, size < 2^63
+		w := a.lowWater.Load()      // before the compare-and-swap: the era of s's epoch (stale.go)
 		c := a.cap.Load()
 		if end <= c && a.state.CompareAndSwap(s, s&^lenMask|end) {
-			if end+a.lowWater.Load() > c { // never true without headroom: lowWater is 0
+			if end+w&lenMask > c { // never true without headroom: the mark is 0
 				a.member.WantRefill()
 			}
-			return Buffer{a: a, off: uintptr(start), n: uintptr(size)}, nil
+			return Buffer{a: a, off: uintptr(start), n: uintptr(size), gen: epochOf(s, w)}, nil
 		}
 	}
 	return a.allocSlow(uint64(size), uint64(align))
@@ -600,7 +604,7 @@ func (a *Arena) allocSlowContext(ctx context.Context, size, align uint64) (Buffe
 		// Lock-free Allocs may have moved Len meanwhile; if so, go round.
 		if a.state.CompareAndSwap(s, s&^lenMask|end) {
 			a.wantHeadroom(end)
-			return Buffer{a: a, off: uintptr(start), n: uintptr(size)}, nil
+			return Buffer{a: a, off: uintptr(start), n: uintptr(size), gen: epochOf(s, a.lowWater.Load())}, nil
 		}
 	}
 }
@@ -1101,17 +1105,22 @@ func (a *Arena) freeze() uint64 {
 
 // thaw sets Len to n (or Cap, if a failure left Cap below n), advances the
 // epoch (so an Alloc that read the state before the freeze fails its
-// compare-and-swap) and lets Allocs run again. Call with mu held.
+// compare-and-swap) and lets Allocs run again. Len lowered makes the buffers
+// above it stale (stale.go). Call with mu held.
 func (a *Arena) thaw(s, n uint64) {
-	a.state.Store((s+epochOne)&epochMask | min(n, a.cap.Load()) | a.imp.pin())
+	e, l := a.nextEpoch(s), min(n, a.cap.Load())
+	if l < s&lenMask {
+		a.dropped(e, l)
+	}
+	a.state.Store(e | l | a.imp.pin())
 }
 
 // Truncate drops every allocation at or above offset n (0 ≤ n ≤ Len), like
 // reslicing s[:n]: Len becomes n, and Cap stays: the memory stays mapped,
 // to be used again at no cost, until Shrink or a pool under pressure takes
 // it back (in TrapStale mode, Cap drops to n rounded up to the chunk size at
-// once). Buffers above n must not be used afterwards; copies through them
-// fail with ErrRange.
+// once). Buffers that end above n are stale afterwards: copies through them
+// fail with ErrStale, even once new allocations cover their range.
 func (a *Arena) Truncate(n int) error {
 	if err := a.lock(); err != nil {
 		return err

@@ -47,9 +47,12 @@
 // Len is the bytes in use, Cap the bytes mapped (a multiple of the chunk
 // size), and Len ≤ Cap ≤ Reserved holds whenever the arena is awake.
 // Growing maps chunks at Cap and never moves data: a Buffer's device pointer
-// stays valid, and its contents intact, until a Truncate or Reset drops it
-// or Close releases the arena (or, for its contents, a Sleep in Discard
-// mode).
+// stays valid, and its contents intact, until a Truncate or Reset drops it,
+// a Sleep in Discard mode drops its contents, or Close releases the arena.
+// From then on the Buffer is stale: copies, views and Share through it fail
+// with ErrStale, even once a new allocation holds its range (each Buffer
+// carries the epoch it was cut in, and the arena the drops since; see
+// ErrStale). Only the bare device pointer escapes the check.
 //
 // # Deferred reclamation and headroom
 //
@@ -107,7 +110,8 @@
 //
 // Bad arguments (negative or overflowing sizes, alignments that are not
 // powers of two, ranges outside the bytes in use, overlapping copies, an
-// Arena not made by New) return an error matching ErrInvalid or ErrRange,
+// Arena not made by New) return an error matching ErrInvalid or ErrRange
+// (a stale Buffer, ErrStale),
 // change nothing and never panic; a closed arena returns ErrClosed, and a nil
 // *Arena behaves as a closed one in every method that returns an error.
 //
@@ -121,10 +125,10 @@
 // its reservation, so a pointer into another arena's memory, or into a tail
 // Shrink unmapped, faults rather than reading the bytes the chunk holds next.
 //
-// Config.TrapStale is a debug mode that extends this to Truncate and Reset:
-// the chunks they drop are unmapped at once and the dropped bytes of the
-// chunk kept in part are filled with PoisonByte, so a stale pointer faults or
-// reads poison.
+// Config.TrapStale is a debug mode that extends this to Truncate and Reset,
+// for the pointers no check sees (a Ptr handed to a kernel): the chunks they
+// drop are unmapped at once and the dropped bytes of the chunk kept in part
+// are filled with PoisonByte, so a stale pointer faults or reads poison.
 //
 // # Sleep and wake
 //

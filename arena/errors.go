@@ -35,6 +35,16 @@ var (
 	ErrInvalid = acl.ErrInvalidParam
 )
 
+// errClosedBuffer is the error of a copy through a buffer of a closed
+// arena: the allocation went with the arena, so it matches ErrStale as well
+// as ErrClosed.
+var errClosedBuffer error = closedBuffer{}
+
+type closedBuffer struct{}
+
+func (closedBuffer) Error() string        { return "arena: closed: the buffer's allocation went with it" }
+func (closedBuffer) Is(target error) bool { return target == ErrClosed || target == ErrStale }
+
 // poolClosed is the error of a growth whose shared pool was closed under the
 // arena: it reads as the pool's error and matches ErrClosed too.
 type poolClosed struct{ err error }

@@ -136,3 +136,34 @@ func Example_sharedPool() {
 	// true true
 	// a MiB: 24 b MiB: 8
 }
+
+// A buffer kept past the Reset that dropped it cannot write into what the
+// arena cuts from its range next: its copies fail with ErrStale.
+func ExampleErrStale() {
+	drv, err := host.New(host.Config{Capacity: 64 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer drv.Close()
+	a, err := arena.New(arena.Config{Driver: drv, Reserve: 32 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+
+	request1, _ := a.Alloc(64, 64) // one request's KV block
+	_ = a.Reset()                  // the request is done
+	request2, _ := a.Alloc(64, 64) // the next request's, at the same place
+	_ = arena.CopyIn(request2, []byte("request 2"))
+
+	err = arena.CopyIn(request1, []byte("request 1, too late"))
+	fmt.Println("same offset:", request1.Offset() == request2.Offset())
+	fmt.Println("stale:", errors.Is(err, arena.ErrStale))
+	got := make([]byte, 9)
+	_ = arena.CopyOut(got, request2)
+	fmt.Println(string(got))
+	// Output:
+	// same offset: true
+	// stale: true
+	// request 2
+}

@@ -80,7 +80,7 @@ func (a *Arena) setHeadroom(size uint64) {
 	if low == 0 {
 		low = max(size/2/a.chunkSize*a.chunkSize, a.chunkSize)
 	}
-	a.lowWater.Store(low)
+	a.lowWater.Store(a.lowWater.Load()&^lenMask | low) // the era above is the epoch's (stale.go)
 }
 
 // missed records a growth of size bytes on the caller's path (a miss):
@@ -101,7 +101,7 @@ func (a *Arena) missed() {
 // wantHeadroom asks the worker for a refill when the headroom above end is
 // below the low-water mark.
 func (a *Arena) wantHeadroom(end uint64) {
-	if low := a.lowWater.Load(); low != 0 && end+low > a.cap.Load() {
+	if low := a.lowWater.Load() & lenMask; low != 0 && end+low > a.cap.Load() {
 		a.member.WantRefill()
 	}
 }

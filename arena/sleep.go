@@ -401,7 +401,11 @@ func (a *Arena) sleepLocked(ctx context.Context, mode SleepMode, note *BackingCh
 	clear(a.chunks)
 	a.chunks = a.chunks[:0]
 	a.cap.Store(0)
-	a.state.Store((s+epochOne)&epochMask | l | frozen)
+	e := a.nextEpoch(s)
+	if mode == Discard && l > 0 {
+		a.dropped(e, 0) // the bytes are gone: every buffer is stale
+	}
+	a.state.Store(e | l | frozen)
 	a.sl.st = st
 	a.sl.asleep.Store(true)
 	a.member.Dropped() // growths waiting for memory may take it now

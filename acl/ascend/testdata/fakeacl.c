@@ -1395,9 +1395,6 @@ API aclError aclrtFreeHost(void *hostPtr) {
     FAIL(ACL_ERROR_RT_PARAM_INVALID, "%p is not host memory from aclrtMallocHost", hostPtr);
 }
 
-    pthread_mutex_unlock(&mu);
-}
-
 // ---- sharing between processes ----
 
 #ifndef FAKEACL_NO_SHARE

@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // ShareOptions says who may import what Share offers, and how.
@@ -284,7 +285,11 @@ func (v *Imported) CloseContext(ctx context.Context) error {
 // the arena's pool: once the arena lets them go (Truncate and Shrink,
 // Reset, Close) they are freed, and the device keeps the memory for the
 // consumer as long as it maps it. The producer's pool counts them until
-// then. Keep b's bytes in use until Share returns.
+// then. Keep b's bytes in use until Share returns: the descriptors sent are
+// duplicates Share took while the arena held the chunks, so a chunk given
+// back meanwhile still reaches the consumer as the memory that was
+// exported (never as a file the descriptor's number names next), but on
+// ACL a token of a freed chunk no longer imports.
 //
 // A failure the consumer reports is a *PeerError (matching ErrPeer, and
 // none of this process's sentinels). Share honours conn's deadlines. An
@@ -359,7 +364,11 @@ func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 	if err != nil {
 		return refuse(err)
 	}
+	// The descriptors are this call's own copies: the arena may give the
+	// chunks back from here on, and the driver close its descriptors.
+	defer closeHandles(handles)
 	step("share:exported")
+	sched.At(sched.ShareExported, a)
 	o := offer{sharing: sharing, chunkSize: a.chunkSize, chunks: uint64(len(handles)),
 		off: uint64(b.off) - uint64(first)*a.chunkSize, n: uint64(b.n)}
 	if opt.ReadOnly {
@@ -390,8 +399,13 @@ func (b Buffer) Share(conn *net.UnixConn, opt ShareOptions) error {
 }
 
 // export exports the chunks that hold b for the process tgid, and returns
-// the index of the first and their shareable handles.
-func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (int, []acl.ShareableHandle, error) {
+// the index of the first and their shareable handles. A descriptor is
+// returned as a duplicate, taken while the arena's mutex still holds the
+// chunk: the driver's own is the driver's, closed when the chunk is freed,
+// which may happen as soon as the mutex is released, and its number then
+// names the next file this process opens. The caller closes the duplicates
+// (closeHandles).
+func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ int, hs []acl.ShareableHandle, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := b.check("share"); err != nil { // the arena may have changed meanwhile
@@ -399,7 +413,12 @@ func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (int, []acl.Shareabl
 	}
 	first := int(uint64(b.off) / a.chunkSize)
 	last := int((uint64(b.off) + uint64(b.n) - 1) / a.chunkSize)
-	hs := make([]acl.ShareableHandle, 0, last-first+1)
+	hs = make([]acl.ShareableHandle, 0, last-first+1)
+	defer func() {
+		if err != nil {
+			closeHandles(hs)
+		}
+	}()
 	export := a.lend.Export
 	if readOnly {
 		export = a.lend.ExportReadOnly
@@ -407,11 +426,27 @@ func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (int, []acl.Shareabl
 	for _, c := range a.chunks[first : last+1] {
 		s, err := export(c, tgid)
 		if err != nil {
-			return 0, nil, err
+			return 0, hs, err
+		}
+		if fd, ok := s.FD(); ok {
+			dup, err := ipc.Dup(fd)
+			if err != nil {
+				return 0, hs, fmt.Errorf("duplicate the descriptor of chunk %d: %w", len(hs), err)
+			}
+			s.Value = uint64(dup)
 		}
 		hs = append(hs, s)
 	}
 	return first, hs, nil
+}
+
+// closeHandles closes the descriptors among hs, which export duplicated.
+func closeHandles(hs []acl.ShareableHandle) {
+	for _, s := range hs {
+		if fd, ok := s.FD(); ok {
+			_ = ipc.Close(fd)
+		}
+	}
 }
 
 // sendHandles sends the offer, with this process's credentials, and the

@@ -35,6 +35,7 @@ const (
 	WaitServed    Point = "wait.served"     // a waiting growth succeeded, before it leaves the queue
 	ReleaseQueued Point = "release.queued"  // chunks were handed to wait for the device
 	ReleaseUnmap  Point = "release.unmap"   // a chunk that waited for the device is about to be unmapped
+	ShareExported Point = "share.exported"  // Share exported the chunks and let go of its arena's lock, before it sends them
 )
 
 var hook atomic.Pointer[func(Point, any)]

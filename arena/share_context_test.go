@@ -81,7 +81,7 @@ func TestShareContextDoneBefore(t *testing.T) {
 	defer a.Close()
 	b, err := a.Alloc(shareChunk, shareChunk)
 	require.NoError(t, err)
-	mine, theirs := peerConns(t, time.Second)
+	mine, theirs := peerConns(t, 100*time.Millisecond)
 	defer mine.Close()
 	defer theirs.Close()
 	ctx, stop := context.WithCancel(context.Background())

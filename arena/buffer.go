@@ -93,7 +93,9 @@ func (b Buffer) check(op string) error {
 	if b.a.sl.asleep.Load() {
 		return fmt.Errorf("arena: %s: %w", op, errAsleep)
 	}
-	if b.gen < b.a.drops.last.Load() && b.a.drops.stale(b.gen, uint64(b.off)+uint64(b.n)) {
+	// dropLog.dropped, by hand: the two loads settle most copies without a
+	// call (stale.go).
+	if end := uint64(b.off) + uint64(b.n); b.gen < b.a.drops.last.Load() && end > b.a.drops.low.Load() && b.a.drops.stale(b.gen, end) {
 		return fmt.Errorf("arena: %s %v: %w", op, b, ErrStale)
 	}
 	if l := uintptr(s & lenMask); b.off > l || b.n > l-b.off {

@@ -81,12 +81,13 @@ func (b Buffer) stale() bool {
 	if a.closed.Load() {
 		return true
 	}
-	return b.gen < a.drops.last.Load() && a.drops.stale(b.gen, uint64(b.off)+uint64(b.n))
+	return a.drops.dropped(b.gen, uint64(b.off)+uint64(b.n))
 }
 
 // dropLog is an arena's drops, as the stack of suffix minima above.
 type dropLog struct {
 	last atomic.Uint64 // the epoch of the newest drop; 0: none (no drop has epoch 0)
+	low  atomic.Uint64 // the lowest Len a drop left: the first record's
 	seq  atomic.Uint64 // odd while record rewrites the records
 	n    atomic.Int64  // records in use
 	recs atomic.Pointer[[]dropRec]
@@ -123,32 +124,24 @@ func (d *dropLog) record(epoch, l uint64) {
 	rs[n].epoch.Store(epoch)
 	rs[n].len.Store(l)
 	d.n.Store(int64(n + 1))
-	d.last.Store(epoch)
+	d.low.Store(rs[0].len.Load())
+	d.last.Store(epoch) // after low: a reader that sees this drop sees its low
 }
 
-// stale reports whether a drop that began after epoch gen left Len below
-// end.
+// dropped reports whether a drop that began after epoch gen left Len below
+// end. The two loads settle most copies: a buffer cut after the newest drop,
+// or one that ends below every drop (weights under a KV cache that is
+// truncated above them); only the rest search the records.
+func (d *dropLog) dropped(gen, end uint64) bool {
+	return gen < d.last.Load() && end > d.low.Load() && d.stale(gen, end)
+}
+
+// stale is dropped's search of the records, under their sequence count.
 func (d *dropLog) stale(gen, end uint64) bool {
 	for try := 0; ; try++ {
 		v := d.seq.Load()
 		if v&1 == 0 {
-			st := false
-			if p := d.recs.Load(); p != nil {
-				rs := *p
-				n := min(int(d.n.Load()), len(rs))
-				// The first record newer than gen holds the lowest Len
-				// since gen.
-				lo, hi := 0, n
-				for lo < hi {
-					m := int(uint(lo+hi) >> 1)
-					if rs[m].epoch.Load() > gen {
-						hi = m
-					} else {
-						lo = m + 1
-					}
-				}
-				st = lo < n && rs[lo].len.Load() < end
-			}
+			st := d.search(gen, end)
 			if d.seq.Load() == v {
 				return st
 			}
@@ -157,6 +150,40 @@ func (d *dropLog) stale(gen, end uint64) bool {
 			runtime.Gosched() // a writer holds it: let it finish
 		}
 	}
+}
+
+// search reports whether the first record newer than gen, which holds the
+// lowest Len since gen, is below end. A record read while a writer rewrites
+// them may be wrong; stale then reads again.
+func (d *dropLog) search(gen, end uint64) bool {
+	p := d.recs.Load()
+	if p == nil {
+		return false
+	}
+	rs := *p
+	n := min(int(d.n.Load()), len(rs))
+	// Most buffers that reach here were cut a few drops ago: walk down from
+	// the newest record (their Lens fall as their epochs do) a few steps.
+	i := n - 1
+	for k := 0; k < 4 && i >= 0; k, i = k+1, i-1 {
+		switch {
+		case rs[i].epoch.Load() <= gen:
+			return false // the first newer record, i+1, was not below end
+		case rs[i].len.Load() < end:
+			return true
+		}
+	}
+	// Then search the rest, [0, i], for the first record newer than gen.
+	lo, hi := 0, i+1
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if rs[m].epoch.Load() > gen {
+			hi = m
+		} else {
+			lo = m + 1
+		}
+	}
+	return lo <= i && rs[lo].len.Load() < end
 }
 
 // records returns the number of drop records kept, for tests.

@@ -3,6 +3,7 @@ package arena_test
 import (
 	"bytes"
 	"context"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"testing"
@@ -311,4 +312,48 @@ func TestStaleAcrossEpochWrap(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, arena.CopyIn(v, []byte{6}))
 	assert.Equal(t, 2<<20, arena.LowWater(a), "the low-water mark beside the era is intact")
+}
+
+// Random allocations and drops, each buffer's staleness predicted from the
+// whole history of drops (the lowest Len since it was cut): the records and
+// their search (the walk from the newest, then the binary search) agree with
+// it for every buffer after every step.
+func TestStaleAgainstHistory(t *testing.T) {
+	a, _ := staleArena(t, arena.Config{})
+	rng := rand.New(rand.NewPCG(25, 1))
+	type cut struct {
+		b   arena.Buffer
+		low int // the lowest Len since it was cut
+	}
+	var cuts []cut
+	for step := range 3000 {
+		switch r := rng.IntN(10); {
+		case r < 6 && a.Len() < 1<<20:
+			b, err := a.Alloc(1+rng.IntN(300), 1)
+			require.NoError(t, err)
+			cuts = append(cuts, cut{b, 1 << 40})
+		default:
+			n := a.Len() - rng.IntN(min(a.Len(), 200)+1)
+			if rng.IntN(50) == 0 {
+				n = rng.IntN(a.Len() + 1) // now and then, a deep drop
+			}
+			require.NoError(t, a.Truncate(n))
+			for i := range cuts {
+				cuts[i].low = min(cuts[i].low, n)
+			}
+		}
+		if step%7 != 0 {
+			continue
+		}
+		for i, c := range cuts {
+			end := c.b.Offset() + c.b.Len()
+			_, err := c.b.Slice(0, 0)
+			if c.low < end {
+				require.ErrorIs(t, err, arena.ErrStale, "step %d, buffer %d [%d, %d), lowest Len since %d", step, i, c.b.Offset(), end, c.low)
+			} else {
+				require.NoError(t, err, "step %d, buffer %d [%d, %d), lowest Len since %d", step, i, c.b.Offset(), end, c.low)
+			}
+		}
+	}
+	t.Logf("%d buffers, %d drop records at the end", len(cuts), arena.DropRecords(a))
 }

@@ -58,10 +58,10 @@ func FuzzShareHandOn(f *testing.F) {
 			t.Skip("needs root, to claim the credentials of the process that connected")
 		}
 		side, first, later = side%2, first%credChoices, later%credChoices
-		l, path := listenUnix(t)
+		l, path := ipctest.Listen(t)
 		c := ipctest.Pass(t, path)
 		defer c.Close()
-		srv := acceptUnix(t, l)
+		srv := ipctest.Accept(t, l)
 		who, err := ipc.Identify(srv, nil)
 		if err != nil {
 			t.Fatal(err)

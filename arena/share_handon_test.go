@@ -4,10 +4,7 @@ package arena_test
 
 import (
 	"encoding/binary"
-	"net"
-	"os"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -26,37 +23,11 @@ import (
 
 const nobody = 65534
 
-func needRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, to run the process the socket is handed to as another user")
-	}
-}
-
-func listenUnix(t *testing.T) (*net.UnixListener, string) {
-	t.Helper()
-	path := t.TempDir() + "/s"
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	require.NoError(t, err)
-	t.Cleanup(func() { l.Close() })
-	require.NoError(t, l.SetDeadline(time.Now().Add(time.Minute)))
-	return l, path
-}
-
-func acceptUnix(t *testing.T, l *net.UnixListener) *net.UnixConn {
-	t.Helper()
-	c, err := l.AcceptUnix()
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	require.NoError(t, c.SetDeadline(time.Now().Add(30*time.Second)))
-	return c
-}
-
 // Share: the consumer named connects and hands the socket to nobody, who
 // sends the hello. Before, Share checked the connector alone and sent the
 // descriptors to nobody.
 func TestShareRefusesHandedOnSocket(t *testing.T) {
-	needRoot(t)
+	ipctest.NeedRoot(t)
 	d, err := host.New(host.Config{Capacity: 64 << 20})
 	require.NoError(t, err)
 	defer d.Close()
@@ -66,14 +37,14 @@ func TestShareRefusesHandedOnSocket(t *testing.T) {
 	b, err := a.Alloc(2*shareChunk, shareChunk)
 	require.NoError(t, err)
 
-	l, path := listenUnix(t)
+	l, path := ipctest.Listen(t)
 	p := ipctest.HandOn(t, ipctest.HandOnSpec{Path: path, UID: nobody, GID: nobody, After: []ipctest.Step{
 		{Send: helloFrame(fdForm, 1, 0, 0)},
 		{Read: 64},
 		{Read: 8, MaxFDs: 64},
 		{Send: ackFrame("VMAACK02", 0, 0, 0, 0, "")},
 	}})
-	c := acceptUnix(t, l)
+	c := ipctest.Accept(t, l)
 	err = a.Share(c, b, arena.ShareOptions{PID: p.PID()})
 	require.ErrorIs(t, err, arena.ErrRefused)
 	assert.ErrorContains(t, err, "check sender")
@@ -93,7 +64,7 @@ func TestShareRefusesHandedOnSocket(t *testing.T) {
 // socket on for the descriptors. Before, Import checked the connector alone
 // and mapped nobody's memory.
 func TestImportRefusesHandedOnSocket(t *testing.T) {
-	needRoot(t)
+	ipctest.NeedRoot(t)
 	offer := good(1).bytes()
 	batch := batchFrame(1, 0)
 	for _, tc := range []struct {
@@ -107,9 +78,9 @@ func TestImportRefusesHandedOnSocket(t *testing.T) {
 			d, err := host.New(host.Config{Capacity: 64 << 20})
 			require.NoError(t, err)
 			defer d.Close()
-			l, path := listenUnix(t)
+			l, path := ipctest.Listen(t)
 			p := ipctest.HandOn(t, ipctest.HandOnSpec{Path: path, UID: nobody, GID: nobody, Before: tc.before, After: tc.after})
-			c := acceptUnix(t, l)
+			c := ipctest.Accept(t, l)
 			before := openFDs(t)
 			v, err := arena.Import(c, arena.ImportConfig{Driver: d, ProducerPID: p.PID()})
 			if v != nil {

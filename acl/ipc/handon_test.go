@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -23,28 +22,9 @@ func TestMain(m *testing.M) {
 // nobody is the user a handed-on socket goes to.
 const nobody = 65534
 
-func needRoot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, to run the process the socket is handed to as another user")
-	}
-}
-
-func listen(t *testing.T) (*net.UnixListener, string) {
-	t.Helper()
-	path := t.TempDir() + "/s"
-	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	require.NoError(t, err)
-	t.Cleanup(func() { l.Close() })
-	require.NoError(t, l.SetDeadline(time.Now().Add(time.Minute)))
-	return l, path
-}
-
 func accept(t *testing.T, l *net.UnixListener) *net.UnixConn {
 	t.Helper()
-	c, err := l.AcceptUnix()
-	require.NoError(t, err)
-	t.Cleanup(func() { c.Close() })
-	require.NoError(t, c.SetDeadline(time.Now().Add(time.Minute)))
+	c := ipctest.Accept(t, l)
 	require.NoError(t, ipc.EnableCredentials(c))
 	return c
 }
@@ -53,8 +33,8 @@ func accept(t *testing.T, l *net.UnixListener) *net.UnixConn {
 // another user, which writes: the writer is not the peer the kernel
 // recorded, and RecvPeer says so instead of naming the connector.
 func TestRecvPeerHandedOn(t *testing.T) {
-	needRoot(t)
-	l, path := listen(t)
+	ipctest.NeedRoot(t)
+	l, path := ipctest.Listen(t)
 	p := ipctest.HandOn(t, ipctest.HandOnSpec{Path: path, UID: nobody, GID: nobody,
 		After: []ipctest.Step{{Send: []byte("hello")}}})
 	c := accept(t, l)
@@ -75,14 +55,14 @@ func TestRecvPeerHandedOn(t *testing.T) {
 // process it handed the socket to does not pass RecvFrom, and neither does
 // a message whose pieces came from both.
 func TestRecvFromHandedOn(t *testing.T) {
-	needRoot(t)
+	ipctest.NeedRoot(t)
 	for _, tc := range []struct {
 		name  string
 		after []byte
 		piece bool
 	}{{"later message", []byte("later"), false}, {"second piece", []byte("cd"), true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			l, path := listen(t)
+			l, path := ipctest.Listen(t)
 			first := []byte("first")
 			if tc.piece {
 				first = []byte("ab")
@@ -113,7 +93,7 @@ func TestRecvFromHandedOn(t *testing.T) {
 // A socket handed back to this process by the process that connected: what
 // this process writes on it is not the peer's.
 func TestRecvPeerHandedBack(t *testing.T) {
-	l, path := listen(t)
+	l, path := ipctest.Listen(t)
 	c := ipctest.Pass(t, path) // the test holds the connector's socket too
 	srv := accept(t, l)
 	// Written by this process, on a socket another process connected: not

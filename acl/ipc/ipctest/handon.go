@@ -318,3 +318,39 @@ func run(c *net.UnixConn, steps []Step) Report {
 	}
 	return r
 }
+
+// NeedRoot skips the test unless it runs as root, which the hand-on tests
+// need to run a process as another user.
+func NeedRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to run the process the socket is handed to as another user")
+	}
+}
+
+// Listen returns a Unix socket listening in a directory of the test's, and
+// its path; the test's cleanup closes it.
+func Listen(t testing.TB) (*net.UnixListener, string) {
+	t.Helper()
+	path := t.TempDir() + "/s"
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	_ = l.SetDeadline(time.Now().Add(time.Minute))
+	return l, path
+}
+
+// Accept accepts a connection on l, with a deadline a minute away; the
+// test's cleanup closes it.
+func Accept(t testing.TB, l *net.UnixListener) *net.UnixConn {
+	t.Helper()
+	c, err := l.AcceptUnix()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(time.Minute))
+	return c
+}

@@ -160,10 +160,14 @@
 // fixed size (Alloc, Grow, Truncate, Reset and Shrink fail with
 // ErrImported; a read-only import's writes with ErrReadOnly). Only the process
 // ShareOptions names, as the kernel vouches for it, may import (ErrRefused
-// otherwise); on ACL the device enforces it too, with an allow-list. Import
-// checks its producer the same way (ImportConfig.ProducerPID, ProducerUser,
-// ProducerCheck), bounds every offer before it allocates, and reports a
-// failure the other process sent as a *PeerError (ErrPeer).
+// otherwise), and every message of the hand-over must come from that
+// process (a connected socket handed on to another is refused); on ACL the
+// device enforces it too, with an allow-list. Import checks its producer the
+// same way (ImportConfig.ProducerPID, ProducerUser, ProducerCheck), bounds
+// every offer before it allocates, and reports a failure the other process
+// sent as a *PeerError (ErrPeer); a refused peer is told which check refused
+// it, nothing more. ShareContext and ImportContext end the hand-over when
+// their context is done.
 //
 // The memory lives while either process holds it: a producer that shrinks,
 // closes or dies pulls nothing from under the import (its pool frees shared

@@ -42,6 +42,7 @@ func BenchmarkAlloc(b *testing.B) {
 	}
 	b.ReportAllocs()
 	i := 0
+	done := cpuPerOp(b)
 	for b.Loop() {
 		if _, err := a.Alloc(256, 64); err != nil {
 			b.Fatal(err)
@@ -51,6 +52,7 @@ func BenchmarkAlloc(b *testing.B) {
 			a.Reset()
 		}
 	}
+	done()
 }
 
 // BenchmarkAllocParallel is the fast path from every P at once: the
@@ -221,11 +223,13 @@ func BenchmarkCopyIn4K(b *testing.B) {
 			src := make([]byte, 4096)
 			b.SetBytes(4096)
 			b.ReportAllocs()
+			done := cpuPerOp(b)
 			for b.Loop() {
 				if err := arena.CopyIn(buf, src); err != nil {
 					b.Fatal(err)
 				}
 			}
+			done()
 		})
 	}
 }

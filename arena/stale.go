@@ -86,11 +86,16 @@ func (b Buffer) stale() bool {
 
 // dropLog is an arena's drops, as the stack of suffix minima above.
 type dropLog struct {
+	seq  atomic.Uint64 // odd while record rewrites the records
 	last atomic.Uint64 // the epoch of the newest drop; 0: none (no drop has epoch 0)
 	low  atomic.Uint64 // the lowest Len a drop left: the first record's
-	seq  atomic.Uint64 // odd while record rewrites the records
-	n    atomic.Int64  // records in use
-	recs atomic.Pointer[[]dropRec]
+	// The newest record's Len and the record before it, copied beside the
+	// words above, so that a buffer cut a drop or two ago is judged in
+	// the arena's own cache lines.
+	topLen atomic.Uint64
+	prev   dropRec // zero while there is one record
+	n      atomic.Int64
+	recs   atomic.Pointer[[]dropRec] // all of them, [0, n)
 }
 
 type dropRec struct {
@@ -124,6 +129,13 @@ func (d *dropLog) record(epoch, l uint64) {
 	rs[n].epoch.Store(epoch)
 	rs[n].len.Store(l)
 	d.n.Store(int64(n + 1))
+	var pe, pl uint64
+	if n > 0 {
+		pe, pl = rs[n-1].epoch.Load(), rs[n-1].len.Load()
+	}
+	d.prev.epoch.Store(pe)
+	d.prev.len.Store(pl)
+	d.topLen.Store(l)
 	d.low.Store(rs[0].len.Load())
 	d.last.Store(epoch) // after low: a reader that sees this drop sees its low
 }
@@ -136,12 +148,28 @@ func (d *dropLog) dropped(gen, end uint64) bool {
 	return gen < d.last.Load() && end > d.low.Load() && d.stale(gen, end)
 }
 
-// stale is dropped's search of the records, under their sequence count.
+// stale is dropped's search of the records, for a buffer cut before the
+// newest drop (gen below it), under their sequence count: whether the first
+// record newer than gen, which holds the lowest Len since gen, is below
+// end. Records read while a writer rewrites them may be wrong; it then
+// reads them again.
 func (d *dropLog) stale(gen, end uint64) bool {
 	for try := 0; ; try++ {
 		v := d.seq.Load()
 		if v&1 == 0 {
-			st := d.search(gen, end)
+			var st bool
+			// The Lens of the records fall as their epochs do: the newest
+			// first, then the one before, then a search of the rest.
+			switch pe := d.prev.epoch.Load(); {
+			case d.topLen.Load() < end:
+				st = true
+			case pe <= gen: // the newest is the first newer record (or the only one)
+				st = false
+			case d.prev.len.Load() < end:
+				st = true
+			default:
+				st = d.search(gen, end)
+			}
 			if d.seq.Load() == v {
 				return st
 			}
@@ -152,29 +180,16 @@ func (d *dropLog) stale(gen, end uint64) bool {
 	}
 }
 
-// search reports whether the first record newer than gen, which holds the
-// lowest Len since gen, is below end. A record read while a writer rewrites
-// them may be wrong; stale then reads again.
+// search is stale's search of the records older than the two newest, for a
+// buffer cut before both, neither of them below its end.
 func (d *dropLog) search(gen, end uint64) bool {
 	p := d.recs.Load()
 	if p == nil {
 		return false
 	}
 	rs := *p
-	n := min(int(d.n.Load()), len(rs))
-	// Most buffers that reach here were cut a few drops ago: walk down from
-	// the newest record (their Lens fall as their epochs do) a few steps.
-	i := n - 1
-	for k := 0; k < 4 && i >= 0; k, i = k+1, i-1 {
-		switch {
-		case rs[i].epoch.Load() <= gen:
-			return false // the first newer record, i+1, was not below end
-		case rs[i].len.Load() < end:
-			return true
-		}
-	}
-	// Then search the rest, [0, i], for the first record newer than gen.
-	lo, hi := 0, i+1
+	n := min(int(d.n.Load()), len(rs)) - 2 // [0, n): the older records
+	lo, hi := 0, max(n, 0)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
 		if rs[m].epoch.Load() > gen {
@@ -183,7 +198,9 @@ func (d *dropLog) search(gen, end uint64) bool {
 			lo = m + 1
 		}
 	}
-	return lo <= i && rs[lo].len.Load() < end
+	// lo == n: the first newer record is the one before the newest, not
+	// below end.
+	return lo < n && rs[lo].len.Load() < end
 }
 
 // records returns the number of drop records kept, for tests.

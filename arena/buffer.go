@@ -71,10 +71,10 @@ func (b Buffer) check(op string) error {
 		return errNotMade
 	}
 	s := b.a.state.Load()
-	if b.a.closed.Load() {
+	switch b.a.lifeNow() {
+	case lifeClosed:
 		return ErrClosed
-	}
-	if b.a.sl.asleep.Load() {
+	case lifeAsleep, lifeWaking:
 		return fmt.Errorf("arena: %s: %w", op, errAsleep)
 	}
 	if l := uintptr(s & lenMask); b.off > l || b.n > l-b.off {

@@ -199,15 +199,6 @@ type importMode struct {
 	device   bool // and the device maps it read-only too
 }
 
-// pin returns the frozen bit for an imported arena, which stays frozen so
-// that no Alloc takes the lock-free path.
-func (i *importMode) pin() uint64 {
-	if i == nil {
-		return 0
-	}
-	return frozen
-}
-
 // stepHook, when set (by tests), is called at each step of Share and Import,
 // so that a test can end the process there.
 var stepHook func(step string)
@@ -395,6 +386,9 @@ func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (int, []acl.Shareabl
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := b.check("share"); err != nil { // the arena may have changed meanwhile
+		return 0, nil, err
+	}
+	if err := a.lifeNow().err(); err != nil { // closing or going to sleep
 		return 0, nil, err
 	}
 	first := int(uint64(b.off) / a.chunkSize)
@@ -780,7 +774,8 @@ func newImported(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, str
 // newImportedArena makes the arena of an Imported.
 func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream, cs uint64,
 	chunks []chunk.Chunk, imp *importMode) (*Arena, error) {
-	a := &Arena{drv: drv, pool: pool, lend: pool.Lender(), ownPool: own, chunkSize: cs, tenant: t, streams: slices.Clone(streams), imp: imp}
+	a := &Arena{drv: drv, pool: pool, lend: pool.Lender(), ownPool: own, chunkSize: cs, tenant: t, streams: slices.Clone(streams), imp: imp,
+		growMu: newSemaphore()}
 	size := cs * uint64(len(chunks))
 	giveBack := func(err error) (*Arena, error) {
 		for _, c := range chunks {
@@ -800,7 +795,8 @@ func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant
 	}
 	a.member = m
 	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), 30)
-	a.state.Store(frozen) // no Alloc takes the lock-free path
+	a.life.state.Store(uint32(lifeImported)) // no Alloc takes the lock-free path: the word stays frozen
+	a.state.Store(frozen)
 	if err := pool.Lender().MapImported(a.base, chunks, imp.device); err != nil {
 		var left *chunk.LeftMappedError
 		if errors.As(err, &left) {

@@ -180,9 +180,9 @@ type Arena struct {
 	sl               sleeper     // sleep and wake (sleep.go)
 
 	// growMu serialises the growths that may wait for memory (Grow, Alloc's
-	// slow path), which release mu while they wait. Taken before mu, with
-	// the caller's context; nothing else takes it.
-	growMu semaphore
+	// slow path), which release mu while they wait. Taken before mu (with the
+	// caller's context: lockMu); nothing else takes it.
+	growMu sync.Mutex
 	mu     sync.Mutex // serialises the slow path and everything that calls the driver; never held while waiting for memory or for a stream
 	// users is held for reading by every copy through a Buffer, and for
 	// writing by Close once it has waited for the device: a copy that races
@@ -242,7 +242,7 @@ func New(cfg Config) (*Arena, error) {
 		tenant = chunk.NewTenant()
 	}
 	a := &Arena{drv: drv, pool: pool, lend: pool.Lender(), ownPool: own, chunkSize: uint64(pool.ChunkSize()),
-		tenant: tenant, streams: slices.Clone(cfg.Streams), trap: cfg.TrapStale, growMu: newSemaphore()}
+		tenant: tenant, streams: slices.Clone(cfg.Streams), trap: cfg.TrapStale}
 	a.obs.log = cfg.Logger
 	a.obs.timed.Store(cfg.Logger != nil) // its events carry the durations
 	if cfg.Headroom > 0 {
@@ -393,14 +393,14 @@ func (a *Arena) lockGrow(ctx context.Context) error {
 	if a == nil || a.drv == nil {
 		return a.lock()
 	}
-	if err := a.growMu.lock(ctx); err != nil {
+	if err := lockCtx(ctx, &a.growMu); err != nil {
 		return fmt.Errorf("arena: wait for the arena's growth under way: %w", err)
 	}
 	a.hr.waiting.Add(1) // a refill under way yields mu at its next step
 	defer a.hr.waiting.Add(-1)
 	sched.At(sched.GrowWaiting, a)
-	if err := a.lockMu(ctx); err != nil {
-		a.growMu.unlock()
+	if err := lockCtx(ctx, &a.mu); err != nil {
+		a.growMu.Unlock()
 		return fmt.Errorf("arena: wait for the arena's lock: %w", err)
 	}
 	if err := a.lifeNow().err(); err != nil {
@@ -412,7 +412,7 @@ func (a *Arena) lockGrow(ctx context.Context) error {
 
 func (a *Arena) unlockGrow() {
 	a.mu.Unlock()
-	a.growMu.unlock()
+	a.growMu.Unlock()
 }
 
 // reserveLimit returns the largest reservation of the arena's driver, at

@@ -121,21 +121,21 @@ func (a *Arena) awaitTransition(ctx context.Context) (lifecycle, error) {
 	}
 }
 
-// lockMu takes mu, giving up when ctx is done. Its holders hold it for
-// driver calls, never for a wait for memory or for work on a stream; an
-// arena without streams waits for the whole device under it, though (the
-// fallback of Shrink and of undoing faults), which is why a caller with a
-// deadline does not block on it.
-func (a *Arena) lockMu(ctx context.Context) error {
+// lockMu takes mu, giving up when ctx is done (lockCtx).
+func (a *Arena) lockMu(ctx context.Context) error { return lockCtx(ctx, &a.mu) }
+
+// lockCtx takes mu, giving up when ctx is done: it polls TryLock while ctx
+// can be done, and waits plainly when it cannot. The arena's locks are held
+// for driver calls, never for a wait for memory or for work on a stream
+// (growMu excepted, which a growth holds while it waits, and which only the
+// arena's next growth takes); an arena without streams waits for the whole
+// device under mu, though (the fallback of Shrink and of undoing faults),
+// which is why a caller with a deadline does not block on it.
+func lockCtx(ctx context.Context, mu *sync.Mutex) error {
 	if ctx.Done() == nil {
-		a.mu.Lock()
+		mu.Lock()
 		return nil
 	}
-	return tryLock(ctx, &a.mu)
-}
-
-// tryLock takes mu, polling while ctx is not done.
-func tryLock(ctx context.Context, mu *sync.Mutex) error {
 	for delay := 20 * time.Microsecond; !mu.TryLock(); delay = min(2*delay, 2*time.Millisecond) {
 		t := time.NewTimer(delay)
 		select {
@@ -147,26 +147,3 @@ func tryLock(ctx context.Context, mu *sync.Mutex) error {
 	}
 	return nil
 }
-
-// semaphore is a lock that a caller with a context can stop waiting for: an
-// arena's growMu, which a growth holds while it waits for memory.
-type semaphore chan struct{}
-
-func newSemaphore() semaphore { return make(semaphore, 1) }
-
-// lock takes it, giving up when ctx is done.
-func (s semaphore) lock(ctx context.Context) error {
-	select {
-	case s <- struct{}{}:
-		return nil
-	default:
-	}
-	select {
-	case s <- struct{}{}:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (s semaphore) unlock() { <-s }

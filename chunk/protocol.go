@@ -88,7 +88,14 @@ type Growth struct {
 // State returns where the growth is.
 func (g *Growth) State() GrowthState { return GrowthState(g.state.Load()) }
 
-func (g *Growth) set(s GrowthState) { g.state.Store(uint32(s)) }
+// set records the growth's state. (A load first: a store is a locked
+// instruction, and a growth from the cache goes from one state to the next
+// it already shows.)
+func (g *Growth) set(s GrowthState) {
+	if g.state.Load() != uint32(s) {
+		g.state.Store(uint32(s))
+	}
+}
 
 // ProtectedFrom reports whether the growth is protected from the relief with
 // ticket by: a relief chose chunks for it first. Until the growth ends, the
@@ -107,8 +114,10 @@ func (g *Growth) ProtectedFrom(by Ticket) bool {
 // a relief: a client whose growth failed after one wakes the first waiter
 // (Member.Failed), since what the growth protected is reclaimable again.
 func (g *Growth) End() (relieved bool) {
-	g.ticket.Store(0)
-	return g.relieved.Swap(false)
+	if g.ticket.Load() != 0 {
+		g.ticket.Store(0)
+	}
+	return g.relieved.Load() && g.relieved.Swap(false)
 }
 
 // A Placer is a client's side of one growth, which Lender.Grow drives.
@@ -259,7 +268,18 @@ const maxReliefs = 3
 // once more, which says why it cannot go on.
 func (p Lender) Grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode GrowMode) error {
 	p.growing.Add(1) // the rule of ErrDeadlock waits for it
-	defer p.growing.Add(-1)
+	err := p.grow(ctx, g, t, pl, mode)
+	p.growing.Add(-1)
+	return err
+}
+
+func (p Lender) grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode GrowMode) error {
+	relieving := false
+	defer func() {
+		if relieving {
+			p.relieving.Add(-1)
+		}
+	}()
 	g.set(GrowLocked)
 	var have []Chunk
 	for reliefs := 0; ; {
@@ -298,10 +318,10 @@ func (p Lender) Grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode G
 			g.set(GrowFailed)
 			return p.failed(st.Missing, st.Short, err)
 		}
-		if reliefs == 0 {
+		if !relieving {
+			relieving = true
 			g.relieved.Store(true)
 			p.relieving.Add(1)
-			defer p.relieving.Add(-1)
 		}
 		reliefs++
 		g.set(GrowRelieving)

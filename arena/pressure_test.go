@@ -528,28 +528,13 @@ func TestPressureStress(t *testing.T) {
 	var served, failed, waiting atomic.Int64
 	var lastServed atomic.Int64 // unix nanoseconds
 	lastServed.Store(time.Now().UnixNano())
-	stalled := make(chan string, 1)
-	go func() { // the watchdog
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			idle := time.Since(time.Unix(0, lastServed.Load()))
-			if waiting.Load() > 0 && idle > stallAfter {
-				select {
-				case stalled <- fmt.Sprintf("no growth served for %v while %d wait; pool %+v", idle.Round(time.Millisecond),
-					waiting.Load(), pool.Stats()):
-				default:
-				}
-				cancel()
-				return
-			}
+	stalled := watchdog(ctx, cancel, stallAfter, &lastServed, func(idle time.Duration) string {
+		if waiting.Load() == 0 {
+			return ""
 		}
-	}()
+		return fmt.Sprintf("no growth served for %v while %d wait; pool %+v", idle.Round(time.Millisecond),
+			waiting.Load(), pool.Stats())
+	})
 
 	var all sync.WaitGroup
 	next := atomic.Int64{}
@@ -748,6 +733,33 @@ func TestReliefSkipsAClosingArena(t *testing.T) {
 	require.NoError(t, g.Grow(wg), "the closed arena's memory came back")
 }
 
+// watchdog watches a stress test: when last (unix nanoseconds) is older
+// than stallAfter and stall says why (a non-empty message), it sends the
+// message and cancels the test's context.
+func watchdog(ctx context.Context, cancel func(), stallAfter time.Duration, last *atomic.Int64,
+	stall func(idle time.Duration) string) <-chan string {
+	stalled := make(chan string, 1)
+	go func() {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if idle := time.Since(time.Unix(0, last.Load())); idle > stallAfter {
+				if msg := stall(idle); msg != "" {
+					stalled <- msg
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	return stalled
+}
+
 // TestPressureKernelStress is TestPressureStress with kernels that run for
 // a long time: a few arenas keep their memory under stand-in kernels on
 // their own streams (idle, so that reliefs claim it and wait for the
@@ -798,28 +810,11 @@ func TestPressureKernelStress(t *testing.T) {
 		}
 		return err
 	}
-	stalled := make(chan string, 1)
-	go func() { // the watchdog
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			if idle := time.Since(time.Unix(0, progress.Load())); idle > stallAfter {
-				buf := make([]byte, 1<<20)
-				buf = buf[:runtime.Stack(buf, true)]
-				select {
-				case stalled <- fmt.Sprintf("no call returned for %v; pool %+v\n%s", idle.Round(time.Millisecond), pool.Stats(), buf):
-				default:
-				}
-				cancel()
-				return
-			}
-		}
-	}()
+	stalled := watchdog(ctx, cancel, stallAfter, &progress, func(idle time.Duration) string {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		return fmt.Sprintf("no call returned for %v; pool %+v\n%s", idle.Round(time.Millisecond), pool.Stats(), buf)
+	})
 	// oom is what a call with a deadline may fail with under pressure.
 	oom := func(err error) bool {
 		return errors.Is(err, arena.ErrOutOfMemory) || errors.Is(err, context.DeadlineExceeded)

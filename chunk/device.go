@@ -109,19 +109,24 @@ func (d *device) only(t Tenant) bool {
 	return !h.multi.Load() && Tenant(h.first.Load()) == t
 }
 
+// others returns the pools on the device but except.
+func (d *device) others(except *Pool) []*Pool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]*Pool, 0, len(d.pools))
+	for q := range d.pools {
+		if q != except {
+			out = append(out, q)
+		}
+	}
+	return out
+}
+
 // trimOthers asks every other pool on the device to free its cache, and
 // returns how many chunks they freed.
 func (d *device) trimOthers(p *Pool) int {
-	d.mu.Lock()
-	others := make([]*Pool, 0, len(d.pools))
-	for q := range d.pools {
-		if q != p {
-			others = append(others, q)
-		}
-	}
-	d.mu.Unlock()
 	n := 0
-	for _, q := range others {
+	for _, q := range d.others(p) {
 		k, _ := q.trim() // a chunk q fails to free stays in its cache
 		n += k
 	}

@@ -297,15 +297,7 @@ func (d *device) wakeHeads(except *Pool) {
 	if d.waiters.Load() == 0 {
 		return
 	}
-	d.mu.Lock()
-	pools := make([]*Pool, 0, len(d.pools))
-	for q := range d.pools {
-		if q != except {
-			pools = append(pools, q)
-		}
-	}
-	d.mu.Unlock()
-	for _, q := range pools {
+	for _, q := range d.others(except) {
 		if q.wq.n.Load() > 0 {
 			q.mu.Lock()
 			q.wakeHeadLocked()

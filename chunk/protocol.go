@@ -297,7 +297,7 @@ func (p Lender) grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode G
 			return ErrBusy
 		case mode == Speculative:
 			g.set(GrowFailed)
-			return p.failed(st.Missing, st.Short, nil)
+			return st.Short // TryAcquire counted it
 		case !st.Busy.IsZero():
 			g.set(GrowBlocked)
 			stop := pl.Unlock()

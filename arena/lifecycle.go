@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // The arena's lifecycle: one typed state, changed only under the arena's
@@ -124,26 +123,36 @@ func (a *Arena) awaitTransition(ctx context.Context) (lifecycle, error) {
 // lockMu takes mu, giving up when ctx is done (lockCtx).
 func (a *Arena) lockMu(ctx context.Context) error { return lockCtx(ctx, &a.mu) }
 
-// lockCtx takes mu, giving up when ctx is done: it polls TryLock while ctx
-// can be done, and waits plainly when it cannot. The arena's locks are held
+// lockCtx takes mu, giving up when ctx is done. The arena's locks are held
 // for driver calls, never for a wait for memory or for work on a stream
 // (growMu excepted, which a growth holds while it waits, and which only the
 // arena's next growth takes); an arena without streams waits for the whole
 // device under mu, though (the fallback of Shrink and of undoing faults),
-// which is why a caller with a deadline does not block on it.
+// which is why a caller with a deadline does not block on it. A lock that is
+// held is waited for on a goroutine of its own, which hands it over, or
+// gives it back if ctx was done first.
 func lockCtx(ctx context.Context, mu *sync.Mutex) error {
+	if mu.TryLock() {
+		return nil
+	}
 	if ctx.Done() == nil {
 		mu.Lock()
 		return nil
 	}
-	for delay := 20 * time.Microsecond; !mu.TryLock(); delay = min(2*delay, 2*time.Millisecond) {
-		t := time.NewTimer(delay)
+	got, gone := make(chan struct{}), make(chan struct{})
+	go func() {
+		mu.Lock()
 		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		case got <- struct{}{}: // handed over
+		case <-gone:
+			mu.Unlock()
 		}
+	}()
+	select {
+	case <-got:
+		return nil
+	case <-ctx.Done():
+		close(gone)
+		return ctx.Err()
 	}
-	return nil
 }

@@ -853,7 +853,8 @@ func TestPressureKernelStress(t *testing.T) {
 					return
 				}
 				launched.Add(1)
-				timer := time.AfterFunc(kernelFor, func() { close(end) })
+				finish := sync.OnceFunc(func() { close(end) })
+				timer := time.AfterFunc(kernelFor, finish)
 				drop := a.Reset // idle under the kernel: a relief claims it and waits
 				if r%2 == 1 {
 					drop = func() error { return errors.Join(a.Reset(), a.Shrink()) } // waits in the pool
@@ -868,11 +869,7 @@ func TestPressureKernelStress(t *testing.T) {
 				case <-ctx.Done():
 				}
 				timer.Stop()
-				select {
-				case <-end:
-				default:
-					close(end)
-				}
+				finish()
 			}
 		}()
 	}

@@ -87,10 +87,10 @@ func (b Buffer) check(op string) error {
 		return errNotMade
 	}
 	s := b.a.state.Load()
-	if b.a.closed.Load() {
+	switch b.a.lifeNow() {
+	case lifeClosed:
 		return errClosedBuffer
-	}
-	if b.a.sl.asleep.Load() {
+	case lifeAsleep, lifeWaking:
 		return fmt.Errorf("arena: %s: %w", op, errAsleep)
 	}
 	// dropLog.dropped, by hand: the two loads settle most copies without a

@@ -1,9 +1,11 @@
 package arena_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
@@ -166,4 +168,44 @@ func ExampleErrStale() {
 	// same offset: true
 	// stale: true
 	// request 2
+}
+
+// Two requests each hold half of a pool's budget and each wait for more: no
+// memory can come back, so the younger fails at once with ErrDeadlock
+// instead of waiting out its deadline. A server preempts it (here: drops its
+// memory), and the older is served.
+func ExampleErrDeadlock() {
+	drv, err := host.New(host.Config{Capacity: 64 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer drv.Close()
+	pool, err := chunk.New(drv, chunk.Config{Budget: 8 << 20}) // four chunks of 2 MiB
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	older, _ := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20})
+	defer older.Close()
+	younger, _ := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20})
+	defer younger.Close()
+	_, _ = older.Alloc(4<<20, 1) // half the budget each, in use
+	_, _ = younger.Alloc(4<<20, 1)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- older.GrowContext(ctx, 4<<20) }() // waits
+	for pool.Lender().Waiters() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	err = younger.GrowContext(ctx, 4<<20)
+	fmt.Println("younger:", errors.Is(err, arena.ErrDeadlock), errors.Is(err, arena.ErrOutOfMemory))
+
+	_ = younger.Reset() // preempt it
+	_ = younger.Shrink()
+	fmt.Println("older:", <-served)
+	// Output:
+	// younger: true true
+	// older: <nil>
 }

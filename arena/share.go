@@ -209,15 +209,6 @@ type importMode struct {
 	device   bool // and the device maps it read-only too
 }
 
-// pin returns the frozen bit for an imported arena, which stays frozen so
-// that no Alloc takes the lock-free path.
-func (i *importMode) pin() uint64 {
-	if i == nil {
-		return 0
-	}
-	return frozen
-}
-
 // stepHook, when set (by tests), is called at each step of Share and Import,
 // so that a test can end the process there.
 var stepHook func(step string)
@@ -496,6 +487,9 @@ func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ int, hs []acl.Sha
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := b.check("share"); err != nil { // the arena may have changed meanwhile
+		return 0, nil, err
+	}
+	if err := a.lifeNow().err(); err != nil { // closing or going to sleep
 		return 0, nil, err
 	}
 	first := int(uint64(b.off) / a.chunkSize)
@@ -961,7 +955,8 @@ func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant
 	}
 	a.member = m
 	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), 30)
-	a.state.Store(frozen) // no Alloc takes the lock-free path
+	a.life.state.Store(uint32(lifeImported)) // no Alloc takes the lock-free path: the word stays frozen
+	a.state.Store(frozen)
 	if err := pool.Lender().MapImported(a.base, chunks, imp.device); err != nil {
 		var left *chunk.LeftMappedError
 		if errors.As(err, &left) {

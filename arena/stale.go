@@ -78,7 +78,7 @@ func (b Buffer) stale() bool {
 	if a == nil {
 		return false
 	}
-	if a.closed.Load() {
+	if a.lifeNow() == lifeClosed {
 		return true
 	}
 	return a.drops.dropped(b.gen, uint64(b.off)+uint64(b.n))

@@ -1,6 +1,10 @@
 package acl
 
-import "sync/atomic"
+import (
+	"strconv"
+	"strings"
+	"sync/atomic"
+)
 
 // DeviceEnv is the environment variable that names the device a program
 // runs on when it does not say otherwise: "host", "ascend[:N]", "cuda[:N]",
@@ -39,3 +43,29 @@ func RegisteredSelector() Selector {
 	}
 	return nil
 }
+
+// DeviceEnvError is err, a failure to open the device value (the value of
+// [DeviceEnv]) names, as one line that names the variable and the value
+// once: VMARENA_DEVICE="host:x": invalid parameter: …. Line breaks in err's
+// text (a joined error, a path) become "; ". It matches what err matches;
+// nil stays nil.
+func DeviceEnvError(value string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return envError{value, err}
+}
+
+type envError struct {
+	value string
+	err   error
+}
+
+var oneLine = strings.NewReplacer("\r\n", "; ", "\n", "; ", "\r", "; ")
+
+func (e envError) Error() string {
+	q := strconv.Quote(e.value)
+	msg := strings.TrimPrefix(e.err.Error(), "device "+q+": ") // the selector's naming of the spec, said once
+	return DeviceEnv + "=" + q + ": " + oneLine.Replace(msg)
+}
+func (e envError) Unwrap() error { return e.err }

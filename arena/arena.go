@@ -147,17 +147,15 @@ type Arena struct {
 	// arenas in turn, between copies that evict them).
 	state    atomic.Uint64 // epoch | len, see lenBits
 	cap      atomic.Uint64 // bytes mapped
-	lowWater atomic.Uint64 // refill when less than this is mapped above Len; 0 without headroom (headroom.go)
+	lowWater atomic.Uint64 // low 41 bits: refill when less than this is mapped above Len, 0 without headroom (headroom.go); above: the epoch's era (stale.go)
 	maxAlign uint64        // the largest alignment base guarantees
 
 	floor atomic.Uint64 // bytes Grow promised to keep mapped: a pool under pressure takes only what lies above it and Len
 	// growing is the target of the growth under way while it relieves
 	// pressure; a younger relief leaves it mapped once growth has a ticket.
 	growing atomic.Uint64
-	growth  chunk.Growth
-	// closing is set while Close or Sleep waits for the device, holding mu:
-	// a relief skips the arena rather than wait for its streams (member.go).
-	closing atomic.Bool
+	growth  chunk.Growth // the growth on a caller's path (growMu), in the protocol's loop
+	life    life         // open, closing, closed, sleeping, asleep, waking, imported (lifecycle.go)
 
 	base      acl.DevicePtr
 	reserved  uint64
@@ -176,20 +174,23 @@ type Arena struct {
 		slots, fresh []chunk.Chunk
 		back         []bool
 	} // growLocked's, reused under mu
-	imp *importMode // set for an Imported's arena: another process's memory, of a fixed size (share.go)
-	obs observer    // events, trace regions, counters (observe.go)
-	sl  sleeper     // sleep and wake (sleep.go)
+	grower, refiller growStep    // the Placers of a growth on a caller's path and of a refill (growLocked)
+	imp              *importMode // set for an Imported's arena: how it maps another process's memory (share.go)
+	obs              observer    // events, trace regions, counters (observe.go)
+	sl               sleeper     // sleep and wake (sleep.go)
+	// drops are the drops of Len since the arena was made, for the
+	// buffers' staleness check (stale.go). Written under mu.
+	drops dropLog
 
-	// growMu serialises the growths that may relieve pressure (Grow, Alloc's
-	// slow path), which release mu while the pool relieves it. Taken before
-	// mu; nothing else takes it.
+	// growMu serialises the growths that may wait for memory (Grow, Alloc's
+	// slow path), which release mu while they wait. Taken before mu (with the
+	// caller's context: lockMu); nothing else takes it.
 	growMu sync.Mutex
-	mu     sync.Mutex // serialises the slow path and everything that calls the driver; never held while waiting for memory
+	mu     sync.Mutex // serialises the slow path and everything that calls the driver; never held while waiting for memory or for a stream
 	// users is held for reading by every copy through a Buffer, and for
-	// writing by Close: a copy that races Close completes first, or sees the
-	// arena closed.
+	// writing by Close once it has waited for the device: a copy that races
+	// Close completes first, or sees the arena closed.
 	users     sync.RWMutex
-	closed    atomic.Bool   // set under mu and users; read without them by Buffer checks
 	chunks    []chunk.Chunk // mapped chunks, in address order: chunk i at base + i×chunkSize
 	strays    []stray       // chunks left mapped at or above Cap by a failed undo
 	peak      uint64        // the most bytes in use up to the last freeze
@@ -381,34 +382,32 @@ func (a *Arena) lock() error {
 		return errNotMade
 	}
 	a.mu.Lock()
-	if a.closed.Load() {
+	if err := a.lifeNow().err(); err != nil {
 		a.mu.Unlock()
-		return ErrClosed
-	}
-	if a.imp != nil {
-		a.mu.Unlock()
-		return errFixed
-	}
-	if a.sl.asleep.Load() {
-		a.mu.Unlock()
-		return errAsleep
+		return err
 	}
 	return nil
 }
 
-// lockGrow takes growMu and mu for a growth that may relieve pressure, or
-// returns why it cannot; unlockGrow releases both.
-func (a *Arena) lockGrow() error {
-	if a != nil && a.drv != nil {
-		a.growMu.Lock()
-		a.hr.waiting.Add(1) // a refill under way yields mu at its next step
-		defer a.hr.waiting.Add(-1)
-		sched.At(sched.GrowWaiting, a)
+// lockGrow takes growMu and mu for a growth that may wait for memory, or
+// returns why it cannot (an error wrapping ctx.Err() when ctx is done
+// first); unlockGrow releases both.
+func (a *Arena) lockGrow(ctx context.Context) error {
+	if a == nil || a.drv == nil {
+		return a.lock()
 	}
-	if err := a.lock(); err != nil {
-		if a != nil && a.drv != nil {
-			a.growMu.Unlock()
-		}
+	if err := lockCtx(ctx, &a.growMu); err != nil {
+		return fmt.Errorf("arena: wait for the arena's growth under way: %w", err)
+	}
+	a.hr.waiting.Add(1) // a refill under way yields mu at its next step
+	defer a.hr.waiting.Add(-1)
+	sched.At(sched.GrowWaiting, a)
+	if err := lockCtx(ctx, &a.mu); err != nil {
+		a.growMu.Unlock()
+		return fmt.Errorf("arena: wait for the arena's lock: %w", err)
+	}
+	if err := a.lifeNow().err(); err != nil {
+		a.unlockGrow()
 		return err
 	}
 	return nil
@@ -549,12 +548,13 @@ func (a *Arena) Alloc(size, align int) (Buffer, error) {
 	if s&frozen == 0 {
 		start := (s&lenMask + uint64(align) - 1) &^ (uint64(align) - 1)
 		end := start + uint64(size) // cannot wrap: start < 2^41, size < 2^63
+		w := a.lowWater.Load()      // before the compare-and-swap: the era of s's epoch (stale.go)
 		c := a.cap.Load()
 		if end <= c && a.state.CompareAndSwap(s, s&^lenMask|end) {
-			if end+a.lowWater.Load() > c { // never true without headroom: lowWater is 0
+			if end+w&lenMask > c { // never true without headroom: the mark is 0
 				a.member.WantRefill()
 			}
-			return Buffer{a: a, off: uintptr(start), n: uintptr(size)}, nil
+			return Buffer{a: a, off: uintptr(start), n: uintptr(size), gen: epochOf(s, w)}, nil
 		}
 	}
 	return a.allocSlow(uint64(size), uint64(align))
@@ -578,7 +578,7 @@ func (a *Arena) allocSlow(size, align uint64) (Buffer, error) {
 }
 
 func (a *Arena) allocSlowContext(ctx context.Context, size, align uint64) (Buffer, error) {
-	if err := a.lockGrow(); err != nil {
+	if err := a.lockGrow(ctx); err != nil {
 		return Buffer{}, err
 	}
 	defer a.unlockGrow()
@@ -600,7 +600,7 @@ func (a *Arena) allocSlowContext(ctx context.Context, size, align uint64) (Buffe
 		// Lock-free Allocs may have moved Len meanwhile; if so, go round.
 		if a.state.CompareAndSwap(s, s&^lenMask|end) {
 			a.wantHeadroom(end)
-			return Buffer{a: a, off: uintptr(start), n: uintptr(size)}, nil
+			return Buffer{a: a, off: uintptr(start), n: uintptr(size), gen: epochOf(s, a.lowWater.Load())}, nil
 		}
 	}
 }
@@ -626,7 +626,7 @@ func (a *Arena) grow(ctx context.Context, n int) error {
 	if a.mapped(uint64(n)) {
 		return nil
 	}
-	if err := a.lockGrow(); err != nil {
+	if err := a.lockGrow(ctx); err != nil {
 		return err
 	}
 	defer a.unlockGrow()
@@ -653,7 +653,7 @@ func (a *Arena) grow(ctx context.Context, n int) error {
 // behind the worker's refill. A freeze (Truncate, Shrink, a reclaim) or a
 // Cap that drops meanwhile sends Grow down the locked path.
 func (a *Arena) mapped(n uint64) bool {
-	if a == nil || a.drv == nil || a.closed.Load() {
+	if a == nil || a.drv == nil || a.lifeNow() != lifeOpen {
 		return false
 	}
 	s := a.state.Load()
@@ -684,15 +684,14 @@ func (a *Arena) mapped(n uint64) bool {
 	return true
 }
 
-// growLocked maps chunks until Cap ≥ target (≤ reserved). Chunks of the
-// arena still waiting in the pool for the device at those addresses are
-// taken back as they lie; the others come from the pool and are mapped in
-// runs. When the pool has no room it releases mu (never growMu), holding no
-// chunk, while the pool relieves the pressure for it (Relieve), and tries
-// again with what the relief found; a speculative growth (a refill) takes
-// only free memory (TryAcquire) and never releases mu. On failure it unmaps
-// what it mapped and gives back what it took, leaving Cap as it was; a chunk
-// it cannot unmap is left a stray. Call with mu held (and growMu, unless
+// growLocked maps chunks until Cap ≥ target (≤ reserved), through the
+// protocol's one loop (chunk.Lender.Grow): place does what can be done
+// under mu, from what is at hand, and the loop waits, holding nothing (mu
+// released, growMu kept), for a chunk in the way or for a relief of the
+// pressure, then places again. A speculative growth (a refill) takes only
+// free memory (TryAcquire) and never waits: it fails with chunk.ErrBusy or
+// a shortage instead. On failure Cap is as it was (a chunk that cannot be
+// unmapped is left a stray). Call with mu held (and growMu, unless
 // speculative); it returns with mu held.
 func (a *Arena) growLocked(ctx context.Context, target uint64, speculative bool) (err error) {
 	c := a.cap.Load()
@@ -702,55 +701,49 @@ func (a *Arena) growLocked(ctx context.Context, target uint64, speculative bool)
 	g := a.obs.begin(ctx, speculative)
 	defer func() { a.obs.end(a, g, c, target, speculative, err) }()
 	sched.At(sched.GrowLocked, a)
-	var have []chunk.Chunk // found by a relief, not yet placed
-	relieved := false
-	defer func() {
-		if !relieved {
-			return
-		}
+	if speculative {
+		a.refiller = growStep{a: a, target: target, speculative: true}
+		return a.lend.Grow(ctx, &a.hr.growth, a.tenant, &a.refiller, chunk.Speculative)
+	}
+	a.grower = growStep{a: a, target: target}
+	err = a.lend.Grow(ctx, &a.growth, a.tenant, &a.grower, chunk.MayRelieve)
+	if a.growth.End() {
 		a.growing.Store(0)
-		a.growth.Reset()
 		if err != nil {
 			sched.At(sched.GrowFailed, a)
 			a.member.Failed() // what it protected is reclaimable again
 		}
-	}()
-	for round := 0; ; round++ {
-		missing, short := a.place(target, have, speculative)
-		have = nil
-		if missing == 0 || speculative || round == growRounds {
-			return short
-		}
-		// Relieve the pressure holding neither this arena's lock nor any
-		// chunk, so that the relief (this one, or another growth's) can
-		// take any member's idle memory.
-		relieved = true
-		a.growing.Store(target)
-		a.mu.Unlock()
-		sched.At(sched.GrowUnlocked, a)
-		var aerr error
-		have, aerr = a.lend.Relieve(ctx, a.tenant, missing, &a.growth, short)
-		a.mu.Lock()
-		sched.At(sched.GrowRelocked, a)
-		if aerr != nil {
-			if errors.Is(aerr, chunk.ErrClosed) {
-				aerr = poolClosed{aerr}
-			}
-			return aerr
-		}
-		switch {
-		case a.closed.Load():
-			return errors.Join(ErrClosed, a.putChunks(have))
-		case a.sl.asleep.Load(): // a Sleep ran while the lock was released
-			return errors.Join(errAsleep, a.putChunks(have))
-		}
 	}
+	return err
 }
 
-// growRounds bounds how often a growth relieves pressure and tries again,
-// when what the relief found was no longer enough once it placed it (the
-// arena's own chunks waiting in the pool were unmapped meanwhile, say).
-const growRounds = 3
+// growStep is the arena's side of one growth (a chunk.Placer): place to
+// target, under mu.
+type growStep struct {
+	a           *Arena
+	target      uint64
+	speculative bool
+}
+
+func (s *growStep) Place(have []chunk.Chunk) (chunk.Step, error) {
+	return s.a.place(s.target, have, s.speculative)
+}
+
+// Unlock releases mu for a wait, having published the growth's target:
+// younger reliefs leave it mapped once the growth has a ticket.
+func (s *growStep) Unlock() <-chan struct{} {
+	a := s.a
+	a.growing.Store(s.target)
+	stop := a.lifeChanged() // a Close or a Sleep ends the wait
+	a.mu.Unlock()
+	sched.At(sched.GrowUnlocked, a)
+	return stop
+}
+
+func (s *growStep) Lock() {
+	s.a.mu.Lock()
+	sched.At(sched.GrowRelocked, s.a)
+}
 
 // putChunks gives chunks the arena holds unmapped back to the pool.
 func (a *Arena) putChunks(cs []chunk.Chunk) error {
@@ -763,18 +756,23 @@ func (a *Arena) putChunks(cs []chunk.Chunk) error {
 
 // place maps chunks until Cap ≥ target from what is at hand: the arena's own
 // chunks waiting in the pool at those addresses (taken back in place), have,
-// and memory free in the pool now. It never waits for memory. When the pool
-// is short it changes nothing, keeps no chunk (have and the chunks taken
-// back go back), and returns how many fresh chunks a relief must find, with
-// the shortage. Call with mu held.
-func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (missing int, err error) {
+// and memory free in the pool now. It never waits. When it cannot complete
+// the growth it changes nothing and keeps no chunk (have and the chunks
+// taken back go back), and says why: the fresh chunks the pool had no room
+// for, with the shortage, or a chunk in its way that a relief claimed (or
+// that is being unmapped). Call with mu held.
+func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chunk.Step, error) {
+	if err := a.lifeNow().err(); err != nil {
+		// A Close or a Sleep began while the growth waited.
+		return chunk.Step{}, errors.Join(err, a.putChunks(have))
+	}
 	c := a.cap.Load()
 	if target <= c {
-		return 0, a.putChunks(have)
+		return chunk.Step{}, a.putChunks(have)
 	}
 	// Strays lie where growth maps: they must go first.
 	if err := a.unstray(false); err != nil {
-		return 0, errors.Join(err, a.putChunks(have))
+		return chunk.Step{}, errors.Join(err, a.putChunks(have))
 	}
 	n0 := len(a.chunks)
 	need := int((a.roundUp(target) - c) / a.chunkSize)
@@ -782,7 +780,7 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (miss
 	// (the arena's own chunks count in the budget, and the pool cannot take
 	// them from an arena that is growing).
 	if b := uint64(a.pool.Budget()); b != 0 && uint64(n0+need)*a.chunkSize > b {
-		return 0, errors.Join(fmt.Errorf("%w: %w: %s mapped and %s more would exceed the pool's budget, %s", chunk.ErrBudget,
+		return chunk.Step{}, errors.Join(fmt.Errorf("%w: %w: %s mapped and %s more would exceed the pool's budget, %s", chunk.ErrBudget,
 			ErrOutOfMemory, units.Ubytes(uint64(n0)*a.chunkSize), units.Ubytes(uint64(need)*a.chunkSize), units.Ubytes(b)),
 			a.putChunks(have))
 	}
@@ -793,22 +791,20 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (miss
 	clear(slots)
 	clear(back)
 	a.scratch.slots, a.scratch.back = slots, back
-	nback := 0
 	// Chunks wait in the arena's range after its stream-ordered releases, and
-	// after a relief took them (until it unmaps them).
-	for i, waits := range a.lend.PendingRange(a.at(n0), need) {
-		if !waits {
-			continue
-		}
-		if ch, ok := a.lend.Reclaim(a.at(n0 + i)); ok {
-			slots[i], back[i] = ch, true
-			nback++
-		}
+	// after a relief took them (until it unmaps them: then they are in the
+	// way, and the growth waits for them holding nothing).
+	nback, busy := a.lend.ReclaimRun(a.at(n0), slots)
+	if !busy.IsZero() {
+		return chunk.Step{Busy: busy}, a.putChunks(have)
+	}
+	for i := range slots {
+		back[i] = slots[i] != chunk.Chunk{}
 	}
 	want := need - nback
 	if k := len(have); k > want {
 		if err := a.putChunks(have[want:]); err != nil {
-			return 0, errors.Join(err, a.putChunks(have[:want]), a.giveBack(n0, slots, back))
+			return chunk.Step{}, errors.Join(err, a.putChunks(have[:want]), a.giveBack(n0, slots, back))
 		}
 		have = have[:want]
 	}
@@ -824,10 +820,11 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (miss
 			if errors.Is(err, chunk.ErrClosed) {
 				err = poolClosed{err}
 			}
-			if !errors.Is(err, ErrOutOfMemory) {
-				want = 0 // not a shortage: no relief
+			undo := errors.Join(a.putChunks(fresh), a.giveBack(n0, slots, back))
+			if errors.Is(err, ErrOutOfMemory) && undo == nil {
+				return chunk.Step{Missing: want, Short: err}, nil
 			}
-			return want, errors.Join(err, a.putChunks(fresh), a.giveBack(n0, slots, back))
+			return chunk.Step{}, errors.Join(err, undo)
 		}
 	}
 	a.scratch.fresh = fresh
@@ -853,21 +850,21 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (miss
 		}
 		sc, err := a.lend.MapRange(a.at(n0+i), slots[i:j], a.streams)
 		if err != nil {
-			return 0, a.undoGrow(n0, slots, back, i, scrubbed > 0, err)
+			return chunk.Step{}, a.undoGrow(n0, slots, back, i, scrubbed > 0, err)
 		}
 		scrubbed += sc
 		i = j
 	}
 	if scrubbed > 0 {
 		if err := a.fence.record(a.drv, a.streams[0]); err != nil {
-			return 0, a.undoGrow(n0, slots, back, need, true, err)
+			return chunk.Step{}, a.undoGrow(n0, slots, back, need, true, err)
 		}
 	}
 	a.maps += uint64(need)
 	a.chunks = append(a.chunks, slots...)
 	a.grows++
 	a.cap.Store(uint64(len(a.chunks)) * a.chunkSize)
-	return 0, nil
+	return chunk.Step{}, nil
 }
 
 // undoGrow rolls back a growLocked whose mapping of the run at slot failed
@@ -1101,17 +1098,26 @@ func (a *Arena) freeze() uint64 {
 
 // thaw sets Len to n (or Cap, if a failure left Cap below n), advances the
 // epoch (so an Alloc that read the state before the freeze fails its
-// compare-and-swap) and lets Allocs run again. Call with mu held.
+// compare-and-swap) and lets Allocs run again. Len lowered makes the buffers
+// above it stale (stale.go). Call with mu held.
 func (a *Arena) thaw(s, n uint64) {
-	a.state.Store((s+epochOne)&epochMask | min(n, a.cap.Load()) | a.imp.pin())
+	e, l := a.nextEpoch(s), min(n, a.cap.Load())
+	if l < s&lenMask {
+		a.dropped(e, l)
+	}
+	f := uint64(0)
+	if a.lifeNow() != lifeOpen {
+		f = frozen // every state but open keeps the word frozen (lifecycle.go)
+	}
+	a.state.Store(e | l | f)
 }
 
 // Truncate drops every allocation at or above offset n (0 ≤ n ≤ Len), like
 // reslicing s[:n]: Len becomes n, and Cap stays: the memory stays mapped,
 // to be used again at no cost, until Shrink or a pool under pressure takes
 // it back (in TrapStale mode, Cap drops to n rounded up to the chunk size at
-// once). Buffers above n must not be used afterwards; copies through them
-// fail with ErrRange.
+// once). Buffers that end above n are stale afterwards: copies through them
+// fail with ErrStale, even once new allocations cover their range.
 func (a *Arena) Truncate(n int) error {
 	if err := a.lock(); err != nil {
 		return err
@@ -1207,18 +1213,23 @@ func (a *Arena) Close() error { return a.CloseContext(context.Background()) }
 // CloseContext unmaps every chunk, releases the reservation, and returns the
 // chunks to the pool (closing a private pool). It first waits for the work
 // queued on Config.Streams to finish with the memory (or, without streams,
-// for the device), including the chunks Shrink handed back that still wait:
-// until ctx is done, after which it returns an error wrapping ctx.Err() and
-// changes nothing. Buffers must not be used afterwards: copies through them
-// fail with ErrClosed. A failed Close leaves the arena open, with its Len,
-// Cap and bytes as they were, so it can be retried; chunks it took back from
-// those still waiting stay with the arena (Stats.Strays) until the retry
-// unmaps them. The one exception is the last step: once the reservation
-// is released the arena is closed, and a sleeping arena's host copy (its
-// contents, freed last) or a private pool that then fails to be freed is
-// left for the next Close, which tries again. Close is safe to call more
-// than once, and on a nil *Arena; later calls return nil, unless such a
-// free failed, which they try again.
+// for the device), including the chunks Shrink handed back that still wait
+// and those a relief took and has not unmapped yet: until ctx is done, after
+// which it returns an error wrapping ctx.Err() and changes nothing. It holds
+// no lock while it waits: meanwhile the arena is closing, and refuses
+// growth with ErrClosed (the waits of GrowContext and AllocContext on it end
+// with ErrClosed), Sleep and Wake wait for the Close to end, and copies
+// already under way complete before anything is unmapped. Buffers must not
+// be used afterwards: copies through them fail with ErrClosed. A failed
+// Close leaves the arena as it was (open, asleep or imported), with its Len,
+// Cap and bytes, so it can be retried; chunks it took back from those still
+// waiting stay with the arena (Stats.Strays) until the retry unmaps them.
+// The one exception is the last step: once the reservation is released the
+// arena is closed, and a sleeping arena's host copy (its contents, freed
+// last) or a private pool that then fails to be freed is left for the next
+// Close, which tries again. Close is safe to call more than once, and on a
+// nil *Arena; later calls return nil, unless such a free failed, which they
+// try again.
 func (a *Arena) CloseContext(ctx context.Context) error {
 	if a == nil {
 		return nil
@@ -1227,13 +1238,14 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 		return errNotMade
 	}
 	defer trace.StartRegion(ctx, RegionClose).End()
-	a.users.Lock() // copies under way end first; later ones see the arena closed
-	defer a.users.Unlock()
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed.Load() {
+	prev, err := a.awaitTransition(ctx) // a Sleep, a Wake or another Close under way ends first
+	if err != nil {
+		return fmt.Errorf("arena: close: %w", err)
+	}
+	if prev == lifeClosed {
 		// What a failed Close left: the host copy of a sleeping arena, the
 		// private pool.
+		defer a.mu.Unlock()
 		if err := a.freeHost(); err != nil {
 			return fmt.Errorf("arena: close: %w", err)
 		}
@@ -1244,31 +1256,43 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 		}
 		return nil
 	}
+	sched.At(sched.CloseLocked, a)
 	// An awake arena's host buffer is only kept for its next Offload: free
 	// it first, while a failure still changes nothing. A sleeping arena's
 	// holds its contents until the arena is gone.
-	if !a.sl.asleep.Load() {
+	if prev != lifeAsleep {
 		if err := a.freeHost(); err != nil {
+			a.mu.Unlock()
 			return fmt.Errorf("arena: close: %w", err)
 		}
 	}
 	s := a.freeze()
+	a.setLife(lifeClosing) // growths and reliefs for the arena stop; nothing else changes it
+	a.mu.Unlock()
+	a.member.Interrupt() // its waiters' retries fail with ErrClosed
+
+	// The chunks still waiting in the pool for the device lie in the
+	// reservation: take them back, to unmap with the rest once the device is
+	// done (or to hand back to waiting if it is not done in time), and wait,
+	// holding nothing, for a relief to unmap those it took.
+	sched.At(sched.CloseWaiting, a)
+	back, werr := a.reclaimAll(ctx)
+	if werr == nil {
+		werr = a.lend.WaitStreams(ctx, a.streams)
+	}
+	a.users.Lock() // copies under way end first; later ones see the arena closed
+	defer a.users.Unlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	fail := func(err error) error {
-		if a.sl.asleep.Load() {
+		a.setLife(prev)
+		if prev == lifeAsleep {
 			a.state.Store(s) // frozen, as a sleeping arena is
 		} else {
 			a.thaw(s, s&lenMask)
 		}
 		return fmt.Errorf("arena: close: %w", err)
 	}
-	// The chunks still waiting in the pool for the device lie in the
-	// reservation: take them back, to unmap with the rest once the device is
-	// done (or to hand back to waiting if it is not done in time).
-	back := a.lend.ReclaimRange(a.base, uintptr(a.reserved))
-	a.closing.Store(true) // a relief skips the arena instead of waiting for the device with it
-	sched.At(sched.CloseWaiting, a)
-	werr := a.lend.WaitStreams(ctx, a.streams)
-	a.closing.Store(false)
 	if werr != nil {
 		return fail(errors.Join(werr, a.dropMapped(back)))
 	}
@@ -1284,7 +1308,7 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	if err := a.unstray(true); err != nil {
 		return fail(err)
 	}
-	if a.sl.asleep.Load() {
+	if prev == lifeAsleep {
 		if err := a.closeAsleep(); err != nil { // sleep.go
 			return fail(err)
 		}
@@ -1295,12 +1319,12 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 	if err := a.drv.ReleaseMemAddress(a.base); err != nil {
 		return fail(errors.Join(err, a.reattach(0, len(a.chunks))))
 	}
-	a.closed.Store(true)
+	a.setLife(lifeClosed)
 	// Frozen for good: every Alloc takes the slow path and sees closed.
 	a.state.Store(frozen)
 	a.member.Leave()
 	a.delist() // sleep.go
-	err := errors.Join(a.release(0), a.freeHost())
+	err = errors.Join(a.release(0), a.freeHost())
 	if a.ownPool {
 		err = errors.Join(err, a.pool.Close())
 	}
@@ -1308,6 +1332,26 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 		return fmt.Errorf("arena: close: %w", err)
 	}
 	return nil
+}
+
+// reclaimAll takes back the chunks of the arena's range still waiting in
+// the pool for the device, for a Close or a Sleep that holds no lock (the
+// arena is closing or sleeping: nothing else adds to them). A chunk a relief
+// claimed is the relief's until it unmaps it: reclaimAll waits for that,
+// holding nothing, until ctx is done; it then gives back what it took
+// (to waiting again) and returns the error.
+func (a *Arena) reclaimAll(ctx context.Context) ([]chunk.Mapped, error) {
+	var back []chunk.Mapped
+	for {
+		got, busy := a.lend.ReclaimRange(a.base, uintptr(a.reserved))
+		back = append(back, got...)
+		if busy.IsZero() {
+			return back, nil
+		}
+		if err := busy.Wait(ctx, nil); err != nil {
+			return back, fmt.Errorf("wait for a relief's unmaps in the arena's range: %w", err)
+		}
+	}
 }
 
 // Stats describes an arena at one moment.
@@ -1355,6 +1399,6 @@ func (a *Arena) Stats() Stats {
 		Reclaimed:   int64(a.reclaimed),
 		Refills:     int64(a.refills),
 		Strays:      len(a.strays),
-		Closed:      a.closed.Load(),
+		Closed:      a.lifeNow() == lifeClosed,
 	}
 }

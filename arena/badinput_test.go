@@ -181,14 +181,12 @@ func badCases() []badCase {
 		{"Copy(across drivers)", func(e *badEnv) error { return arena.Copy(e.otherBuf, e.buf) }, arena.ErrInvalid},
 
 		// Buffers dropped by Truncate.
-		{"CopyIn(stale Buffer)", func(e *badEnv) error { return arena.CopyIn(e.stale, []byte{1}) }, arena.ErrRange},
-		{"CopyOut(stale Buffer)", func(e *badEnv) error { return arena.CopyOut(make([]byte, 1), e.stale) }, arena.ErrRange},
-		{"Fill(stale Buffer)", func(e *badEnv) error { return arena.Fill(e.stale, 1) }, arena.ErrRange},
-		{"Copy(from stale Buffer)", func(e *badEnv) error {
-			d, _ := e.buf.Slice(0, 1)
-			s, _ := e.stale.Slice(0, 1)
-			return arena.Copy(d, s)
-		}, arena.ErrRange},
+		{"CopyIn(stale Buffer)", func(e *badEnv) error { return arena.CopyIn(e.stale, []byte{1}) }, arena.ErrStale},
+		{"CopyOut(stale Buffer)", func(e *badEnv) error { return arena.CopyOut(make([]byte, 1), e.stale) }, arena.ErrStale},
+		{"Fill(stale Buffer)", func(e *badEnv) error { return arena.Fill(e.stale, 1) }, arena.ErrStale},
+		{"Copy(from stale Buffer)", func(e *badEnv) error { return arena.Copy(e.buf, e.stale) }, arena.ErrStale},
+		{"Copy(into stale Buffer)", func(e *badEnv) error { return arena.Copy(e.stale, e.buf) }, arena.ErrStale},
+		{"Slice(stale Buffer)", func(e *badEnv) error { _, err := e.stale.Slice(0, 1); return err }, arena.ErrStale},
 
 		// Use after Close, Close twice, Close with buffers still referenced.
 		{"closed.Alloc", func(e *badEnv) error { _, err := e.closed.Alloc(1, 1); return err }, arena.ErrClosed},

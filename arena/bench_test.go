@@ -42,6 +42,7 @@ func BenchmarkAlloc(b *testing.B) {
 	}
 	b.ReportAllocs()
 	i := 0
+	done := cpuPerOp(b)
 	for b.Loop() {
 		if _, err := a.Alloc(256, 64); err != nil {
 			b.Fatal(err)
@@ -51,6 +52,7 @@ func BenchmarkAlloc(b *testing.B) {
 			a.Reset()
 		}
 	}
+	done()
 }
 
 // BenchmarkAllocParallel is the fast path from every P at once: the
@@ -185,4 +187,49 @@ func itoa(n int) string {
 		return string(rune('0' + n))
 	}
 	return itoa(n/10) + string(rune('0'+n%10))
+}
+
+// BenchmarkCopyIn4K copies 4 KiB into a buffer through the host driver: the
+// checks a copy makes (the buffer inside the arena's bytes in use, not
+// stale) against the copy itself. fresh copies into a buffer cut after the
+// arena's last drop; below into one cut before a Truncate that left Len
+// above it; searched into one cut between a Reset and a Truncate above it
+// (a KV cache rolled back after the buffer was cut), whose staleness check
+// searches the arena's drops.
+func BenchmarkCopyIn4K(b *testing.B) {
+	for _, name := range []string{"fresh", "below", "searched"} {
+		b.Run(name, func(b *testing.B) {
+			a := benchArena(b, arena.Config{Driver: benchDriver(b), Reserve: 4 << 20})
+			if name == "searched" {
+				if _, err := a.Alloc(64, 1); err != nil {
+					b.Fatal(err)
+				}
+				if err := a.Reset(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			buf, err := a.Alloc(4096, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if name != "fresh" {
+				if _, err := a.Alloc(4096, 64); err != nil {
+					b.Fatal(err)
+				}
+				if err := a.Truncate(4096 + 64); err != nil {
+					b.Fatal(err)
+				}
+			}
+			src := make([]byte, 4096)
+			b.SetBytes(4096)
+			b.ReportAllocs()
+			done := cpuPerOp(b)
+			for b.Loop() {
+				if err := arena.CopyIn(buf, src); err != nil {
+					b.Fatal(err)
+				}
+			}
+			done()
+		})
+	}
 }

@@ -9,12 +9,22 @@ import (
 
 // Buffer is a range of an arena's memory in use: a tensor's storage. It is a
 // small value (no Go heap allocation) and stays valid, at the same device
-// address, however the arena grows, until a Truncate or Reset below its end,
-// or Close.
+// address, however the arena grows, shrinks (above Len), sleeps in Offload
+// mode or is reclaimed from, until its allocation is dropped: a Truncate or
+// Reset below its end, Sleep in Discard mode, or Close. From then on it is
+// stale: every copy through it, Slice of it, View of it and Share of it
+// fails with an error matching ErrStale, even once new allocations cover its
+// range again. A view made by Slice is the allocation it was cut from, and
+// goes stale with it.
+//
+// What cannot be checked is the device address: a Ptr handed to a kernel,
+// or to another library, outlives the check. Config.TrapStale makes such a
+// pointer into dropped memory fault, or read poison, instead.
 type Buffer struct {
 	a   *Arena
 	off uintptr
 	n   uintptr
+	gen uint64 // the epoch of the allocator word it was cut in (stale.go)
 }
 
 // Ptr returns the device address of the buffer's first byte.
@@ -39,7 +49,10 @@ func (b Buffer) Slice(i, j int) (Buffer, error) {
 	if i < 0 || j < i || uintptr(j) > b.n {
 		return Buffer{}, fmt.Errorf("arena: buffer[%d:%d]: %w: length %d", i, j, ErrRange, b.n)
 	}
-	return Buffer{a: b.a, off: b.off + uintptr(i), n: uintptr(j - i)}, nil
+	if b.stale() {
+		return Buffer{}, fmt.Errorf("arena: buffer[%d:%d] of %v: %w", i, j, b, ErrStale)
+	}
+	return Buffer{a: b.a, off: b.off + uintptr(i), n: uintptr(j - i), gen: b.gen}, nil
 }
 
 // String describes the buffer, e.g. "arena.Buffer{ptr=0x7f0000200000 off=0 len=4096}".
@@ -47,12 +60,14 @@ func (b Buffer) String() string {
 	return fmt.Sprintf("arena.Buffer{ptr=%v off=%d len=%d}", b.Ptr(), b.off, b.n)
 }
 
-// Slice returns a buffer for the in-use range [off, off+n) of the arena.
+// Slice returns a buffer for the in-use range [off, off+n) of the arena. It
+// is a new view of what lies there now: it goes stale with the next drop
+// below its end, whatever buffers of that range were dropped before.
 func (a *Arena) Slice(off, n int) (Buffer, error) {
 	if a == nil {
 		return Buffer{}, ErrClosed
 	}
-	b := Buffer{a: a, off: uintptr(off), n: uintptr(n)}
+	b := Buffer{a: a, off: uintptr(off), n: uintptr(n), gen: a.drops.last.Load()}
 	if off < 0 || n < 0 {
 		return Buffer{}, fmt.Errorf("arena: slice [%d, +%d): %w", off, n, ErrRange)
 	}
@@ -62,7 +77,8 @@ func (a *Arena) Slice(off, n int) (Buffer, error) {
 	return b, nil
 }
 
-// check reports whether b is still inside the arena's bytes in use.
+// check reports whether b is still an allocation of the arena's: not
+// stale, and inside the bytes in use.
 func (b Buffer) check(op string) error {
 	if b.a == nil {
 		return fmt.Errorf("arena: %s: %w: zero Buffer", op, ErrInvalid)
@@ -71,11 +87,16 @@ func (b Buffer) check(op string) error {
 		return errNotMade
 	}
 	s := b.a.state.Load()
-	if b.a.closed.Load() {
-		return ErrClosed
-	}
-	if b.a.sl.asleep.Load() {
+	switch b.a.lifeNow() {
+	case lifeClosed:
+		return errClosedBuffer
+	case lifeAsleep, lifeWaking:
 		return fmt.Errorf("arena: %s: %w", op, errAsleep)
+	}
+	// dropLog.dropped, by hand: the two loads settle most copies without a
+	// call (stale.go).
+	if end := uint64(b.off) + uint64(b.n); b.gen < b.a.drops.last.Load() && end > b.a.drops.low.Load() && b.a.drops.stale(b.gen, end) {
+		return fmt.Errorf("arena: %s %v: %w", op, b, ErrStale)
 	}
 	if l := uintptr(s & lenMask); b.off > l || b.n > l-b.off {
 		return fmt.Errorf("arena: %s [%d, +%d): %w: %d bytes in use", op, b.off, b.n, ErrRange, l)

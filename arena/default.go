@@ -51,8 +51,8 @@ func DefaultDriver() (acl.Driver, error) {
 	case spec == "host", (spec == "" || spec == "auto") && sel == nil:
 		return hostDefault()
 	case sel == nil:
-		return nil, fmt.Errorf("arena: %s=%q, but this program does not link the device selector: %w: add %s, or set Config.Driver",
-			acl.DeviceEnv, raw, acl.ErrNotSupported, selectorImport)
+		return nil, fmt.Errorf("arena: %w", acl.DeviceEnvError(raw, fmt.Errorf("this program does not link the device selector: %w: add %s, or set Config.Driver",
+			acl.ErrNotSupported, selectorImport)))
 	}
 	key := strings.TrimSpace(raw)
 	defaults.Lock()
@@ -62,13 +62,13 @@ func DefaultDriver() (acl.Driver, error) {
 	}
 	d, _, err := sel(key)
 	if err != nil {
-		return nil, fmt.Errorf("arena: %s=%q: %w", acl.DeviceEnv, raw, err)
+		return nil, fmt.Errorf("arena: %w", acl.DeviceEnvError(raw, err))
 	}
 	if h, ok := d.(*host.Driver); ok && h != nil && (spec == "" || spec == "auto") {
 		// auto found no device: use the process's host driver, as without
 		// the selector, rather than a second one.
 		if err := h.Close(); err != nil {
-			return nil, fmt.Errorf("arena: %s=%q: %w", acl.DeviceEnv, raw, err)
+			return nil, fmt.Errorf("arena: %w", acl.DeviceEnvError(raw, err))
 		}
 		hd, err := hostDefault()
 		if err != nil {

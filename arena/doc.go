@@ -29,27 +29,25 @@
 //	       (no streams: wait for the device, unmap) ──▶ reserved
 //	mapped ──given to another arena's growth under pressure──▶ claimed ──its events done, unmapped──▶ reserved
 //	waiting ──Grow into it again──▶ mapped (taken back where it lies)
-//	claimed ──Grow into it again──▶ waits for the relief's unmap, then maps a chunk of its own
 //	all ──Close (waits for the device work)──▶ released
 //	mapped, in use ──Sleep (waits for the device work; Offload: copy out)──▶ asleep
 //	asleep ──Wake──▶ waking ──chunks mapped where they were, contents back──▶ mapped, in use
 //
-// A growth that finds no room in its pool goes through states of its own
-// (see docs/design.md, "Pressure", for the invariants behind them):
-//
-//	locked ──memory free now──▶ served
-//	locked ──short──▶ relieving: the arena's lock released, no chunk held
-//	relieving ──a relief chose chunks for it──▶ chosen (its ticket: younger reliefs leave its target)
-//	chosen ──their device work done, unmapped, handed over──▶ locked again ──▶ served
-//	relieving, chosen ──not enough──▶ failed: protection undone, the first waiter woken
-//	failed ──GrowContext──▶ waiting in the pool's queue ──woken at its turn──▶ locked
+// A growth that finds no room in its pool, the arena's lifecycle (open,
+// closing, closed, sleeping, asleep, waking, imported) and every wait on the
+// way follow one protocol, told in docs/design.md ("Pressure"): nothing is
+// held while anything waits for the device or for memory, and every such
+// wait ends with the caller's context.
 //
 // Len is the bytes in use, Cap the bytes mapped (a multiple of the chunk
 // size), and Len ≤ Cap ≤ Reserved holds whenever the arena is awake.
 // Growing maps chunks at Cap and never moves data: a Buffer's device pointer
-// stays valid, and its contents intact, until a Truncate or Reset drops it
-// or Close releases the arena (or, for its contents, a Sleep in Discard
-// mode).
+// stays valid, and its contents intact, until a Truncate or Reset drops it,
+// a Sleep in Discard mode drops its contents, or Close releases the arena.
+// From then on the Buffer is stale: copies, views and Share through it fail
+// with ErrStale, even once a new allocation holds its range (each Buffer
+// carries the epoch it was cut in, and the arena the drops since; see
+// ErrStale). Only the bare device pointer escapes the check.
 //
 // # Deferred reclamation and headroom
 //
@@ -107,7 +105,8 @@
 //
 // Bad arguments (negative or overflowing sizes, alignments that are not
 // powers of two, ranges outside the bytes in use, overlapping copies, an
-// Arena not made by New) return an error matching ErrInvalid or ErrRange,
+// Arena not made by New) return an error matching ErrInvalid or ErrRange
+// (a stale Buffer, ErrStale),
 // change nothing and never panic; a closed arena returns ErrClosed, and a nil
 // *Arena behaves as a closed one in every method that returns an error.
 //
@@ -121,10 +120,10 @@
 // its reservation, so a pointer into another arena's memory, or into a tail
 // Shrink unmapped, faults rather than reading the bytes the chunk holds next.
 //
-// Config.TrapStale is a debug mode that extends this to Truncate and Reset:
-// the chunks they drop are unmapped at once and the dropped bytes of the
-// chunk kept in part are filled with PoisonByte, so a stale pointer faults or
-// reads poison.
+// Config.TrapStale is a debug mode that extends this to Truncate and Reset,
+// for the pointers no check sees (a Ptr handed to a kernel): the chunks they
+// drop are unmapped at once and the dropped bytes of the chunk kept in part
+// are filled with PoisonByte, so a stale pointer faults or reads poison.
 //
 // # Sleep and wake
 //
@@ -156,10 +155,14 @@
 // fixed size (Alloc, Grow, Truncate, Reset and Shrink fail with
 // ErrImported; a read-only import's writes with ErrReadOnly). Only the process
 // ShareOptions names, as the kernel vouches for it, may import (ErrRefused
-// otherwise); on ACL the device enforces it too, with an allow-list. Import
-// checks its producer the same way (ImportConfig.ProducerPID, ProducerUser,
-// ProducerCheck), bounds every offer before it allocates, and reports a
-// failure the other process sent as a *PeerError (ErrPeer).
+// otherwise), and every message of the hand-over must come from that
+// process (a connected socket handed on to another is refused); on ACL the
+// device enforces it too, with an allow-list. Import checks its producer the
+// same way (ImportConfig.ProducerPID, ProducerUser, ProducerCheck), bounds
+// every offer before it allocates, and reports a failure the other process
+// sent as a *PeerError (ErrPeer); a refused peer is told which check refused
+// it, nothing more. ShareContext and ImportContext end the hand-over when
+// their context is done.
 //
 // The memory lives while either process holds it: a producer that shrinks,
 // closes or dies pulls nothing from under the import (its pool frees shared
@@ -177,7 +180,9 @@
 // failures, waits and the latency of growths, and package metrics exports
 // them with Stats through expvar and Prometheus. GrowContext and
 // AllocContext wait, under a context, for other tenants of the pool to give
-// memory back instead of failing, first come first served. AllocTensor
+// memory back instead of failing, first come first served; when every arena
+// holding the memory waits too, the youngest fails at once (ErrDeadlock).
+// AllocTensor
 // allocates by element type and shape, with Float16 and BFloat16 among the
 // types. None of it costs Alloc anything within Cap. docs/observability.md
 // has the details.
@@ -186,11 +191,11 @@
 //
 // An Arena is safe for concurrent use. Alloc runs lock-free; Grow, Shrink,
 // Truncate, Reset and Close serialise on a mutex held while they call the
-// driver, but never while they wait for memory: a growth that must wait for
-// another arena's memory releases it (growths of one arena stay serialised
-// by a second mutex, taken first). So the pool may take any arena's mutex to
-// take back its idle memory, and two arenas relieving each other cannot
-// deadlock; an arena's mutex is always taken before its pool's. Copies through
-// Buffers hold the arena open: a copy that races Close completes first, or
-// fails with ErrClosed.
+// driver, but never while they wait for memory or for a stream: a growth, a
+// Close, a Sleep or a Wake that must wait releases it (growths of one arena
+// stay serialised by a second lock, taken first). The pool only tries an
+// arena's mutex, and two arenas relieving each other cannot deadlock; an
+// arena's mutex is always taken before its pool's. Copies through Buffers
+// hold the arena open: a copy that races Close completes first, or fails
+// with ErrClosed. See docs/design.md, "Pressure".
 package arena

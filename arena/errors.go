@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/chunk"
 )
 
 // Sentinels callers branch on with errors.Is.
@@ -31,9 +32,26 @@ var (
 	// ErrOutOfMemory is acl.ErrOutOfMemory: the device, or the pool's budget,
 	// has no memory left.
 	ErrOutOfMemory = acl.ErrOutOfMemory
+	// ErrDeadlock is chunk.ErrDeadlock: a GrowContext or AllocContext failed
+	// at once, without waiting out its deadline, because every arena
+	// holding the pool's memory waits for memory too, so that none can come
+	// back; it is the youngest such waiter. It matches ErrOutOfMemory too.
+	// Free memory (preempt that request) and the others are served. See
+	// docs/design.md, "Pressure".
+	ErrDeadlock = chunk.ErrDeadlock
 	// ErrInvalid is acl.ErrInvalidParam: a bad argument or Config.
 	ErrInvalid = acl.ErrInvalidParam
 )
+
+// errClosedBuffer is the error of a copy through a buffer of a closed
+// arena: the allocation went with the arena, so it matches ErrStale as well
+// as ErrClosed.
+var errClosedBuffer error = closedBuffer{}
+
+type closedBuffer struct{}
+
+func (closedBuffer) Error() string        { return "arena: closed: the buffer's allocation went with it" }
+func (closedBuffer) Is(target error) bool { return target == ErrClosed || target == ErrStale }
 
 // poolClosed is the error of a growth whose shared pool was closed under the
 // arena: it reads as the pool's error and matches ErrClosed too.

@@ -1,9 +1,11 @@
 package arena_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log"
+	"time"
 
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
@@ -135,4 +137,75 @@ func Example_sharedPool() {
 	// <nil> <nil>
 	// true true
 	// a MiB: 24 b MiB: 8
+}
+
+// A buffer kept past the Reset that dropped it cannot write into what the
+// arena cuts from its range next: its copies fail with ErrStale.
+func ExampleErrStale() {
+	drv, err := host.New(host.Config{Capacity: 64 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer drv.Close()
+	a, err := arena.New(arena.Config{Driver: drv, Reserve: 32 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+
+	request1, _ := a.Alloc(64, 64) // one request's KV block
+	_ = a.Reset()                  // the request is done
+	request2, _ := a.Alloc(64, 64) // the next request's, at the same place
+	_ = arena.CopyIn(request2, []byte("request 2"))
+
+	err = arena.CopyIn(request1, []byte("request 1, too late"))
+	fmt.Println("same offset:", request1.Offset() == request2.Offset())
+	fmt.Println("stale:", errors.Is(err, arena.ErrStale))
+	got := make([]byte, 9)
+	_ = arena.CopyOut(got, request2)
+	fmt.Println(string(got))
+	// Output:
+	// same offset: true
+	// stale: true
+	// request 2
+}
+
+// Two requests each hold half of a pool's budget and each wait for more: no
+// memory can come back, so the younger fails at once with ErrDeadlock
+// instead of waiting out its deadline. A server preempts it (here: drops its
+// memory), and the older is served.
+func ExampleErrDeadlock() {
+	drv, err := host.New(host.Config{Capacity: 64 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer drv.Close()
+	pool, err := chunk.New(drv, chunk.Config{Budget: 8 << 20}) // four chunks of 2 MiB
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	older, _ := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20})
+	defer older.Close()
+	younger, _ := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20})
+	defer younger.Close()
+	_, _ = older.Alloc(4<<20, 1) // half the budget each, in use
+	_, _ = younger.Alloc(4<<20, 1)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- older.GrowContext(ctx, 4<<20) }() // waits
+	for pool.Lender().Waiters() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	err = younger.GrowContext(ctx, 4<<20)
+	fmt.Println("younger:", errors.Is(err, arena.ErrDeadlock), errors.Is(err, arena.ErrOutOfMemory))
+
+	_ = younger.Reset() // preempt it
+	_ = younger.Shrink()
+	fmt.Println("older:", <-served)
+	// Output:
+	// younger: true true
+	// older: <nil>
 }

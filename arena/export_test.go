@@ -55,3 +55,19 @@ func ChunkAt(a *Arena, p acl.DevicePtr) (chunk.Chunk, bool) {
 	}
 	return a.chunks[i], true
 }
+
+// DropRecords returns how many drops a keeps for the staleness check.
+func DropRecords(a *Arena) int { return a.drops.records() }
+
+// SetEpoch moves a's allocator epoch to full, as if that many freezes had
+// run, for tests of the epoch's wrap into its era.
+func SetEpoch(a *Arena, full uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s := a.state.Load()
+	a.lowWater.Store(a.lowWater.Load()&lenMask | full>>epochBits<<lenBits)
+	a.state.Store(s&^epochMask | full<<lenBits&epochMask)
+}
+
+// LowWater returns a's low-water mark.
+func LowWater(a *Arena) int { return int(a.lowWater.Load() & lenMask) }

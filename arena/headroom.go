@@ -2,9 +2,11 @@ package arena
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 
+	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -66,6 +68,7 @@ type headroom struct {
 	// waiting counts the growths on callers' paths waiting for the arena's
 	// mu: a refill yields it to them between its steps.
 	waiting atomic.Int32
+	growth  chunk.Growth // a refill's, in the protocol's loop (growLocked)
 
 	// Under the arena's mu:
 	quiet  int    // refills since the last miss
@@ -80,7 +83,7 @@ func (a *Arena) setHeadroom(size uint64) {
 	if low == 0 {
 		low = max(size/2/a.chunkSize*a.chunkSize, a.chunkSize)
 	}
-	a.lowWater.Store(low)
+	a.lowWater.Store(a.lowWater.Load()&^lenMask | low) // the era above is the epoch's (stale.go)
 }
 
 // missed records a growth of size bytes on the caller's path (a miss):
@@ -101,7 +104,7 @@ func (a *Arena) missed() {
 // wantHeadroom asks the worker for a refill when the headroom above end is
 // below the low-water mark.
 func (a *Arena) wantHeadroom(end uint64) {
-	if low := a.lowWater.Load(); low != 0 && end+low > a.cap.Load() {
+	if low := a.lowWater.Load() & lenMask; low != 0 && end+low > a.cap.Load() {
 		a.member.WantRefill()
 	}
 }
@@ -134,11 +137,11 @@ func (a *Arena) Prefetch(n int) error {
 		return errNotMade
 	case n < 0:
 		return fmt.Errorf("arena: prefetch: %w: negative size %d", ErrInvalid, n)
-	case a.closed.Load():
+	case a.lifeNow() == lifeClosed || a.lifeNow() == lifeClosing:
 		return ErrClosed
-	case a.imp != nil:
+	case a.lifeNow() == lifeImported:
 		return errFixed
-	case a.sl.asleep.Load():
+	case a.lifeNow() != lifeOpen:
 		return fmt.Errorf("arena: prefetch: %w", ErrAsleep)
 	}
 	l := a.state.Load() & lenMask
@@ -176,11 +179,17 @@ func (a *Arena) refillLocked() {
 	}
 	target := min(a.state.Load()&lenMask+size, a.reserved)
 	if p := min(h.prefetch.Swap(0), a.reserved); p > target && p > a.cap.Load() {
-		if a.growLocked(context.Background(), p, true) == nil {
+		err := a.growLocked(context.Background(), p, true)
+		if err == nil {
 			a.refills++
 			h.short = false
 			h.quiet++
 			return
+		}
+		if errors.Is(err, chunk.ErrBusy) {
+			// A relief holds chunks in its way: the worker comes back for it.
+			h.prefetch.CompareAndSwap(0, p)
+			a.member.WantRefill()
 		}
 	}
 	mapped := false
@@ -191,7 +200,11 @@ func (a *Arena) refillLocked() {
 			break
 		}
 		if err := a.growLocked(context.Background(), min(target, c+step), true); err != nil {
-			h.short = true
+			if errors.Is(err, chunk.ErrBusy) {
+				a.member.WantRefill() // a relief holds chunks in its way: come back
+			} else {
+				h.short = true
+			}
 			break
 		}
 		mapped, h.short = true, false

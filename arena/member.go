@@ -11,29 +11,27 @@ import (
 )
 
 // client is the arena's side of its membership of the pool (chunk.Client):
-// what the pool asks of it under pressure (Reclaimable, Give), and what the
-// pool's worker asks of it to refill the headroom (Refill).
-//
-// Give takes the arena's lock with a plain Lock: its holders never wait for
-// memory (a growth releases it while the pool relieves pressure, and a
-// refill takes only free memory), so it waits for a few driver calls at most
-// and two arenas relieving each other cannot deadlock. The exception is a
-// Close waiting for the device: Give skips a closing arena, whose memory
-// comes back to the pool when the Close ends. Refill uses TryLock: a busy
-// arena is asked again on the worker's next round.
+// what the pool asks of it under pressure (Reclaimable, Held, Give), and
+// what the pool's worker asks of it to refill the headroom (Refill). None of
+// them waits: Give and Refill try the arena's lock and, when it is held,
+// say so (the relief comes back to the arena) or ask again (the worker's
+// next round). An arena that is not open gives nothing.
 type client struct{ a *Arena }
 
 // Reclaimable reports the chunks wholly above what the arena keeps (see
 // keepBytes), and whether Len is 0, from the atomic words alone.
 func (c client) Reclaimable(by chunk.Ticket) (int, bool) {
 	a := c.a
-	if a.closing.Load() {
+	if a.lifeNow() != lifeOpen {
 		return 0, false
 	}
 	l := a.state.Load() & lenMask
 	mapped := a.cap.Load()
 	return int((mapped - min(a.keepBytes(l, by), mapped)) / a.chunkSize), l == 0
 }
+
+// Held reports the chunks mapped below Cap, from the atomic word alone.
+func (c client) Held() int { return int(c.a.cap.Load() / c.a.chunkSize) }
 
 // keepBytes is what the relief with ticket by leaves mapped when Len is l:
 // l, what Grow promised and, while a growth of the arena is protected from
@@ -49,19 +47,16 @@ func (a *Arena) keepBytes(l uint64, by chunk.Ticket) uint64 {
 // Give detaches up to n chunks from the top of the arena, above what it
 // keeps, and hands them to the pool still mapped, with the streams that
 // order their unmaps, before it lets go of its lock. No byte below Len is
-// touched.
-func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Stream)) int {
+// touched. It never waits for the lock: a held one is busy.
+func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Stream)) (int, bool) {
 	a := c.a
 	if !a.mu.TryLock() {
-		if a.closing.Load() {
-			return 0
-		}
-		a.mu.Lock()
+		return 0, a.lifeNow() == lifeOpen
 	}
 	defer a.mu.Unlock()
 	sched.At(sched.GiveLocked, a)
-	if a.closed.Load() || a.closing.Load() || a.imp != nil || a.sl.asleep.Load() {
-		return 0
+	if a.lifeNow() != lifeOpen {
+		return 0, false
 	}
 	defer region(RegionReclaim).End()
 	c0 := a.cap.Load()
@@ -69,7 +64,7 @@ func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Str
 	defer a.thaw(s, s&lenMask)
 	keep := max(int(a.keepBytes(s&lenMask, by)/a.chunkSize), len(a.chunks)-n)
 	if keep >= len(a.chunks) {
-		return 0
+		return 0, false
 	}
 	ms := make([]chunk.Mapped, 0, len(a.chunks)-keep)
 	for i := keep; i < len(a.chunks); i++ {
@@ -83,25 +78,25 @@ func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Str
 	a.hr.short = true // the pool is short: a miss until the next refill is not the worker's pace
 	take(ms, a.streams)
 	a.obs.gaveBack(a, EventReclaim, c0)
-	return len(ms)
+	return len(ms), false
 }
 
 // Refill maps the headroom back up to its learnt size above Len, and what
 // Prefetch asked for, with memory that is free now: it takes nothing from
-// other arenas.
+// other arenas, and waits for nothing.
 func (c client) Refill() {
 	a := c.a
 	if !a.mu.TryLock() {
 		// Busy: ask again, for the worker's next round. (Waiting for the
 		// next Alloc below the low-water mark would lose a refill asked
 		// for under mu, as Wake does, when no Alloc follows.)
-		if !a.closed.Load() && !a.sl.asleep.Load() {
+		if l := a.lifeNow(); l != lifeClosed && l != lifeAsleep {
 			a.member.WantRefill()
 		}
 		return
 	}
 	defer a.mu.Unlock()
-	if a.closed.Load() || a.sl.asleep.Load() {
+	if a.lifeNow() != lifeOpen {
 		return
 	}
 	a.refillLocked() // the learnt headroom, and a prefetch (headroom.go)

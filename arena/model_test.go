@@ -161,7 +161,7 @@ type world struct {
 	cs         int
 	open       []*marena
 	closed     []*marena
-	stale      []mbuf // buffers dropped by Truncate or Reset
+	stale      []mbuf // buffers dropped by Truncate, Reset or a Discard sleep
 	tags       int
 	n          modelCounts
 	trace      []string
@@ -408,25 +408,37 @@ func (w *world) afterFailure(m *marena) {
 		m.strayOK = true
 	}
 	if l := m.a.Len(); l < m.len {
-		m.dropAbove(l)
+		w.stale = append(w.stale, m.dropAbove(l)...)
 	}
 	m.cap = m.a.Cap()
 }
 
-func (m *marena) dropAbove(n int) {
+// dropAbove lowers Len to n, and returns the buffers that end above it,
+// which are stale from now on.
+func (m *marena) dropAbove(n int) (stale []mbuf) {
 	m.len = n
-	kept := m.bufs[:0]
-	for _, b := range m.bufs {
-		if b.off+b.n <= n {
-			kept = append(kept, b)
-		}
-	}
-	m.bufs = kept
+	stale = m.dropBufs(n)
 	for off := range m.shadow {
 		if off >= n {
 			delete(m.shadow, off)
 		}
 	}
+	return stale
+}
+
+// dropBufs forgets the buffers that end above n, and returns them.
+func (m *marena) dropBufs(n int) (stale []mbuf) {
+	kept := m.bufs[:0]
+	for _, b := range m.bufs {
+		if b.off+b.n <= n {
+			kept = append(kept, b)
+		} else {
+			stale = append(stale, b)
+		}
+	}
+	clear(m.bufs[len(kept):])
+	m.bufs = kept
+	return stale
 }
 
 // check compares every arena, the pool and the driver with the model.
@@ -963,12 +975,7 @@ func (w *world) truncate(reset bool) {
 		return
 	}
 	old := m.len
-	for _, b := range m.bufs {
-		if b.off+b.n > n {
-			w.stale = append(w.stale, b)
-		}
-	}
-	m.dropAbove(n)
+	w.stale = append(w.stale, m.dropAbove(n)...)
 	m.floor = n
 	if !m.trap {
 		return
@@ -1110,12 +1117,15 @@ func (w *world) useDropped() {
 			w.stale = append(w.stale[:k], w.stale[k+1:]...)
 			continue
 		}
-		if b.off+b.n <= b.m.len || b.n == 0 || b.m.asleep {
-			continue // in use again: a stale Buffer cannot tell (documented); or asleep (asleepOps)
+		if b.m.asleep {
+			continue // asleep: ErrAsleep first (asleepOps)
 		}
-		w.n.badInputs += 2
-		w.settle("stale CopyIn", arena.CopyIn(b.b, []byte{b.m.tag}), arena.ErrRange)
-		w.settle("stale CopyOut", arena.CopyOut(make([]byte, 1), b.b), arena.ErrRange)
+		// Stale, in use again or not: the copies fail and change nothing.
+		w.n.badInputs += 3
+		w.settle("stale CopyIn", arena.CopyIn(b.b, []byte{b.m.tag}), arena.ErrStale)
+		w.settle("stale CopyOut", arena.CopyOut(make([]byte, 1), b.b), arena.ErrStale)
+		_, err := b.b.Slice(0, 0)
+		w.settle("stale Slice", err, arena.ErrStale)
 		return
 	}
 }
@@ -1187,6 +1197,7 @@ func (w *world) sleep() {
 	w.n.sleeps++
 	if mode == arena.Discard {
 		m.forgetAbove(0)
+		w.stale = append(w.stale, m.dropBufs(0)...) // the bytes went: so did the allocations
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -526,28 +527,13 @@ func TestPressureStress(t *testing.T) {
 	var served, failed, waiting atomic.Int64
 	var lastServed atomic.Int64 // unix nanoseconds
 	lastServed.Store(time.Now().UnixNano())
-	stalled := make(chan string, 1)
-	go func() { // the watchdog
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			idle := time.Since(time.Unix(0, lastServed.Load()))
-			if waiting.Load() > 0 && idle > stallAfter {
-				select {
-				case stalled <- fmt.Sprintf("no growth served for %v while %d wait; pool %+v", idle.Round(time.Millisecond),
-					waiting.Load(), pool.Stats()):
-				default:
-				}
-				cancel()
-				return
-			}
+	stalled := watchdog(ctx, cancel, stallAfter, &lastServed, func(idle time.Duration) string {
+		if waiting.Load() == 0 {
+			return ""
 		}
-	}()
+		return fmt.Sprintf("no growth served for %v while %d wait; pool %+v", idle.Round(time.Millisecond),
+			waiting.Load(), pool.Stats())
+	})
 
 	var all sync.WaitGroup
 	next := atomic.Int64{}
@@ -744,4 +730,249 @@ func TestReliefSkipsAClosingArena(t *testing.T) {
 	finish()
 	require.NoError(t, <-closed)
 	require.NoError(t, g.Grow(wg), "the closed arena's memory came back")
+}
+
+// watchdog watches a stress test: when last (unix nanoseconds) is older
+// than stallAfter and stall says why (a non-empty message), it sends the
+// message and cancels the test's context.
+func watchdog(ctx context.Context, cancel func(), stallAfter time.Duration, last *atomic.Int64,
+	stall func(idle time.Duration) string) <-chan string {
+	stalled := make(chan string, 1)
+	go func() {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			if idle := time.Since(time.Unix(0, last.Load())); idle > stallAfter {
+				if msg := stall(idle); msg != "" {
+					stalled <- msg
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	return stalled
+}
+
+// TestPressureKernelStress is TestPressureStress with kernels that run for
+// a long time: a few arenas keep their memory under stand-in kernels on
+// their own streams (idle, so that reliefs claim it and wait for the
+// kernels' events, or released to wait for them), while others grow with
+// deadlines of 50 to 100 ms, sleep and wake, and are made and closed with
+// deadlines. Every call with a deadline must return within half a kernel's
+// run of it: one that waited for a kernel on a stream that is not its own
+// would be late by up to the whole run. A watchdog fails the test when no
+// call completes for 5 s. VMARENA_KERNEL_MS sets the kernels' run (3,000 by
+// default: 3 s kernels against deadlines of 50 to 100 ms), and the tenants
+// go on for two runs.
+func TestPressureKernelStress(t *testing.T) {
+	const stallAfter = 5 * time.Second
+	kernelFor := time.Duration(envInt("VMARENA_KERNEL_MS", 3000)) * time.Millisecond
+	late := kernelFor / 2
+	d := isoDriver(t, 256<<20)
+	pool, err := chunk.New(d, chunk.Config{Budget: 16 * wg})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	var progress atomic.Int64 // unix nanoseconds of the last call that returned
+	progress.Store(time.Now().UnixNano())
+	var maxLate atomic.Int64
+	var lateMu sync.Mutex
+	latest := map[string]time.Duration{} // per call
+	fail := func(format string, args ...any) {
+		t.Errorf(format, args...)
+		cancel()
+	}
+	// timed runs a call with a deadline of dl and checks that it returned
+	// in time.
+	timed := func(what string, dl time.Duration, call func(ctx context.Context) error) error {
+		cctx, ccancel := context.WithTimeout(ctx, dl)
+		defer ccancel()
+		start := time.Now()
+		err := call(cctx)
+		over := time.Since(start) - dl
+		progress.Store(time.Now().UnixNano())
+		for m := maxLate.Load(); int64(over) > m && !maxLate.CompareAndSwap(m, int64(over)); m = maxLate.Load() {
+		}
+		lateMu.Lock()
+		latest[what] = max(latest[what], over)
+		lateMu.Unlock()
+		if over > late {
+			fail("%s returned %v after its deadline of %v (a kernel runs %v): %v", what, over.Round(time.Millisecond), dl, kernelFor, err)
+		}
+		return err
+	}
+	stalled := watchdog(ctx, cancel, stallAfter, &progress, func(idle time.Duration) string {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		return fmt.Sprintf("no call returned for %v; pool %+v\n%s", idle.Round(time.Millisecond), pool.Stats(), buf)
+	})
+	// oom is what a call with a deadline may fail with under pressure.
+	oom := func(err error) bool {
+		return errors.Is(err, arena.ErrOutOfMemory) || errors.Is(err, context.DeadlineExceeded)
+	}
+
+	var kernels, tenants sync.WaitGroup
+	done := make(chan struct{})
+	var launched atomic.Int64
+	for k := range 3 { // arenas that keep kernels running over their memory
+		s := newStream(t, d)
+		a := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20, Streams: []acl.Stream{s}})
+		kernels.Add(1)
+		go func() {
+			defer kernels.Done()
+			for r := 0; ; r++ {
+				select {
+				case <-done:
+					return
+				case <-ctx.Done():
+					return
+				default:
+				}
+				n := (1 + (k+r)%2) * wg
+				b, err := a.Alloc(n, 1)
+				if err != nil {
+					if !errors.Is(err, arena.ErrOutOfMemory) {
+						fail("kernel arena %d: %v", k, err)
+						return
+					}
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				end := make(chan struct{})
+				if err := d.Launch(s, b.Ptr(), uintptr(n), end); err != nil {
+					fail("kernel arena %d: launch: %v", k, err)
+					return
+				}
+				launched.Add(1)
+				finish := sync.OnceFunc(func() { close(end) })
+				timer := time.AfterFunc(kernelFor, finish)
+				drop := a.Reset // idle under the kernel: a relief claims it and waits
+				if r%2 == 1 {
+					drop = func() error { return errors.Join(a.Reset(), a.Shrink()) } // waits in the pool
+				}
+				if err := drop(); err != nil {
+					fail("kernel arena %d: %v", k, err)
+					return
+				}
+				select {
+				case <-end:
+				case <-done:
+				case <-ctx.Done():
+				}
+				timer.Stop()
+				finish()
+			}
+		}()
+	}
+
+	var rounds, served, refused, slept, closed atomic.Int64
+	end := time.Now().Add(2 * kernelFor)
+	for i := range 8 {
+		tenants.Add(1)
+		go func() {
+			defer tenants.Done()
+			// Every tenant has a stream: one without waits for the whole
+			// device, kernels included, as it must.
+			cfg := arena.Config{Pool: pool, Reserve: 16 << 20, Streams: []acl.Stream{newStream(t, d)}}
+			a, err := arena.New(cfg)
+			if err != nil {
+				fail("tenant %d: %v", i, err)
+				return
+			}
+			defer func() {
+				if err := a.Close(); err != nil {
+					fail("tenant %d: close: %v", i, err)
+				}
+			}()
+			for r := int64(i); time.Now().Before(end) && ctx.Err() == nil; r++ {
+				rounds.Add(1)
+				n := (1 + int(r)%3) * wg
+				dl := time.Duration(50+r%51) * time.Millisecond
+				switch {
+				case i%4 == 2 && r%2 == 0: // made and closed again, with a deadline
+					err := timed("CloseContext", dl, a.CloseContext)
+					if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+						fail("tenant %d, round %d: close: %v", i, r, err)
+						return
+					}
+					if err != nil {
+						if err := a.Close(); err != nil {
+							fail("tenant %d, round %d: close again: %v", i, r, err)
+							return
+						}
+					}
+					closed.Add(1)
+					if a, err = arena.New(cfg); err != nil {
+						fail("tenant %d, round %d: %v", i, r, err)
+						return
+					}
+					continue
+				case i%4 == 3 && r%2 == 0: // asleep and awake again, with deadlines
+					mode := arena.Discard
+					if r%2 == 0 {
+						mode = arena.Offload
+					}
+					err := timed("Sleep", dl, func(ctx context.Context) error { return a.Sleep(ctx, mode) })
+					if err != nil && !oom(err) {
+						fail("tenant %d, round %d: sleep: %v", i, r, err)
+						return
+					}
+					for a.Asleep() && ctx.Err() == nil {
+						err := timed("Wake", dl, a.Wake)
+						if err != nil && !oom(err) {
+							fail("tenant %d, round %d: wake: %v", i, r, err)
+							return
+						}
+					}
+					slept.Add(1)
+					continue
+				}
+				err := timed("GrowContext", dl, func(ctx context.Context) error { return a.GrowContext(ctx, n) })
+				switch {
+				case err == nil:
+					served.Add(1)
+				case oom(err):
+					refused.Add(1)
+					continue
+				default:
+					fail("tenant %d, round %d: %v", i, r, err)
+					return
+				}
+				if _, err := a.Alloc(n, 1); err != nil { // promised by the growth
+					fail("tenant %d, round %d: alloc after grow: %v", i, r, err)
+					return
+				}
+				drop := a.Reset
+				if r%3 == 0 {
+					drop = func() error { return errors.Join(a.Reset(), a.Shrink()) }
+				}
+				if err := drop(); err != nil {
+					fail("tenant %d, round %d: %v", i, r, err)
+					return
+				}
+			}
+		}()
+	}
+	tenants.Wait()
+	close(done)
+	kernels.Wait()
+	select {
+	case msg := <-stalled:
+		t.Fatal(msg)
+	default:
+	}
+	assert.Zero(t, pool.Lender().Waiters())
+	assert.Zero(t, d.Faults(), "no unmap under a kernel")
+	assert.Positive(t, launched.Load())
+	t.Logf("%d rounds, kernels of %v: %d served, %d refused, %d sleeps, %d closes, %d kernels; latest return %v past a deadline %v",
+		rounds.Load(), kernelFor, served.Load(), refused.Load(), slept.Load(), closed.Load(), launched.Load(),
+		time.Duration(maxLate.Load()).Round(time.Millisecond), latest)
 }

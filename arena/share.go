@@ -8,10 +8,13 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // ShareOptions says who may import what Share offers, and how.
@@ -47,7 +50,8 @@ const (
 )
 
 var (
-	// SameUser is this process's own user (os.Getuid()): the zero User.
+	// SameUser is the user this process runs as (os.Geteuid(), which is
+	// also what the kernel reports of a peer): the zero User.
 	SameUser = User{}
 	// AnyUser accepts a peer of any user: name the process another way
 	// (its PID, a check).
@@ -64,7 +68,7 @@ func (u User) check(uid int) error {
 	case anyUser:
 		return nil
 	case sameUser:
-		want = os.Getuid()
+		want = os.Geteuid()
 	}
 	if uid != want {
 		return fmt.Errorf("runs as uid %d, not uid %d (%v)", uid, want, u)
@@ -102,7 +106,7 @@ func (e *expect) begin() error {
 	p, err := ipc.OpenProcess(e.pid)
 	if err != nil {
 		if errors.Is(err, ipc.ErrNoProcess) {
-			return fmt.Errorf("%w: check pid: the %s named, process %d, does not run", ErrRefused, e.who, e.pid)
+			return refused("check pid", "the %s named, process %d, does not run", e.who, e.pid)
 		}
 		return nil // no pidfds: the PID alone
 	}
@@ -116,24 +120,30 @@ func (e *expect) close() { _ = e.pin.Close() }
 // the check that failed.
 func (e *expect) verify(p *ipc.Peer) error {
 	if e.pid != 0 && p.PID != e.pid {
-		return fmt.Errorf("%w: check pid: the %s is %v, not process %d", ErrRefused, e.who, p, e.pid)
+		return refused("check pid", "the %s is %v, not process %d", e.who, p, e.pid)
 	}
 	if err := e.user.check(p.UID); err != nil {
-		return fmt.Errorf("%w: check user: the %s %v %v", ErrRefused, e.who, p, err)
+		return refused("check user", "the %s %v %v", e.who, p, err)
 	}
 	if e.pin != nil && p.Proc != nil {
 		// The PID is the one named, and both pidfds hold a live process:
 		// the peer is the process named, not a later holder of its PID.
 		if same, err := ipc.Same(e.pin, p.Proc); err != nil || !same {
-			return fmt.Errorf("%w: check pidfd: the %s %v is not the process named, or has exited (%v)", ErrRefused, e.who, p, err)
+			return refused("check pidfd", "the %s %v is not the process named, or has exited (%v)", e.who, p, err)
 		}
 	}
 	if e.check != nil {
 		if err := e.check(p.Cred); err != nil {
-			return fmt.Errorf("%w: check function: the %s %v: %w", ErrRefused, e.who, p, err)
+			return refused("check function", "the %s %v: %w", e.who, p, err)
 		}
 	}
 	return nil
+}
+
+// notPeer is the refusal of a message whose sender is not the peer the
+// kernel reports (ipc.ErrNotPeer): a connected socket handed on, say.
+func notPeer(who string, err error) error {
+	return refused("check sender", "the %s's message: %w", who, err)
 }
 
 // ImportConfig configures Import.
@@ -199,15 +209,6 @@ type importMode struct {
 	device   bool // and the device maps it read-only too
 }
 
-// pin returns the frozen bit for an imported arena, which stays frozen so
-// that no Alloc takes the lock-free path.
-func (i *importMode) pin() uint64 {
-	if i == nil {
-		return 0
-	}
-	return frozen
-}
-
 // stepHook, when set (by tests), is called at each step of Share and Import,
 // so that a test can end the process there.
 var stepHook func(step string)
@@ -265,32 +266,53 @@ func (v *Imported) CloseContext(ctx context.Context) error {
 //
 // Who may import: the process on the other end must be opt.PID, running as
 // opt.User, and pass opt.Check, as the kernel reports it: the process that
-// connected (SO_PEERCRED), or, over a socket this process made (a
-// socketpair), the sender of the consumer's hello (SCM_CREDENTIALS, which
-// only a privileged process can forge). Where the kernel has pidfds, the
-// process named is pinned when Share begins, and the consumer must be that
-// very process, not a later holder of its PID. Anyone else is refused
+// connected (SO_PEERCRED), whose own the consumer's hello must be (its
+// credentials and, where the kernel sends one, its pidfd: a connected
+// socket handed on to another process is refused), or, over a socket this
+// process made (a socketpair), the sender of the consumer's hello
+// (SCM_CREDENTIALS, which only a privileged process can forge). Where the
+// kernel has pidfds, the process named is pinned when Share begins, and the
+// consumer must be that very process, not a later holder of its PID; its
+// acknowledgement must come from it too. Anyone else is refused
 // (ErrRefused, with the check that failed), before anything is exported,
-// and gets nothing. Where the device shares tokens (ACL), the chunks are
-// exported with an allow-list holding only the consumer; where it shares
-// descriptors (CUDA, the host driver), the descriptors are sent to the
-// consumer alone. The arena must draw from a pool whose chunks are
-// exportable (Config.Chunk.Shareable, or a chunk.Config.Shareable pool)
-// where the device shares descriptors.
+// and is told only which check refused it. Where the device shares tokens
+// (ACL), the chunks are exported with an allow-list holding only the
+// consumer; where it shares descriptors (CUDA, the host driver), the
+// descriptors are sent to the consumer alone. The arena must draw from a
+// pool whose chunks are exportable (Config.Chunk.Shareable, or a
+// chunk.Config.Shareable pool) where the device shares descriptors.
 //
 // Sharing is at chunk granularity: the consumer can read the rest of the
 // chunks that hold b too, so allocate what you share chunk-aligned and
-// alone (Alloc(n, a.ChunkSize())). The shared chunks are never reused by
-// the arena's pool: once the arena lets them go (Truncate and Shrink,
-// Reset, Close) they are freed, and the device keeps the memory for the
-// consumer as long as it maps it. The producer's pool counts them until
-// then. Keep b's bytes in use until Share returns.
+// alone (Alloc(n, a.ChunkSize())). A consumer given read-write access can
+// write any byte of those chunks, zeros included, under the producer. The
+// shared chunks are never reused by the arena's pool: once the arena lets
+// them go (Truncate and Shrink, Reset, Close) they are freed, and the
+// device keeps the memory for the consumer as long as it maps it. The
+// producer's pool counts them until then. Keep b's bytes in use until Share
+// returns: the descriptors sent are duplicates Share took while the arena
+// held the chunks, so a chunk given back meanwhile still reaches the
+// consumer as the memory that was exported (never as a file the
+// descriptor's number names next), but on ACL a token of a freed chunk no
+// longer imports.
 //
 // A failure the consumer reports is a *PeerError (matching ErrPeer, and
-// none of this process's sentinels). Share honours conn's deadlines. An
-// error leaves the arena as it was (chunks exported before the failure stay
-// marked shared).
+// none of this process's sentinels); what this side tells the consumer of a
+// failure of its own is the check or driver call that failed, never an
+// address or descriptor number. Share honours conn's deadlines; ShareContext
+// takes a context too. An error leaves the arena as it was (chunks exported
+// before the failure stay marked shared).
 func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
+	return a.ShareContext(context.Background(), conn, b, opt)
+}
+
+// ShareContext is Share with a context, as net.Dialer.DialContext is Dial:
+// when ctx is done before the hand-over completes, Share stops waiting for
+// the consumer (conn's deadline is set in the past, and the connection is
+// of no further use) and returns an error matching ctx.Err(); once
+// ShareContext has returned, ctx no longer affects conn. A ctx done before
+// the call fails it at once, before anything is read or sent.
+func (a *Arena) ShareContext(ctx context.Context, conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 	const op = "arena: share"
 	switch {
 	case a == nil:
@@ -317,26 +339,42 @@ func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 	if sharing == acl.SharingNone {
 		return fmt.Errorf("%s: %w: %s does not share memory between processes", op, acl.ErrNotSupported, a.drv.Name())
 	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	end := watch(ctx, conn)
+	err := a.share(ctx, conn, b, opt, sharing)
+	if err = end(err); err != nil {
+		return wrapOp(op, err)
+	}
+	return nil
+}
+
+// share is the hand-over of ShareContext, whose arguments it checked.
+func (a *Arena) share(ctx context.Context, conn *net.UnixConn, b Buffer, opt ShareOptions, sharing acl.Sharing) error {
 	want := expect{who: "consumer", pid: opt.PID, user: opt.User, check: opt.Check}
 	notRunning := want.begin()
 	defer want.close()
 
 	// Who is on the other end?
 	if err := ipc.EnableCredentials(conn); err != nil {
-		return fmt.Errorf("%s: %w", op, err)
+		return err
 	}
 	hb := make([]byte, helloLen)
-	peer, err := ipc.RecvPeer(conn, hb)
-	if err != nil {
-		return fmt.Errorf("%s: read the consumer's hello: %w", op, err)
-	}
-	defer peer.Close()
-	step("share:hello")
 	refuse := func(err error) error {
 		status, code, text := failure(err)
 		_ = ipc.Send(conn, offer{status: status, code: code, text: text}.encode(), nil, true)
-		return fmt.Errorf("%s: %w", op, err)
+		return err
 	}
+	peer, err := ipc.RecvPeer(conn, hb)
+	if errors.Is(err, ipc.ErrNotPeer) {
+		return refuse(notPeer("consumer", err))
+	}
+	if err != nil {
+		return fmt.Errorf("read the consumer's hello: %w", err)
+	}
+	defer peer.Close()
+	step("share:hello")
 	if notRunning != nil {
 		return refuse(notRunning)
 	}
@@ -348,37 +386,86 @@ func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 	case err != nil:
 		return refuse(err)
 	case h.sharing != sharing:
-		return refuse(fmt.Errorf("%w: the consumer shares memory as %v, this driver as %v", acl.ErrNotSupported, h.sharing, sharing))
+		return refuse(failed("check sharing form", fmt.Errorf("%w: the consumer shares memory as %v, this driver as %v", acl.ErrNotSupported, h.sharing, sharing)))
 	}
 
 	// What the consumer will see was written before it looks.
-	if err := a.lend.WaitStreams(context.Background(), a.streams); err != nil {
+	if err := a.lend.WaitStreams(ctx, a.streams); err != nil {
 		return refuse(err)
 	}
 	first, handles, err := a.export(b, h.tgid, opt.ReadOnly)
 	if err != nil {
 		return refuse(err)
 	}
+	// The descriptors are this call's own copies: the arena may give the
+	// chunks back from here on, and the driver close its descriptors.
+	defer closeHandles(handles)
 	step("share:exported")
+	sched.At(sched.ShareExported, a)
 	o := offer{sharing: sharing, chunkSize: a.chunkSize, chunks: uint64(len(handles)),
 		off: uint64(b.off) - uint64(first)*a.chunkSize, n: uint64(b.n)}
 	if opt.ReadOnly {
 		o.flags |= flagReadOnly
 	}
 	if err := sendHandles(conn, o, handles); err != nil {
-		return fmt.Errorf("%s: %w", op, err)
+		return err
 	}
 	step("share:offered")
-	k, err := readAck(conn)
+	k, err := readAck(conn, peer)
+	if errors.Is(err, ipc.ErrNotPeer) {
+		return notPeer("consumer", err)
+	}
 	if err != nil {
-		return fmt.Errorf("%s: the consumer did not say it mapped the memory: %w", op, err)
+		return fmt.Errorf("the consumer did not say it mapped the memory: %w", err)
 	}
 	if k.status != statusOK {
-		return fmt.Errorf("%s: %w", op, remote("consumer", k.status, k.code, k.text))
+		return remote("consumer", k.status, k.code, k.text)
 	}
 	step("share:acked")
 	return nil
 }
+
+// aLongTimeAgo is a deadline that has passed: setting it makes a blocked
+// read or write return at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// watch makes conn's reads and writes fail once ctx is done, for the
+// hand-over under way. The function it returns ends the watch: given the
+// hand-over's error, it returns it wrapped in ctx's when ctx ended it. A
+// ctx done just as the hand-over succeeded leaves conn without a deadline.
+func watch(ctx context.Context, conn *net.UnixConn) (end func(error) error) {
+	if ctx.Done() == nil {
+		return func(err error) error { return err }
+	}
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		_ = conn.SetDeadline(aLongTimeAgo)
+	})
+	return func(err error) error {
+		if stop() {
+			return err // ctx had no part in it
+		}
+		<-fired
+		if err == nil {
+			_ = conn.SetDeadline(time.Time{})
+			return nil
+		}
+		return fmt.Errorf("%w: %w", ctx.Err(), err)
+	}
+}
+
+// wrapOp prefixes err with op, the call that failed ("arena: share"),
+// unless err names the package already, which it then says once.
+func wrapOp(op string, err error) error { return &opError{op: op, err: err} }
+
+type opError struct {
+	op  string
+	err error
+}
+
+func (e *opError) Error() string { return e.op + ": " + strings.TrimPrefix(e.err.Error(), "arena: ") }
+func (e *opError) Unwrap() error { return e.err }
 
 // Share is Arena.Share of b's arena: it hands b's memory over conn to the
 // consumer opt names, on the same terms.
@@ -390,16 +477,29 @@ func (b Buffer) Share(conn *net.UnixConn, opt ShareOptions) error {
 }
 
 // export exports the chunks that hold b for the process tgid, and returns
-// the index of the first and their shareable handles.
-func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (int, []acl.ShareableHandle, error) {
+// the index of the first and their shareable handles. A descriptor is
+// returned as a duplicate, taken while the arena's mutex still holds the
+// chunk: the driver's own is the driver's, closed when the chunk is freed,
+// which may happen as soon as the mutex is released, and its number then
+// names the next file this process opens. The caller closes the duplicates
+// (closeHandles).
+func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ int, hs []acl.ShareableHandle, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := b.check("share"); err != nil { // the arena may have changed meanwhile
 		return 0, nil, err
 	}
+	if err := a.lifeNow().err(); err != nil { // closing or going to sleep
+		return 0, nil, err
+	}
 	first := int(uint64(b.off) / a.chunkSize)
 	last := int((uint64(b.off) + uint64(b.n) - 1) / a.chunkSize)
-	hs := make([]acl.ShareableHandle, 0, last-first+1)
+	hs = make([]acl.ShareableHandle, 0, last-first+1)
+	defer func() {
+		if err != nil {
+			closeHandles(hs)
+		}
+	}()
 	export := a.lend.Export
 	if readOnly {
 		export = a.lend.ExportReadOnly
@@ -407,11 +507,27 @@ func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (int, []acl.Shareabl
 	for _, c := range a.chunks[first : last+1] {
 		s, err := export(c, tgid)
 		if err != nil {
-			return 0, nil, err
+			return 0, hs, err
+		}
+		if fd, ok := s.FD(); ok {
+			dup, err := ipc.Dup(fd)
+			if err != nil {
+				return 0, hs, fmt.Errorf("duplicate the descriptor of chunk %d: %w", len(hs), err)
+			}
+			s.Value = uint64(dup)
 		}
 		hs = append(hs, s)
 	}
 	return first, hs, nil
+}
+
+// closeHandles closes the descriptors among hs, which export duplicated.
+func closeHandles(hs []acl.ShareableHandle) {
+	for _, s := range hs {
+		if fd, ok := s.FD(); ok {
+			_ = ipc.Close(fd)
+		}
+	}
 }
 
 // sendHandles sends the offer, with this process's credentials, and the
@@ -427,7 +543,7 @@ func sendHandles(c *net.UnixConn, o offer, hs []acl.ShareableHandle) error {
 			for i, s := range hs[:n] {
 				le.PutUint64(b[8*i:], s.Value)
 			}
-			if err := ipc.Send(c, b, nil, false); err != nil {
+			if err := ipc.Send(c, b, nil, true); err != nil {
 				return err
 			}
 			hs = hs[n:]
@@ -440,7 +556,7 @@ func sendHandles(c *net.UnixConn, o offer, hs []acl.ShareableHandle) error {
 		for i, s := range hs[:n] {
 			fds[i] = int(s.Value)
 		}
-		if err := ipc.Send(c, encodeBatch(n), fds, false); err != nil {
+		if err := ipc.Send(c, encodeBatch(n), fds, true); err != nil {
 			return err
 		}
 		hs = hs[n:]
@@ -449,7 +565,8 @@ func sendHandles(c *net.UnixConn, o offer, hs []acl.ShareableHandle) error {
 }
 
 // readOffer reads an offer and its text, and the producer as the kernel
-// reports it; the caller closes the peer.
+// reports it; the caller closes the peer. The text must come from the
+// producer too.
 func readOffer(c *net.UnixConn) (offer, *ipc.Peer, error) {
 	b := make([]byte, offerLen)
 	peer, err := ipc.RecvPeer(c, b)
@@ -458,32 +575,33 @@ func readOffer(c *net.UnixConn) (offer, *ipc.Peer, error) {
 	}
 	o, n, err := decodeOffer(b)
 	if err == nil {
-		o.text, err = readText(c, n)
+		o.text, err = readText(c, n, peer)
 	}
 	return o, peer, err
 }
 
-// readAck reads an ack and its text.
-func readAck(c *net.UnixConn) (ack, error) {
+// readAck reads an ack and its text, which must come from peer.
+func readAck(c *net.UnixConn, peer *ipc.Peer) (ack, error) {
 	b := make([]byte, ackLen)
-	if _, _, err := ipc.Recv(c, b, 0); err != nil {
+	if _, err := ipc.RecvFrom(c, b, 0, peer); err != nil {
 		return ack{}, err
 	}
 	a, n, err := decodeAck(b)
 	if err != nil {
 		return ack{}, err
 	}
-	a.text, err = readText(c, n)
+	a.text, err = readText(c, n, peer)
 	return a, err
 }
 
-// readText reads a text of n bytes, which decodeOffer or decodeAck bounded.
-func readText(c *net.UnixConn, n uint32) (string, error) {
+// readText reads a text of n bytes, which decodeOffer or decodeAck bounded,
+// from peer.
+func readText(c *net.UnixConn, n uint32, peer *ipc.Peer) (string, error) {
 	if n == 0 {
 		return "", nil
 	}
 	b := make([]byte, n)
-	if _, _, err := ipc.Recv(c, b, 0); err != nil {
+	if _, err := ipc.RecvFrom(c, b, 0, peer); err != nil {
 		return "", err
 	}
 	return string(b), nil
@@ -494,20 +612,33 @@ func readText(c *net.UnixConn, n uint32) (string, error) {
 // (its credentials, checked by the kernel, and for an ACL allow-list the id
 // DeviceGetBareTgid gives), checks who the producer is (cfg.ProducerPID,
 // ProducerUser and ProducerCheck, as the kernel reports it, as Share checks
-// the consumer), checks the offer against the device's granularity, the
-// largest reservation and the budget before it allocates or reads anything
-// for it, reserves address space for exactly the shared chunks, imports and
-// maps them, and tells the producer it is done.
+// the consumer: a producer that connected must be the sender of the offer
+// and of every message after it, so that a connected socket handed on to
+// another process is refused), checks the offer against the device's
+// granularity, the largest reservation and the budget before it allocates
+// or reads anything for it, reserves address space for exactly the shared
+// chunks, imports and maps them, and tells the producer it is done.
 //
 // It fails with an error matching ErrRefused when this process refused the
-// producer or its offer (the error names the check that failed),
+// producer or its offer (the error names the check that failed; the
+// producer is told the check's name and nothing more),
 // acl.ErrNotSupported when the driver cannot share or shares in another
 // form than the producer's, ErrOutOfMemory (chunk.ErrBudget) past the
 // budget, the driver's errors, and a *PeerError (ErrPeer) when the producer
 // reported a failure or refused this process. A failed Import holds
 // nothing; the connection is then of no further use. Import honours conn's
-// deadlines.
+// deadlines; ImportContext takes a context too.
 func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
+	return ImportContext(context.Background(), conn, cfg)
+}
+
+// ImportContext is Import with a context, as net.Dialer.DialContext is
+// Dial: when ctx is done before the hand-over completes, Import stops
+// waiting for the producer (conn's deadline is set in the past, and the
+// connection is of no further use), gives back what it imported, and
+// returns an error matching ctx.Err(); once ImportContext has returned, ctx
+// no longer affects conn. A ctx done before the call fails it at once.
+func ImportContext(ctx context.Context, conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 	const op = "arena: import"
 	if conn == nil {
 		return nil, fmt.Errorf("%s: %w: no connection", op, ErrInvalid)
@@ -527,7 +658,7 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 	case drv == nil:
 		d, err := DefaultDriver()
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", op, err)
+			return nil, wrapOp(op, err)
 		}
 		drv = d
 	}
@@ -535,17 +666,30 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 	if sharing == acl.SharingNone {
 		return nil, fmt.Errorf("%s: %w: %s does not share memory between processes", op, acl.ErrNotSupported, drv.Name())
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	end := watch(ctx, conn)
+	v, err := importOver(conn, cfg, drv, sharing)
+	if err = end(err); err != nil {
+		return nil, wrapOp(op, err)
+	}
+	return v, nil
+}
+
+// importOver is the hand-over of ImportContext, whose arguments it checked.
+func importOver(conn *net.UnixConn, cfg ImportConfig, drv acl.Driver, sharing acl.Sharing) (*Imported, error) {
 	lim, err := importLimits(drv, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
+		return nil, err
 	}
 	tgid, err := drv.DeviceGetBareTgid()
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
+		return nil, err
 	}
 	want := expect{who: "producer", pid: cfg.ProducerPID, user: cfg.ProducerUser, check: cfg.ProducerCheck}
 	if err := want.begin(); err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
+		return nil, err
 	}
 	defer want.close()
 	// A peer that connected is known before it speaks: an impostor is
@@ -555,61 +699,70 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 		verr := want.verify(early)
 		_ = early.Close()
 		if verr != nil {
-			return nil, fmt.Errorf("%s: %w", op, verr)
+			return nil, verr
 		}
 	}
 	if err := ipc.EnableCredentials(conn); err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
+		return nil, err
 	}
 	h := hello{sharing: sharing, tgid: tgid, device: drv.Device()}
 	if cfg.ReadOnly {
 		h.flags |= flagReadOnly
 	}
 	if err := ipc.Send(conn, h.encode(), nil, true); err != nil {
-		return nil, fmt.Errorf("%s: %w", op, err)
+		return nil, err
 	}
 	step("import:hello")
 	o, peer, err := readOffer(conn)
 	defer peer.Close()
 	fail := func(err error) (*Imported, error) {
 		status, code, text := failure(err)
-		_ = ipc.Send(conn, ack{status: status, code: code, text: text}.encode(), nil, false)
-		return nil, fmt.Errorf("%s: %w", op, err)
+		_ = ipc.Send(conn, ack{status: status, code: code, text: text}.encode(), nil, true)
+		return nil, err
 	}
 	if peer == nil {
-		return nil, fmt.Errorf("%s: read the producer's offer: %w", op, err)
+		if errors.Is(err, ipc.ErrNotPeer) {
+			return fail(notPeer("producer", err))
+		}
+		return nil, fmt.Errorf("read the producer's offer: %w", err)
 	}
 	// Who sent the offer comes before what it says.
 	if verr := want.verify(peer); verr != nil {
 		return fail(verr)
 	}
+	if errors.Is(err, ipc.ErrNotPeer) {
+		return fail(notPeer("producer", err))
+	}
 	if err != nil {
 		return fail(fmt.Errorf("read the producer's offer: %w", err))
 	}
 	if o.status != statusOK {
-		return nil, fmt.Errorf("%s: %w", op, remote("producer", o.status, o.code, o.text))
+		return nil, remote("producer", o.status, o.code, o.text)
 	}
 	step("import:offer")
 	if fits, err := lim.check(o); err != nil {
 		if fits {
-			drainHandles(conn, o, 0)
+			drainHandles(conn, o, 0, peer)
 		}
 		return fail(err)
 	}
 	cs := o.chunkSize
 	pool, own, err := importPool(drv, cfg, cs)
 	if err != nil {
-		drainHandles(conn, o, 0)
+		drainHandles(conn, o, 0, peer)
 		return fail(err)
 	}
 	tenant := cfg.Tenant
 	if tenant == 0 {
 		tenant = chunk.NewTenant()
 	}
-	chunks, err := importHandles(conn, o, pool, tenant)
+	chunks, err := importHandles(conn, o, pool, tenant, peer)
 	if err != nil {
 		if own {
 			err = errors.Join(err, pool.Close())
+		}
+		if errors.Is(err, ipc.ErrNotPeer) {
+			err = notPeer("producer", err)
 		}
 		return fail(err)
 	}
@@ -621,10 +774,10 @@ func Import(conn *net.UnixConn, cfg ImportConfig) (*Imported, error) {
 		return fail(err)
 	}
 	step("import:mapped")
-	if err := ipc.Send(conn, ack{status: statusOK}.encode(), nil, false); err != nil {
+	if err := ipc.Send(conn, ack{status: statusOK}.encode(), nil, true); err != nil {
 		// The producer cannot know the memory is mapped: give it back, so
 		// that both ends agree the hand-over failed.
-		return nil, errors.Join(fmt.Errorf("%s: tell the producer: %w", op, err), v.Close())
+		return nil, errors.Join(fmt.Errorf("tell the producer: %w", err), v.Close())
 	}
 	return v, nil
 }
@@ -645,10 +798,11 @@ func importLimits(drv acl.Driver, cfg ImportConfig) (limits, error) {
 	return lim, nil
 }
 
-// importHandles receives the offer's handles, checked by limits.check, and
-// imports them into pool for tenant, a slice at a time. On failure it gives
-// back what it imported, and closes every descriptor it received.
-func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (cs []chunk.Chunk, err error) {
+// importHandles receives the offer's handles from peer, checked by
+// limits.check, and imports them into pool for tenant, a slice at a time.
+// On failure it gives back what it imported, and closes every descriptor it
+// received.
+func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant, peer *ipc.Peer) (cs []chunk.Chunk, err error) {
 	defer func() {
 		if err != nil {
 			for _, ch := range cs {
@@ -662,7 +816,7 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (
 		b := make([]byte, 8*min(n, tokenSlice))
 		for len(cs) < n {
 			k := min(n-len(cs), tokenSlice)
-			if _, _, err := ipc.Recv(c, b[:8*k], 0); err != nil {
+			if _, err := ipc.RecvFrom(c, b[:8*k], 0, peer); err != nil {
 				return cs, err
 			}
 			hs := make([]acl.ShareableHandle, k)
@@ -671,14 +825,14 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (
 			}
 			got := len(cs) + k
 			if cs, err = importAll(pool, t, hs, cs); err != nil {
-				drainHandles(c, o, got)
+				drainHandles(c, o, got, peer)
 				return cs, err
 			}
 		}
 		return cs, nil
 	}
 	for len(cs) < n {
-		fds, err := recvBatch(c, n-len(cs))
+		fds, err := recvBatch(c, n-len(cs), peer)
 		if err != nil {
 			return cs, err
 		}
@@ -691,7 +845,7 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant) (
 		// The driver keeps what it needs of each descriptor.
 		err = errors.Join(err, ipc.CloseAll(fds))
 		if err != nil {
-			drainHandles(c, o, got)
+			drainHandles(c, o, got, peer)
 			return cs, err
 		}
 	}
@@ -714,14 +868,15 @@ func importAll(pool *chunk.Pool, t chunk.Tenant, hs []acl.ShareableHandle, cs []
 // drainHandles reads the handles of an offer whose shape was checked
 // (limits.shape) off the connection, after the first got, a slice at a time,
 // and closes any descriptors among them, so that the connection is left at
-// a message's start. It stops at the first failure.
-func drainHandles(c *net.UnixConn, o offer, got int) {
+// a message's start. It stops at the first failure, or the first message
+// that is not peer's.
+func drainHandles(c *net.UnixConn, o offer, got int, peer *ipc.Peer) {
 	left := int(o.chunks) - got
 	if o.sharing == acl.SharingToken {
 		b := make([]byte, 8*min(max(left, 0), tokenSlice))
 		for left > 0 {
 			k := min(left, tokenSlice)
-			if _, _, err := ipc.Recv(c, b[:8*k], 0); err != nil {
+			if _, err := ipc.RecvFrom(c, b[:8*k], 0, peer); err != nil {
 				return
 			}
 			left -= k
@@ -729,7 +884,7 @@ func drainHandles(c *net.UnixConn, o offer, got int) {
 		return
 	}
 	for left > 0 {
-		fds, err := recvBatch(c, left)
+		fds, err := recvBatch(c, left, peer)
 		if err != nil {
 			return
 		}
@@ -738,10 +893,10 @@ func drainHandles(c *net.UnixConn, o offer, got int) {
 	}
 }
 
-// recvBatch receives one batch of at most left descriptors.
-func recvBatch(c *net.UnixConn, left int) ([]int, error) {
+// recvBatch receives one batch of at most left descriptors from peer.
+func recvBatch(c *net.UnixConn, left int, peer *ipc.Peer) ([]int, error) {
 	b := make([]byte, batchLen)
-	fds, _, err := ipc.Recv(c, b, fdBatch)
+	fds, err := ipc.RecvFrom(c, b, fdBatch, peer)
 	if err != nil {
 		return nil, err
 	}
@@ -800,7 +955,8 @@ func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant
 	}
 	a.member = m
 	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), 30)
-	a.state.Store(frozen) // no Alloc takes the lock-free path
+	a.life.state.Store(uint32(lifeImported)) // no Alloc takes the lock-free path: the word stays frozen
+	a.state.Store(frozen)
 	if err := pool.Lender().MapImported(a.base, chunks, imp.device); err != nil {
 		var left *chunk.LeftMappedError
 		if errors.As(err, &left) {
@@ -814,7 +970,7 @@ func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant
 		for _, c := range chunks {
 			err = errors.Join(err, pool.Lender().Put(c))
 		}
-		return nil, errors.Join(fmt.Errorf("arena: import: %w", err), a.Close())
+		return nil, errors.Join(fmt.Errorf("map the import: %w", err), a.Close())
 	}
 	a.chunks = chunks
 	a.maps = uint64(len(chunks))

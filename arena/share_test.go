@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +26,7 @@ import (
 	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/acl/ipc"
+	"github.com/vmarena/vmarena/acl/ipc/ipctest"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
 )
@@ -37,6 +39,7 @@ import (
 const sharePeerEnv = "VMARENA_SHARE_PEER"
 
 func TestMain(m *testing.M) {
+	ipctest.Child() // a process of the hand-on tests (share_handon_test.go)
 	if s := os.Getenv(sharePeerEnv); s != "" {
 		if err := runPeer(s); err != nil {
 			fmt.Fprintln(os.Stderr, "share peer:", err)
@@ -377,6 +380,18 @@ func consumer(spec peerSpec, conn *net.UnixConn, d *host.Driver, fd *faultdriver
 
 // The tests.
 
+// requireOnePrefix checks that err names the package and the call once:
+// "arena: import: …", never "arena: import: arena: import: …".
+func requireOnePrefix(t *testing.T, err error) {
+	t.Helper()
+	first, _, _ := strings.Cut(err.Error(), "\n")
+	require.True(t, strings.HasPrefix(first, "arena: "), "%q", first)
+	assert.Equal(t, 1, strings.Count(first, "arena: "), "a doubled prefix: %q", first)
+	for _, op := range []string{"import: import:", "share: share:"} {
+		assert.NotContains(t, first, op)
+	}
+}
+
 func newShareHost(t *testing.T) *host.Driver {
 	t.Helper()
 	d, err := host.New(host.Config{Capacity: 256 << 20})
@@ -535,7 +550,7 @@ func TestShareRefusesOthers(t *testing.T) {
 		name, check string
 		opt         func(pid int) arena.ShareOptions
 	}{
-		{"pid", "check pid", func(pid int) arena.ShareOptions { return arena.ShareOptions{PID: pid + 100000} }},
+		{"pid", "check pid", func(pid int) arena.ShareOptions { return arena.ShareOptions{PID: pid + 1000000} }},
 		{"uid", "check user", func(pid int) arena.ShareOptions { return arena.ShareOptions{PID: pid, User: arena.UserID(other)} }},
 		{"check", "check function", func(pid int) arena.ShareOptions {
 			return arena.ShareOptions{PID: pid, Check: func(c ipc.Cred) error {
@@ -560,6 +575,11 @@ func TestShareRefusesOthers(t *testing.T) {
 			r := p.reply()
 			assert.True(t, r.PeerSaid && r.Peer, "the consumer hears it was refused: %s", r.Err)
 			assert.False(t, r.Refused, "as the producer's word, not its own refusal: %s", r.Err)
+			// It hears which check, and not whom the producer expected.
+			assert.Contains(t, r.Err, fmt.Sprintf("the producer refused: %q", tc.check))
+			for _, secret := range []string{fmt.Sprint(p.pid() + 1000000), fmt.Sprintf("uid %d", other), "not this one"} {
+				assert.NotContains(t, r.Err, secret)
+			}
 			assert.True(t, r.Live.Zero(), "and holds nothing: %+v", r.Live)
 			assert.Zero(t, a.Pool().Stats().Exported, "nothing was exported")
 			p.send('q')
@@ -776,6 +796,8 @@ func TestImportFaults(t *testing.T) {
 		if err != nil {
 			require.Equal(t, int64(1), fd.Injected(faultdriver.Any), "position %d: %v", pos, err)
 			assert.NotEmpty(t, r.Err, "position %d: the producer hears the import failed", pos)
+			requireOnePrefix(t, err)
+			assert.NotRegexp(t, `0x[0-9a-f]|fd [0-9]`, r.Err, "position %d: the producer hears no address or descriptor", pos)
 		} else {
 			require.Empty(t, r.Err)
 			got, err := d.Bytes(v.Buffer().Ptr(), 32) // not through fd, which counts the call
@@ -817,6 +839,8 @@ func TestShareFaults(t *testing.T) {
 		if err != nil {
 			require.Equal(t, int64(1), injected, "position %d: %v", pos, err)
 			assert.NotEmpty(t, r.Err, "position %d: the consumer hears the share failed", pos)
+			requireOnePrefix(t, err)
+			assert.NotRegexp(t, `0x[0-9a-f]|fd [0-9]`, r.Err, "position %d: the consumer hears no address or descriptor", pos)
 			assert.True(t, r.Live.Zero(), "position %d: the consumer holds nothing: %+v", pos, r.Live)
 		} else {
 			require.Empty(t, r.Err)
@@ -872,7 +896,8 @@ func TestShareRefusals(t *testing.T) {
 	err = a.Share(p.conn, b, arena.ShareOptions{PID: p.pid()})
 	require.ErrorIs(t, err, acl.ErrInvalidParam)
 	r := p.reply()
-	assert.Contains(t, r.Err, "not exportable")
+	assert.Contains(t, r.Err, `"aclrtMemExportToShareableHandle failed" (ACL code 107000)`, "the call that failed, and its code")
+	assert.NotContains(t, r.Err, "0x", "no handle or address")
 	assert.True(t, r.Peer && !r.Refused, "the producer's word: %s", r.Err)
 	p.send('q')
 	assert.False(t, p.wait())

@@ -138,7 +138,7 @@ type sleepState struct {
 
 // sleeper is the arena's sleep and wake state (see Arena.sl).
 type sleeper struct {
-	asleep atomic.Bool   // set under mu; read without it by copies and the pool
+	growth chunk.Growth  // Wake's, in the protocol's loop
 	gen    atomic.Uint64 // advanced by Sleep, Wake and Shrink
 	tag    Tag
 	st     *sleepState // under mu
@@ -157,7 +157,13 @@ func (a *Arena) Tag() Tag {
 
 // Asleep reports whether the arena is asleep: Sleep gave its memory back and
 // Wake has not brought it back.
-func (a *Arena) Asleep() bool { return a != nil && a.sl.asleep.Load() }
+func (a *Arena) Asleep() bool {
+	if a == nil {
+		return false
+	}
+	l := a.lifeNow()
+	return l == lifeAsleep || l == lifeWaking
+}
 
 // Generation counts the changes of the arena's backing: every Sleep, Wake
 // and Shrink that changed it advances it by one. Whatever registered the
@@ -234,7 +240,7 @@ func (a *Arena) DropHostCopy() error {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.sl.asleep.Load() && a.sl.st.mode == Offload {
+	if a.sl.st != nil && a.sl.st.mode == Offload { // asleep, or waking
 		return fmt.Errorf("arena: drop host copy: %w: it holds the contents", ErrAsleep)
 	}
 	return a.freeHost()
@@ -291,11 +297,12 @@ func (a *Arena) Sleep(ctx context.Context, mode SleepMode) error {
 	if mode != Discard && mode != Offload {
 		return fmt.Errorf("arena: sleep: %w: mode %v", ErrInvalid, mode)
 	}
-	if err := a.lockSleep(); err != nil {
+	l, err := a.lockSleep(ctx)
+	if err != nil {
 		return fmt.Errorf("arena: sleep: %w", err)
 	}
 	var note BackingChange
-	err := a.sleepLocked(ctx, mode, &note)
+	err = a.sleepLocked(ctx, l, mode, &note)
 	a.mu.Unlock()
 	if note.Cause != 0 {
 		a.notify(note)
@@ -306,70 +313,93 @@ func (a *Arena) Sleep(ctx context.Context, mode SleepMode) error {
 	return nil
 }
 
-// lockSleep takes mu for Sleep or Wake, or says why it cannot.
-func (a *Arena) lockSleep() error {
+// lockSleep takes mu for Sleep or Wake, once a transition under way (a
+// Close, a Sleep, a Wake) has ended, and returns the arena's state: asleep
+// or open. It says why it cannot: closed, imported, or ctx done while it
+// waited.
+func (a *Arena) lockSleep(ctx context.Context) (lifecycle, error) {
 	if a == nil {
-		return ErrClosed
+		return 0, ErrClosed
 	}
 	if a.drv == nil {
-		return errNotMade
+		return 0, errNotMade
 	}
-	a.mu.Lock()
-	switch {
-	case a.closed.Load():
-		a.mu.Unlock()
-		return ErrClosed
-	case a.imp != nil:
-		a.mu.Unlock()
-		return errFixed
+	l, err := a.awaitTransition(ctx)
+	if err != nil {
+		return 0, err
 	}
-	return nil
+	if l == lifeClosed || l == lifeImported {
+		a.mu.Unlock()
+		return 0, l.err()
+	}
+	return l, nil
 }
 
-func (a *Arena) sleepLocked(ctx context.Context, mode SleepMode, note *BackingChange) error {
-	if a.sl.asleep.Load() {
-		return a.freeHeld()
-	}
+// sharedErr refuses to sleep an arena that lends a chunk to another process.
+// Call with mu held.
+func (a *Arena) sharedErr() error {
 	for _, c := range a.chunks {
 		if a.lend.Shared(c) {
 			return fmt.Errorf("%w: a chunk is exported; Sleep refuses until the arena gives the shared memory back", ErrShared)
 		}
 	}
+	return nil
+}
+
+// sleepLocked is Sleep of an arena in state l (open or asleep), with mu
+// held; it returns with mu held, having released it while it waited for the
+// device (the arena sleeping meanwhile).
+func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, note *BackingChange) error {
+	if l == lifeAsleep {
+		return a.freeHeld()
+	}
+	if err := a.sharedErr(); err != nil {
+		return err
+	}
 	defer trace.StartRegion(ctx, RegionSleep).End()
 	s := a.freeze()
-	l := s & lenMask
+	n := s & lenMask
+	awake := func(err error) error { // the Sleep did not happen: the arena is as it was
+		a.setLife(lifeOpen)
+		a.thaw(s, n)
+		return err
+	}
+	a.setLife(lifeSleeping) // growths and reliefs for the arena stop
+	a.mu.Unlock()
+	a.member.Interrupt() // its waiters' retries fail with ErrAsleep
 	// The chunks still waiting in the pool for the device lie in the
 	// reservation: take them back, to free with the rest once the device is
-	// done with them.
-	back := a.lend.ReclaimRange(a.base, uintptr(a.reserved))
-	a.closing.Store(true) // a relief skips the arena instead of waiting for the device with it
-	werr := a.lend.WaitStreams(ctx, a.streams)
-	a.closing.Store(false)
+	// done with them, waiting (holding nothing) for a relief to unmap those it
+	// took.
+	back, werr := a.reclaimAll(ctx)
+	if werr == nil {
+		werr = a.lend.WaitStreams(ctx, a.streams)
+	}
+	a.mu.Lock()
 	if werr != nil {
-		a.thaw(s, l)
-		return errors.Join(werr, a.dropMapped(back))
+		return awake(errors.Join(werr, a.dropMapped(back)))
 	}
 	for _, m := range back {
 		a.maps++ // strays: mapped above Cap
 		a.strays = append(a.strays, stray{m.At, m.C})
 	}
+	if err := a.sharedErr(); err != nil {
+		return awake(err)
+	}
 	if err := a.freeStrays(); err != nil {
-		a.thaw(s, l)
-		return err
+		return awake(err)
 	}
 	if a.ownPool {
 		if err := a.pool.Trim(); err != nil {
-			a.thaw(s, l)
-			return err
+			return awake(err)
 		}
 	}
-	if mode == Offload && l > 0 {
-		if err := a.hostFor(l); err != nil {
-			a.thaw(s, l)
-			return err
+	if mode == Offload && n > 0 {
+		if err := a.hostFor(n); err != nil {
+			return awake(err)
 		}
 	}
-	st := &sleepState{mode: mode, slots: make([]slot, len(a.chunks)), len: l}
+	st := &sleepState{mode: mode, slots: make([]slot, len(a.chunks)), len: n}
 	for i, c := range a.chunks {
 		st.slots[i] = slot{c: c}
 	}
@@ -392,8 +422,7 @@ func (a *Arena) sleepLocked(ctx context.Context, mode SleepMode, note *BackingCh
 		for i, sl := range st.slots {
 			a.chunks[i] = sl.c
 		}
-		a.thaw(s, l)
-		return err
+		return awake(err)
 	}
 	// Asleep: Cap 0, Len kept, the state word frozen for good (every Alloc
 	// goes to the slow path and finds ErrAsleep).
@@ -401,9 +430,13 @@ func (a *Arena) sleepLocked(ctx context.Context, mode SleepMode, note *BackingCh
 	clear(a.chunks)
 	a.chunks = a.chunks[:0]
 	a.cap.Store(0)
-	a.state.Store((s+epochOne)&epochMask | l | frozen)
+	e := a.nextEpoch(s)
+	if mode == Discard && n > 0 {
+		a.dropped(e, 0) // the bytes are gone: every buffer is stale
+	}
+	a.state.Store(e | n | frozen)
 	a.sl.st = st
-	a.sl.asleep.Store(true)
+	a.setLife(lifeAsleep)
 	a.member.Dropped() // growths waiting for memory may take it now
 	*note = a.changed(BackingSlept)
 	a.logSleep(EventSleep, mode, len(st.slots))
@@ -572,11 +605,14 @@ func (a *Arena) freeHeld() error { return a.freeHeldOf(a.sl.st) }
 // asleep with its host copy intact, and Wake can be retried. Wake of an awake
 // arena does nothing; ctx is checked before any driver call.
 func (a *Arena) Wake(ctx context.Context) error {
-	if err := a.lockSleep(); err != nil {
+	l, err := a.lockSleep(ctx)
+	if err != nil {
 		return fmt.Errorf("arena: wake: %w", err)
 	}
 	var note BackingChange
-	err := a.wakeLocked(ctx, &note)
+	if l == lifeAsleep {
+		err = a.wakeLocked(ctx, &note)
+	}
 	a.mu.Unlock()
 	if note.Cause != 0 {
 		a.notify(note)
@@ -587,10 +623,10 @@ func (a *Arena) Wake(ctx context.Context) error {
 	return nil
 }
 
+// wakeLocked wakes a sleeping arena, with mu held: it maps the slots back
+// through the protocol's loop (chunk.Lender.Grow), which releases mu while it
+// waits for memory (the arena waking meanwhile), and returns with mu held.
 func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
-	if !a.sl.asleep.Load() {
-		return nil
-	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -599,7 +635,11 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	if err := a.trimSlots(st); err != nil {
 		return err
 	}
-	if err := a.restoreRelieving(ctx, &st); err != nil || st == nil {
+	a.setLife(lifeWaking)
+	err := a.lend.Grow(ctx, &a.sl.growth, a.tenant, &waker{a, st}, chunk.MayRelieve)
+	a.sl.growth.End()
+	if err != nil {
+		a.setLife(lifeAsleep)
 		return err
 	}
 	// Awake: the chunks are where they were, and Len with them.
@@ -610,7 +650,7 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	a.maps += uint64(len(st.slots))
 	a.cap.Store(uint64(len(a.chunks)) * a.chunkSize)
 	a.sl.st = nil
-	a.sl.asleep.Store(false)
+	a.setLife(lifeOpen)
 	s := a.state.Load()
 	a.thaw(s, s&lenMask)
 	*note = a.changed(BackingWoke)
@@ -620,43 +660,38 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	return nil
 }
 
-// restoreRelieving restores st as restore does and, when the pool has no
-// room, releases mu (holding no chunk) while the pool relieves the pressure
-// for the chunks it lacks, then tries again, as a growth does (see
-// growLocked). It sets *st to nil when another Wake or a Close got there
-// while mu was released. Call with mu held; it returns with mu held.
-func (a *Arena) restoreRelieving(ctx context.Context, st **sleepState) (err error) {
-	var have []chunk.Chunk
-	defer func() { err = errors.Join(err, a.putChunks(have)) }()
-	for round := 0; ; round++ {
-		err := a.restore(*st, false, &have)
-		missing := 0
-		for _, s := range (*st).slots {
-			if s.state == slotGone {
-				missing++
-			}
-		}
-		if err == nil || !errors.Is(err, ErrOutOfMemory) || missing == 0 || round == growRounds {
-			return err
-		}
-		if perr := a.putChunks(have); perr != nil {
-			return errors.Join(err, perr)
-		}
-		a.mu.Unlock()
-		var rerr error
-		have, rerr = a.lend.Relieve(ctx, a.tenant, missing, nil, err)
-		a.mu.Lock()
-		switch {
-		case rerr != nil:
-			return rerr
-		case a.closed.Load():
-			return ErrClosed
-		case !a.sl.asleep.Load() || a.sl.st != *st:
-			*st = nil // another Wake did it
-			return nil
+// waker is Wake's side of its growth (a chunk.Placer): restore the slots of
+// st, under mu. The arena is waking meanwhile: nothing else changes it.
+type waker struct {
+	a  *Arena
+	st *sleepState
+}
+
+func (w *waker) Place(have []chunk.Chunk) (chunk.Step, error) {
+	err := w.a.restore(w.st, false, &have)
+	perr := w.a.putChunks(have) // what the relief found beyond the need
+	if err == nil || perr != nil || !errors.Is(err, ErrOutOfMemory) {
+		return chunk.Step{}, errors.Join(err, perr)
+	}
+	missing := 0
+	for _, s := range w.st.slots {
+		if s.state == slotGone {
+			missing++
 		}
 	}
+	if missing == 0 {
+		return chunk.Step{}, err
+	}
+	return chunk.Step{Missing: missing, Short: err}, nil
 }
+
+func (w *waker) Unlock() <-chan struct{} {
+	stop := w.a.lifeChanged()
+	w.a.mu.Unlock()
+	return stop
+}
+
+func (w *waker) Lock() { w.a.mu.Lock() }
 
 // takeChunks returns n chunks: from *have first, then free in the pool now.
 func (a *Arena) takeChunks(n int, have *[]chunk.Chunk) ([]chunk.Chunk, error) {

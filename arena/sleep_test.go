@@ -141,8 +141,12 @@ func TestSleepDiscard(t *testing.T) {
 	require.Zero(t, e.hd.Live().HostBuffers, "discard copies nothing")
 	require.NoError(t, a.Wake(context.Background()))
 	require.Equal(t, ptr, b.Ptr())
-	// The host driver's fresh memory is zero: the old bytes are gone.
-	require.Equal(t, make([]byte, b.Len()), contents(t, b))
+	// The allocation went with the bytes: the buffer is stale, and a view
+	// of what lies there now reads the host driver's fresh memory, zero.
+	require.ErrorIs(t, arena.CopyOut(make([]byte, 1), b), arena.ErrStale)
+	now, err := a.Slice(b.Offset(), b.Len())
+	require.NoError(t, err)
+	require.Equal(t, make([]byte, b.Len()), contents(t, now))
 }
 
 // A hundred cycles leave nothing behind: no physical byte while asleep, the

@@ -92,7 +92,11 @@ func (a *Arena) wait(ctx context.Context, asked uint64, try func() error) error 
 		o.oom(a, asked, err)
 		return err // more than the budget could ever give this arena
 	}
-	w, qerr := a.member.Enqueue(mark)
+	need := 1
+	if l, c := a.state.Load()&lenMask, a.cap.Load(); l+asked > c {
+		need = int((a.roundUp(l+asked) - c) / a.chunkSize)
+	}
+	w, qerr := a.member.Enqueue(mark, &a.growth, need)
 	if qerr != nil {
 		return errors.Join(err, fmt.Errorf("arena: wait for memory: %w", qerr))
 	}

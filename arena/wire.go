@@ -1,9 +1,11 @@
 package arena
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -60,8 +62,30 @@ const (
 
 // errProtocol is the refusal of a message that breaks the protocol.
 func errProtocol(what string, args ...any) error {
-	return fmt.Errorf("%w: the peer broke the protocol: %s", ErrRefused, fmt.Sprintf(what, args...))
+	return &checkError{check: "check protocol",
+		err: fmt.Errorf("%w: the peer broke the protocol: %s", ErrRefused, fmt.Sprintf(what, args...))}
 }
+
+// checkError is a check of the hand-over that failed. The peer is told the
+// check's name (check pid, check budget, check protocol, …) and nothing
+// more: not whom this side expected, nor any address or descriptor number;
+// the error this process returns says it all.
+type checkError struct {
+	check string
+	err   error
+}
+
+func (e *checkError) Error() string { return e.err.Error() }
+func (e *checkError) Unwrap() error { return e.err }
+
+// refused returns the refusal of the peer by check, matching ErrRefused,
+// with what this process says of it.
+func refused(check, format string, args ...any) error {
+	return &checkError{check: check, err: fmt.Errorf("%w: %s: %w", ErrRefused, check, fmt.Errorf(format, args...))}
+}
+
+// failed returns the failure of check, err (which says what it matches).
+func failed(check string, err error) error { return &checkError{check: check, err: err} }
 
 // hello is the consumer's first message.
 type hello struct {
@@ -202,9 +226,9 @@ func (lim limits) check(o offer) (fits bool, err error) {
 	cs := o.chunkSize
 	switch {
 	case lim.chunkSize != 0 && cs != lim.chunkSize:
-		return true, fmt.Errorf("%w: check chunk size: the producer's chunks are %d bytes, the pool's %d", ErrInvalid, cs, lim.chunkSize)
+		return true, failed("check chunk size", fmt.Errorf("%w: check chunk size: the producer's chunks are %d bytes, the pool's %d", ErrInvalid, cs, lim.chunkSize))
 	case lim.budget != 0 && o.chunks*cs > lim.budget:
-		return true, fmt.Errorf("%w: %w: check budget: the producer shares %d bytes, the budget is %d", chunk.ErrBudget, ErrOutOfMemory, o.chunks*cs, lim.budget)
+		return true, failed("check budget", fmt.Errorf("%w: %w: check budget: the producer shares %d bytes, the budget is %d", chunk.ErrBudget, ErrOutOfMemory, o.chunks*cs, lim.budget))
 	}
 	return true, nil
 }
@@ -214,17 +238,17 @@ func (lim limits) shape(o offer) error {
 	cs := o.chunkSize
 	switch {
 	case o.sharing != lim.sharing:
-		return fmt.Errorf("%w: the producer shares memory as %v, this driver as %v", acl.ErrNotSupported, o.sharing, lim.sharing)
+		return failed("check sharing form", fmt.Errorf("%w: the producer shares memory as %v, this driver as %v", acl.ErrNotSupported, o.sharing, lim.sharing))
 	case cs == 0 || lim.gran == 0 || cs%lim.gran != 0:
-		return fmt.Errorf("%w: check chunk size: %d bytes is not a multiple of the device's granularity %d", ErrRefused, cs, lim.gran)
+		return refused("check chunk size", "%d bytes is not a multiple of the device's granularity %d", cs, lim.gran)
 	case cs > lim.maxReserve:
-		return fmt.Errorf("%w: check chunk size: %d bytes, more than the largest reservation %d", ErrRefused, cs, lim.maxReserve)
+		return refused("check chunk size", "%d bytes, more than the largest reservation %d", cs, lim.maxReserve)
 	case o.chunks == 0 || o.chunks > lim.maxReserve/cs:
-		return fmt.Errorf("%w: check chunk count: %d chunks of %d bytes do not fit the largest reservation %d", ErrRefused, o.chunks, cs, lim.maxReserve)
+		return refused("check chunk count", "%d chunks of %d bytes do not fit the largest reservation %d", o.chunks, cs, lim.maxReserve)
 	case o.n == 0 || o.off >= cs || o.n > o.chunks*cs-o.off:
-		return fmt.Errorf("%w: check buffer: [%d, +%d) does not lie in %d chunks of %d bytes from the first", ErrRefused, o.off, o.n, o.chunks, cs)
+		return refused("check buffer", "[%d, +%d) does not lie in %d chunks of %d bytes from the first", o.off, o.n, o.chunks, cs)
 	case o.off+o.n <= (o.chunks-1)*cs:
-		return fmt.Errorf("%w: check buffer: [%d, +%d) leaves the last of %d chunks of %d bytes empty", ErrRefused, o.off, o.n, o.chunks, cs)
+		return refused("check buffer", "[%d, +%d) leaves the last of %d chunks of %d bytes empty", o.off, o.n, o.chunks, cs)
 	}
 	return nil
 }
@@ -326,7 +350,9 @@ func sanitize(s string) string {
 }
 
 // failure turns an error into the status, ACL code and text that tell the
-// peer about it.
+// peer about it: the text says which check or call failed, in words that
+// carry nothing of this process (no address, descriptor number, or whom a
+// check expected).
 func failure(err error) (status uint32, code int32, text string) {
 	status = statusFailed
 	if errors.Is(err, ErrRefused) {
@@ -343,7 +369,36 @@ func failure(err error) (status uint32, code int32, text string) {
 			code = acl.ErrCodeInvalidParam
 		}
 	}
-	return status, code, err.Error()
+	return status, code, describe(err)
+}
+
+// describe names what failed: the check, the ACL call, or the kind of
+// failure.
+func describe(err error) string {
+	if ce, ok := errors.AsType[*checkError](err); ok {
+		return ce.check
+	}
+	if ae, ok := errors.AsType[*acl.Error](err); ok {
+		return ae.Op + " failed"
+	}
+	for _, k := range []struct {
+		err  error
+		what string
+	}{
+		{context.Canceled, "cancelled"},
+		{context.DeadlineExceeded, "timed out"},
+		{os.ErrDeadlineExceeded, "timed out"},
+		{ErrStale, "the buffer is stale"},
+		{ErrClosed, "closed"},
+		{ErrOutOfMemory, "out of memory"},
+		{acl.ErrNotSupported, "not supported"},
+		{ErrInvalid, "invalid argument"},
+	} {
+		if errors.Is(err, k.err) {
+			return k.what
+		}
+	}
+	return "failed"
 }
 
 // ErrPeer is matched by every error the other process of a Share or Import

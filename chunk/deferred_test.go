@@ -298,13 +298,14 @@ func TestReclaimInPlace(t *testing.T) {
 	require.NoError(t, e.p.Lender().ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
 	// (The worker polls the event meanwhile: count the calls that map.)
 	maps, unmaps := e.fd.Calls(faultdriver.MapMem), e.fd.Calls(faultdriver.UnmapMem)
-	c, ok := e.p.Lender().Reclaim(e.base)
+	c, ok, busy := e.p.Lender().Reclaim(e.base)
 	require.True(t, ok)
+	require.True(t, busy.IsZero())
 	assert.Equal(t, e.c, c)
 	assert.Equal(t, maps, e.fd.Calls(faultdriver.MapMem), "no map")
 	assert.Equal(t, unmaps, e.fd.Calls(faultdriver.UnmapMem), "no unmap")
 	assert.Zero(t, e.p.Stats().Pending)
-	_, ok = e.p.Lender().Reclaim(e.base)
+	_, ok, _ = e.p.Lender().Reclaim(e.base)
 	assert.False(t, ok, "taken once")
 	close(kernel)
 	require.NoError(t, e.d.SynchronizeStream(e.s))
@@ -430,9 +431,12 @@ func TestWarm(t *testing.T) {
 // refiller is a Client that counts its refills.
 type refiller struct{ n atomic.Int64 }
 
-func (r *refiller) Reclaimable(chunk.Ticket) (int, bool)                           { return 0, false }
-func (r *refiller) Give(int, chunk.Ticket, func([]chunk.Mapped, []acl.Stream)) int { return 0 }
-func (r *refiller) Refill()                                                        { r.n.Add(1) }
+func (r *refiller) Reclaimable(chunk.Ticket) (int, bool) { return 0, false }
+func (r *refiller) Held() int                            { return 0 }
+func (r *refiller) Give(int, chunk.Ticket, func([]chunk.Mapped, []acl.Stream)) (int, bool) {
+	return 0, false
+}
+func (r *refiller) Refill() { r.n.Add(1) }
 func (r *refiller) waitFor(t *testing.T, n int64) {
 	t.Helper()
 	require.Eventually(t, func() bool { return r.n.Load() >= n }, 5*time.Second, 50*time.Microsecond,

@@ -13,12 +13,14 @@
 //	none ──Warm, Config.Ahead (worker)──▶ cached
 //	cached ──Acquire (hit)──▶ out;  out ──Put──▶ cached (cache full: FreePhysical ──▶ none)
 //	mapped ──SyncDevice, Release──▶ out                   (the device-wide fallback)
-//	mapped ──ReleaseAfter──▶ waiting ──events done: unmap (worker)──▶ cached
-//	mapped ──Give (a member, to a relief)──▶ claimed ──its events done: unmap──▶ out, the growth's
-//	claimed ──the relief gives up──▶ waiting
-//	waiting ──Reclaim (its tenant grows into it again)──▶ mapped
+//	mapped ──ReleaseAfter, or Give to a relief──▶ waiting for the device ──unmapped──▶ cached, or a growth's
 //	cached ──Trim/Close, or a peer pool's device OOM (FreePhysical)──▶ none
 //	out ──Free (an arena going to sleep: FreePhysical, never cached)──▶ none
+//
+// A chunk waiting for the device is waiting, claimed by a relief, or being
+// unmapped; its member may take it back where it lies (ReclaimRun). Those
+// states, and the growth's, are the protocol's (protocol.go), told in
+// docs/design.md ("Pressure").
 //
 // Only unmapped chunks go back with Put. A chunk in the cache holds physical
 // memory but no mapping, so the next Acquire skips the driver's most
@@ -64,21 +66,17 @@
 //
 // Memory a tenant drops (an arena's Truncate or Reset) stays mapped where it
 // is, so that reusing it costs no driver call. The pool takes it back only
-// when someone needs it: when a growth finds the budget or the device full
-// (its TakeFree fell short), the growth lets go of its own lock and of every
-// chunk, and Relieve takes chunks for it: from members ([Member], [Client]:
-// the arenas that joined it) that hold chunks mapped beyond what they use
-// and what they promised (idle members first, least recently used first),
-// and chunks waiting for the device; it waits for the device to
-// finish with those chunks only, hands them to the growth, and, if the device
-// itself is out of memory, asks the other pools on the device to free their
-// caches. Reliefs choose one at a time, in ticket order, and a growth a
-// relief chose for keeps its ticket and is protected from younger reliefs
-// ([Growth], [Ticket]), so two growths that need each other's idle memory
-// cannot both fail or take it from each other in turn. A
-// member's lock is never held by anyone waiting for memory, so a relief takes
-// it with a plain Lock and never skips a member as busy. The protocol, its
-// invariants and its liveness promise are in docs/design.md ("Pressure").
+// when someone needs it: a growth that finds the budget or the device full
+// runs the protocol's one loop (Lender.Grow, over the member's Placer),
+// which waits holding nothing (the member's lock released, no chunk kept)
+// while a relief takes idle chunks from the pool's members ([Member],
+// [Client]) and chunks waiting for the device, waits for the device to
+// finish with those only, and hands them to the growth. Reliefs choose one
+// at a time, in ticket order, and a growth a relief chose for is protected
+// from younger ones ([Growth], [Ticket]). Nobody waits holding a member's
+// lock, a relief never waits for one, and the worker never waits at all.
+// The protocol, its states, its invariants and its liveness promise are in
+// docs/design.md ("Pressure").
 //
 // # The pool and its lender
 //
@@ -106,8 +104,9 @@
 // stopped by Close (worker.go). It unmaps the chunks whose events completed,
 // refills the headroom of members that asked (Member.WantRefill, which an
 // arena's lock-free Alloc calls without blocking or allocating) with memory
-// that is free now (TryAcquire: it never reclaims, never passes the budget,
-// and takes nothing while an Acquire relieves pressure), and keeps
+// that is free now (a speculative growth, TryAcquire: it never reclaims,
+// never passes the budget, never waits, and takes nothing while a growth
+// relieves pressure), and keeps
 // Config.Ahead fresh chunks in the cache. Waking a parked goroutine costs the
 // waker a system call (tens of microseconds in a virtual machine), so a
 // worker asked for something in the last 50 ms polls instead, every 250 µs
@@ -164,14 +163,15 @@
 //
 // A growth that would rather wait than fail queues in the pool
 // (Lender.Mark, Member.Enqueue, Waiter): first come first served, woken
-// without polling whenever memory may have come back, a failed growth of
-// another member included (wait.go). Config.Logger receives the pool's
+// without polling whenever memory may have come back in any pool on the
+// device, and failed at once (ErrDeadlock) when every member holding the
+// memory waits too (wait.go). Config.Logger receives the pool's
 // events (scrubs, reliefs, device waits, releases, failures) through
 // log/slog (observe.go); every driver call and slow path runs in a
 // runtime/trace region (trace.go).
 //
 // A Pool is safe for concurrent use; its mutex is never held across a
 // driver call, and is always taken after an arena's, never before. Its
-// reliefMu (one relief choosing at a time) is taken before a member's lock,
-// by a relief that holds no member's lock.
+// reliefMu (one relief choosing at a time) is held only to choose: a member's
+// lock is tried under it, never waited for.
 package chunk

@@ -22,7 +22,7 @@ const (
 	// EventScrub: chunks were cleared for a new tenant (Debug). Attributes:
 	// at (the first chunk's address), chunks, fresh, moved, queued.
 	EventScrub = "pool.scrub"
-	// EventRelieve: an Acquire found no room and relieved the pressure
+	// EventRelieve: a growth (or an Acquire) found no room and relieved the pressure
 	// (Debug). Attributes: need and freed (chunks), reclaimed (from
 	// members), peer_trimmed (freed by other pools on the device), cause
 	// ("budget" or "device"), dur.

@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/internal/units"
@@ -19,7 +17,8 @@ import (
 // Get would take the pool past Config.Budget and nothing could be reclaimed.
 var ErrBudget = errors.New("chunk: pool budget exhausted")
 
-// errBudgetShort is take's shortage of budget; acquire words the error.
+// errBudgetShort is take's shortage of budget; a growth that fails words
+// the error afresh (Pool.failed).
 var errBudgetShort = fmt.Errorf("%w: %w", ErrBudget, acl.ErrOutOfMemory)
 
 // ErrClosed is returned by a Pool after Close.
@@ -215,9 +214,12 @@ type Pool struct {
 	// memory or for the device; a member's Give runs under it.
 	reliefMu sync.Mutex
 	tickets  uint64 // the last relief's Ticket
-	// relieving counts the Acquires relieving pressure now. TryAcquire
+	// relieving counts the growths relieving pressure now. TryAcquire
 	// stands aside meanwhile: a refill would take the memory they free.
 	relieving atomic.Int32
+	// growing counts the growths under way (Lender.Grow), speculative ones
+	// included: while one is, memory may move (wait.go, ErrDeadlock).
+	growing atomic.Int32
 	// freeing counts the chunks on their way back to the driver: still
 	// held, no longer cached (see free).
 	freeing int
@@ -386,72 +388,95 @@ func (p Lender) GetFor(t Tenant) (Chunk, error) {
 // Acquire returns n chunks for tenant t, all or none: from the cache first
 // (preferring chunks that hold t's bytes or zeros, so that they need no
 // scrub), then from the driver. When the budget or the device has no room,
-// it relieves the pressure as Relieve does, for no growth in particular. It
-// fails with an error matching acl.ErrOutOfMemory (and ErrBudget, when the
-// budget refused) when that is not enough, and with ErrClosed after Close. n
-// chunks that exceed the budget by themselves fail at once, before any
-// driver call. The caller must hold no lock that a member's Give takes (see
-// Client).
-func (p Lender) Acquire(t Tenant, n int) ([]Chunk, error) {
-	return p.acquire(context.Background(), nil, t, n, relieve, nil, nil)
-}
-
-// Relieve returns n chunks for tenant t, all or none, for the growth g,
-// after a TakeFree fell short for the reason short: it relieves the pressure
-// and takes them. It takes chunks that the pool's members hold mapped but
+// it relieves the pressure as any growth does (Lender.Grow), for no growth
+// of a member: it takes chunks that the pool's members hold mapped but
 // unused (idle ones first, least recently used first, and never what a
 // growth a relief chose before is growing into, see Growth) and chunks
 // waiting for the device, waits for the device to finish with those (and
-// only those; cut short when ctx is done), and, when the device is out of
-// memory, asks the other pools on the device to free their caches. It holds
-// no chunk while it waits. It fails as Acquire does, and when ctx is done.
-// The caller must hold no lock that a member's Give takes (see Client).
-func (p Lender) Relieve(ctx context.Context, t Tenant, n int, g *Growth, short error) ([]Chunk, error) {
-	if short == nil || !errors.Is(short, acl.ErrOutOfMemory) {
-		return nil, fmt.Errorf("chunk: relieve: %w: the shortage %v is not a lack of memory", acl.ErrInvalidParam, short)
+// only those), and, when the device is out of memory, asks the other pools
+// on the device to free their caches. It holds no chunk while it waits. It
+// fails with an error matching acl.ErrOutOfMemory (and ErrBudget, when the
+// budget refused) when that is not enough, and with ErrClosed after Close.
+// n chunks that exceed the budget by themselves fail at once, before any
+// driver call.
+func (p Lender) Acquire(t Tenant, n int) ([]Chunk, error) {
+	if err := p.checkAsk(n); err != nil {
+		return nil, err
 	}
-	return p.acquire(ctx, nil, t, n, relieve, g, short)
+	if t == 0 {
+		t = NewTenant()
+	}
+	tk := &taker{p: p.Pool, t: t, n: n}
+	var g Growth
+	if err := p.Grow(context.Background(), &g, t, tk, MayRelieve); err != nil {
+		return nil, err
+	}
+	return tk.got, nil
 }
+
+// taker is Acquire's Placer: a growth of n chunks that maps nothing and
+// holds no lock.
+type taker struct {
+	p   *Pool
+	t   Tenant
+	n   int
+	got []Chunk
+}
+
+func (tk *taker) Place(have []Chunk) (Step, error) {
+	if len(have) > tk.n {
+		if err := tk.p.putAll(have[tk.n:]); err != nil {
+			return Step{}, errors.Join(err, tk.p.putAll(have[:tk.n]))
+		}
+		have = have[:tk.n]
+	}
+	got, err := tk.p.acquire(have, tk.t, tk.n-len(have), takeFree)
+	if err == nil {
+		tk.got = got
+		return Step{}, nil
+	}
+	err = errors.Join(err, tk.p.putAll(have))
+	if errors.Is(err, acl.ErrOutOfMemory) {
+		return Step{Missing: tk.n, Short: err}, nil
+	}
+	return Step{}, err
+}
+
+func (tk *taker) Unlock() <-chan struct{} { return nil }
+func (tk *taker) Lock()                   {}
 
 // TakeFree appends to dst n chunks for tenant t, all or none, taking only
 // memory that is free now (the cache, the budget's room, the device's): it
 // never waits and takes nothing from anyone, so a caller may hold a member's
 // lock. With a dst of room enough it allocates nothing. A shortage is not
-// counted in Stats.Failures (nor logged): its caller is expected to Relieve
-// next, which is. On failure it returns dst as it was.
+// counted in Stats.Failures (nor logged): its caller is expected to relieve
+// the pressure next (Lender.Grow), which is. On failure it returns dst as it
+// was.
 func (p Lender) TakeFree(dst []Chunk, t Tenant, n int) ([]Chunk, error) {
-	return p.acquire(context.Background(), dst, t, n, takeFree, nil, nil)
+	return p.acquire(dst, t, n, takeFree)
 }
 
 // TryAcquire is TakeFree for speculative growth (the background worker's
-// refills of headroom): while an Acquire relieves pressure it takes
-// nothing, and fails with an error matching acl.ErrOutOfMemory, since the
-// memory being freed is for that Acquire. Its shortages count as failures.
+// refills of headroom): while a growth relieves pressure it takes nothing,
+// and fails with an error matching acl.ErrOutOfMemory, since the memory
+// being freed is for that growth. Its shortages count as failures.
 func (p Lender) TryAcquire(dst []Chunk, t Tenant, n int) ([]Chunk, error) {
-	return p.acquire(context.Background(), dst, t, n, standAside, nil, nil)
+	return p.acquire(dst, t, n, standAside)
 }
 
-// The ways an Acquire may get its chunks.
+// The ways an acquire may take its chunks.
 type acquireMode int
 
 const (
-	relieve    acquireMode = iota // relieve pressure when short
-	takeFree                      // take only what is free now
-	standAside                    // takeFree, and nothing while another Acquire relieves
+	takeFree   acquireMode = iota // take only what is free now
+	standAside                    // takeFree, and nothing while a growth relieves
 )
 
-// reliefRounds bounds how often one Acquire relieves pressure and retries.
-const reliefRounds = 3
-
-// acquire appends n chunks for t to dst as mode says (nil: it makes a slice
-// of its own); short, when set, is why the caller's own take fell short, and
-// the relief starts at once. On failure it returns dst as it was.
-func (p *Pool) acquire(ctx context.Context, dst []Chunk, t Tenant, n int, mode acquireMode, g *Growth, short error) ([]Chunk, error) {
+// checkAsk refuses, before any driver call, a negative ask and one larger
+// than the whole budget.
+func (p *Pool) checkAsk(n int) error {
 	if n < 0 {
-		return nil, fmt.Errorf("chunk: acquire %d chunks: %w", n, acl.ErrInvalidParam)
-	}
-	if mode == standAside && n > 0 && p.relieving.Load() > 0 {
-		return nil, fmt.Errorf("chunk: acquire %d chunks: %w: another growth is relieving pressure", n, acl.ErrOutOfMemory)
+		return fmt.Errorf("chunk: acquire %d chunks: %w", n, acl.ErrInvalidParam)
 	}
 	if b := p.budget.Load(); b != 0 && uint64(n) > uint64(b/p.size) {
 		p.mu.Lock()
@@ -460,7 +485,20 @@ func (p *Pool) acquire(ctx context.Context, dst []Chunk, t Tenant, n int, mode a
 		err := fmt.Errorf("%w: %w: %d chunks of %s asked, more than the whole budget, %s", ErrBudget,
 			acl.ErrOutOfMemory, n, units.IEC(int64(p.size)), units.Bytes(int64(b)))
 		p.logOOM(n, p.Stats(), err)
-		return nil, err
+		return err
+	}
+	return nil
+}
+
+// acquire appends n chunks for t to dst as mode says, taking only what is
+// free now (nil dst: it makes a slice of its own). On failure it returns dst
+// as it was.
+func (p *Pool) acquire(dst []Chunk, t Tenant, n int, mode acquireMode) ([]Chunk, error) {
+	if mode == standAside && n > 0 && p.relieving.Load() > 0 {
+		return dst, fmt.Errorf("chunk: acquire %d chunks: %w: another growth is relieving pressure", n, acl.ErrOutOfMemory)
+	}
+	if err := p.checkAsk(n); err != nil {
+		return dst, err
 	}
 	if t == 0 {
 		t = NewTenant()
@@ -471,76 +509,47 @@ func (p *Pool) acquire(ctx context.Context, dst []Chunk, t Tenant, n int, mode a
 	}
 	base, end := len(dst), len(dst)+n
 	got := dst
-	var err error
-	switch {
-	case short == nil:
-		short, err = p.take(t, end, &got)
-	case errors.Is(short, ErrBudget):
-		short = errBudgetShort // worded afresh, should the relief not be enough
-	}
-	if err == nil && short != nil && mode == relieve {
-		// Hold nothing while relieving: a growth that holds part of what it
-		// needs while it waits could keep another from being served.
-		err = p.putAll(got[base:])
-		got = got[:base]
-		p.relieving.Add(1)
-		defer p.relieving.Add(-1)
-		for round := 0; err == nil && round < reliefRounds; round++ {
-			handed, progressed := p.relieve(ctx, t, n, g, short)
-			if !progressed {
-				break // nothing came back: trying again would fail the same way
-			}
-			if k := len(handed); k > n {
-				err = p.putAll(handed[n:])
-				handed = handed[:n]
-			}
-			got = append(got, handed...)
-			if err != nil {
-				break
-			}
-			short, err = p.take(t, end, &got)
-			if err != nil || short == nil {
-				break
-			}
-			err = p.putAll(got[base:]) // and again, between rounds
-			got = got[:base]
-			if cerr := ctx.Err(); cerr != nil {
-				short = fmt.Errorf("%w (%w)", short, cerr)
-				break
-			}
-		}
-	}
+	short, err := p.take(t, end, &got)
 	if err != nil {
 		return dst[:base], errors.Join(err, p.putAll(got[base:]))
 	}
 	if short != nil {
 		perr := p.putAll(got[base:])
-		st := p.Stats() // one view, for the error and the record alike
-		if errors.Is(short, errBudgetShort) {
-			short = fmt.Errorf("%w: %w: %s of %s held (%d chunks in use, %d cached, %d waiting for the device), %d chunks of %s asked%s",
-				ErrBudget, acl.ErrOutOfMemory, units.IEC(st.HeldBytes), units.Bytes(st.Budget), st.InUse, st.Cached,
-				st.Pending, n, units.IEC(int64(p.size)), strings.TrimPrefix(short.Error(), errBudgetShort.Error()))
+		if mode == takeFree { // its caller relieves next, and that counts
+			return dst[:base], errors.Join(short, perr)
 		}
-		err := errors.Join(short, perr)
-		if mode != takeFree { // a TakeFree's caller relieves next, and that counts
-			p.mu.Lock()
-			p.stats.Failures++
-			p.mu.Unlock()
-			p.logOOM(n, st, err)
-		}
-		return dst[:base], err
+		return dst[:base], errors.Join(p.failed(n, short, nil), perr)
 	}
 	return got, nil
 }
 
+// budgetView says how much of the budget a view of the pool shows held.
+func budgetView(st Stats) string {
+	return fmt.Sprintf("%s of %s", units.IEC(st.HeldBytes), units.Bytes(st.Budget))
+}
+
 // roomNow is how many chunks a take could have at once without relief: the
 // cache's, and what the budget leaves (none known without a budget), once
-// the chunks on their way back to the driver are freed. Chunks can come back
-// while an Acquire relieves pressure (the worker puts back those whose device
-// work ended, and frees what the cache cannot keep), so a relief that freed
-// nothing itself is worth a retry when there is room.
-func (p *Pool) roomNow() int {
-	p.waitFrees()
+// the chunks on their way back to the driver are freed: it waits for those
+// frees (the pool's own, and a sleeping arena's), holding nothing, until
+// ctx is done or stop is closed. Chunks can come back while a growth relieves
+// pressure (the worker puts back those whose device work ended, and frees
+// what the cache cannot keep), so a relief that freed nothing itself is
+// worth a retry when there is room.
+func (p *Pool) roomNow(ctx context.Context, stop <-chan struct{}) (int, error) {
+	err := poll(ctx, stop, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.freeing == 0
+	})
+	if err != nil {
+		return 0, fmt.Errorf("chunk: wait for chunks on their way back to the driver: %w", err)
+	}
+	return p.roomNowNoWait(), nil
+}
+
+// roomNowNoWait is roomNow without the wait for frees under way.
+func (p *Pool) roomNowNoWait() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	n := len(p.cache)
@@ -548,20 +557,6 @@ func (p *Pool) roomNow() int {
 		n += int((b - p.held) / p.size)
 	}
 	return n
-}
-
-// waitFrees waits, briefly, for the chunks on their way back to the driver:
-// until they are freed, the budget still counts them.
-func (p *Pool) waitFrees() {
-	for pause := 10 * time.Microsecond; pause < 20*time.Millisecond; pause *= 2 {
-		p.mu.Lock()
-		n := p.freeing
-		p.mu.Unlock()
-		if n == 0 {
-			return
-		}
-		time.Sleep(pause)
-	}
 }
 
 // take adds chunks for t to got until it holds n: from the cache, then from
@@ -681,7 +676,13 @@ func (p Lender) Put(c Chunk) error {
 		p.cache = append(p.cache, e)
 		p.stats.Cached++
 		p.releasedLocked() // wait.go
+		others := p.dev.waiters.Load() > p.wq.n.Load()
 		p.mu.Unlock()
+		if others {
+			// A growth of another pool waiting for the device's memory can
+			// have this pool free its cache (its relief trims its peers).
+			p.dev.wakeHeads(p.Pool)
+		}
 		return nil
 	}
 	if !p.closed {

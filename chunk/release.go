@@ -38,21 +38,12 @@ type Mapped struct {
 	C  Chunk
 }
 
-// itemState is where a chunk waiting for the device is in its release.
-type itemState int
-
-const (
-	waiting   itemState = iota // mapped, its events not yet seen complete
-	unmapping                  // being unmapped now
-	settled                    // unmapped and put back, or taken back by its tenant
-)
-
 // item is one chunk waiting for the device.
 type item struct {
 	Mapped
 	b     *batch
-	state itemState
-	done  chan struct{} // closed when settled
+	state chunkState    // chunkWaiting, chunkClaimed or chunkUnmapping while in the books (protocol.go)
+	done  chan struct{} // closed when it leaves the books
 }
 
 // batch is the chunks of one ReleaseAfter, or of one member's gift to a
@@ -60,11 +51,11 @@ type item struct {
 type batch struct {
 	evs      []acl.Event
 	items    []*item
-	left     int  // items not settled
+	left     int  // items still in the books
 	complete bool // the events were seen complete (or the device waited for): only unmaps remain
 	scrubbed bool // cleared before the events were recorded (ScrubOnRelease)
 	sync     bool // no events: ordered by a device-wide wait (a member without streams gave them)
-	claimed  bool // a relief waits for it and takes its chunks: the worker leaves it alone
+	claimed  bool // a relief waits for it and takes its chunks (chunkClaimed): the worker leaves it alone
 }
 
 // pending is the pool's chunks waiting for the device.
@@ -183,8 +174,12 @@ func (p *Pool) enqueue(ms []Mapped, streams []acl.Stream, claimed bool) *batch {
 func (p *Pool) enqueueEvents(ms []Mapped, evs []acl.Event, claimed, scrubbed bool) *batch {
 	b := &batch{evs: evs, left: len(ms), sync: len(evs) == 0, claimed: claimed, scrubbed: scrubbed}
 	p.mu.Lock()
+	state := chunkWaiting
+	if claimed {
+		state = chunkClaimed
+	}
 	for i := len(ms) - 1; i >= 0; i-- { // top down
-		it := &item{Mapped: ms[i], b: b, done: make(chan struct{})}
+		it := &item{Mapped: ms[i], b: b, state: state, done: make(chan struct{})}
 		b.items = append(b.items, it)
 		p.pending.byAddr[ms[i].At] = it
 	}
@@ -272,77 +267,72 @@ func (p Lender) Pending(ptr acl.DevicePtr) bool {
 	return ok
 }
 
-// PendingRange reports, for each of the n chunk-sized slots from ptr,
-// whether a chunk of this pool waits there for the device. It returns nil,
-// allocating nothing, when no chunk of the pool waits anywhere.
-func (p Lender) PendingRange(ptr acl.DevicePtr, n int) []bool {
+// Reclaim takes back, for its tenant, the chunk waiting for the device at
+// ptr, still mapped there: no driver call, and no wait. ok is false when no
+// chunk waits at ptr, or when the one there is busy: claimed by a relief, or
+// being unmapped. Then busy says what to wait for (holding nothing) before
+// trying again.
+func (p Lender) Reclaim(ptr acl.DevicePtr) (c Chunk, ok bool, busy Busy) {
+	var into [1]Chunk
+	n, busy := p.ReclaimRun(ptr, into[:])
+	return into[0], n == 1, busy
+}
+
+// ReclaimRun takes back, for their tenant, the chunks waiting for the device
+// in the len(into) chunk-sized slots from ptr, still mapped there: into[i]
+// gets the chunk of slot i, or stays the zero Chunk where none waits. It
+// makes no driver call and never waits: when one of them is busy (claimed
+// by a relief, or being unmapped) it takes none, and returns what to wait
+// for before trying again. It returns how many it took, and allocates
+// nothing.
+func (p Lender) ReclaimRun(ptr acl.DevicePtr, into []Chunk) (n int, busy Busy) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if len(p.pending.byAddr) == 0 {
-		return nil
+		return 0, Busy{}
 	}
-	out := make([]bool, n)
-	for i := range out {
-		_, out[i] = p.pending.byAddr[p.at(ptr, i)]
-	}
-	return out
-}
-
-// Reclaim takes back, for its tenant, the chunk waiting for the device at
-// ptr, still mapped there: no driver call. It waits for an unmap that is
-// under way, or for a relief that claimed the chunk to unmap it (and then has
-// nothing to give). ok is false when no chunk waits at ptr.
-func (p Lender) Reclaim(ptr acl.DevicePtr) (c Chunk, ok bool) {
-	for {
-		p.mu.Lock()
-		it := p.pending.byAddr[ptr]
-		if it == nil {
-			p.mu.Unlock()
-			return Chunk{}, false
+	for i := range into {
+		at := p.at(ptr, i)
+		if it := p.pending.byAddr[at]; it != nil && it.state.busy() {
+			return 0, Busy{p.Pool, at}
 		}
-		if it.state == unmapping || it.b.claimed {
-			// Being unmapped, or claimed by a relief that will unmap it
-			// once the device is done with it: wait for that.
-			done := it.done
-			p.mu.Unlock()
-			<-done
-			continue // unmapped (gone), or failed and waiting again
-		}
-		p.settleLocked(it, true)
-		p.mu.Unlock()
-		return it.C, true
 	}
+	for i := range into {
+		if it := p.pending.byAddr[p.at(ptr, i)]; it != nil {
+			p.settleLocked(it, chunkMapped, true)
+			into[i] = it.C
+			n++
+		}
+	}
+	return n, Busy{}
 }
 
 // ReclaimRange takes back every chunk waiting for the device in
-// [base, base+size), as Reclaim does, in no particular order.
-func (p Lender) ReclaimRange(base acl.DevicePtr, size uintptr) []Mapped {
-	var out []Mapped
-	for {
-		p.mu.Lock()
-		var at acl.DevicePtr
-		found := false
-		for a := range p.pending.byAddr {
-			if a >= base && uintptr(a-base) < size {
-				at, found = a, true
-				break
-			}
+// [base, base+size) that is not busy, as ReclaimRun does, in no particular
+// order; busy is one that is (zero when none is): wait for it, and call
+// again for the rest.
+func (p Lender) ReclaimRange(base acl.DevicePtr, size uintptr) (out []Mapped, busy Busy) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for at, it := range p.pending.byAddr {
+		if at < base || uintptr(at-base) >= size {
+			continue
 		}
-		p.mu.Unlock()
-		if !found {
-			return out
+		if it.state.busy() {
+			busy = Busy{p.Pool, at}
+			continue
 		}
-		if c, ok := p.Reclaim(at); ok {
-			out = append(out, Mapped{at, c})
-		}
+		p.settleLocked(it, chunkMapped, true)
+		out = append(out, it.Mapped)
 	}
+	return out, busy
 }
 
-// settleLocked marks it settled and retires its batch when it was the last.
-// It closes it.done unless the caller will, once it has put the chunk back.
-// Call with mu held.
-func (p *Pool) settleLocked(it *item, closeDone bool) {
-	it.state = settled
+// settleLocked takes it out of the books, in its final state to, and
+// retires its batch when it was the last. It closes it.done unless the
+// caller will, once it has put the chunk back. Call with mu held.
+func (p *Pool) settleLocked(it *item, to chunkState, closeDone bool) {
+	it.state = to
 	delete(p.pending.byAddr, it.At)
 	p.pending.chunks--
 	if closeDone {
@@ -357,6 +347,17 @@ func (p *Pool) settleLocked(it *item, closeDone bool) {
 		// destroy the surplus, outside the lock.
 		p.pending.free = append(p.pending.free, it.b.evs...)
 		it.b.evs = nil
+	}
+}
+
+// claimLocked claims b for a relief: the worker leaves it alone, and its
+// member, growing into it, waits for the relief. Call with mu held.
+func (p *Pool) claimLocked(b *batch) {
+	b.claimed = true
+	for _, it := range b.items {
+		if it.state == chunkWaiting {
+			it.state = chunkClaimed
+		}
 	}
 }
 
@@ -381,60 +382,80 @@ func (p *Pool) settleReady() (settled int, waiting bool) {
 	return settled, waiting
 }
 
-// await waits for the device to finish with the batches a relief claimed:
-// for their own events, polling while ctx can be done; for the batches
-// without events, one device-wide wait for them all. It returns the batches
-// whose chunks may now be unmapped, and gives back to the worker (unclaims)
-// those it stopped waiting for because ctx was done or the device could not
-// tell.
-func (p *Pool) await(ctx context.Context, claims []*batch) []*batch {
+// await waits for the device to finish with the batches a relief claimed,
+// holding nothing: for their own events, polled so that ctx and stop can
+// cut it short; for the batches without events, one device-wide wait for
+// them all (on a goroutine of its own, for the same reason). It returns the
+// batches whose chunks may now be unmapped, and gives back to the worker
+// (unclaims) those it stopped waiting for: when ctx is done (it returns
+// ctx.Err()), stop is closed, or the device could not tell.
+func (p *Pool) await(ctx context.Context, stop <-chan struct{}, claims []*batch) ([]*batch, error) {
 	ready := claims[:0:0]
 	synced := false
 	for i, b := range claims {
 		var ok bool
+		var err error
 		switch {
 		case b.sync && !synced:
-			ok = p.lend().SyncDevice() == nil
+			ok, err = p.syncDevice(ctx, stop)
+			if ctx.Err() == nil {
+				err = nil // the device could not tell: the batch goes back to the worker
+			}
 			synced = ok
-			if ok {
+			fallthrough
+		case b.sync:
+			if synced {
+				ok = true
 				p.mu.Lock()
 				b.complete = true
 				p.mu.Unlock()
 			}
-		case b.sync:
-			ok = true
-			p.mu.Lock()
-			b.complete = true
-			p.mu.Unlock()
-		case ctx.Done() == nil:
-			ok = p.complete(b, true)
 		default:
-			ok = p.completeCtx(ctx, b)
+			err = poll(ctx, stop, func() bool { return p.complete(b, false) })
+			ok = err == nil && !stopped(stop)
 		}
 		if !ok {
 			p.unclaim(claims[i:])
-			break
+			sched.At(sched.ReliefWaited, p)
+			return ready, err
 		}
 		ready = append(ready, b)
 	}
 	sched.At(sched.ReliefWaited, p)
-	return ready
+	return ready, nil
 }
 
-// completeCtx is complete(b, true) that polls, so that ctx can cut it short.
-func (p *Pool) completeCtx(ctx context.Context, b *batch) bool {
-	delay := pendingPollMin
-	for !p.complete(b, false) {
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false
-		case <-t.C:
-		}
-		delay = min(2*delay, pendingPollMax)
+// syncDevice waits for the whole device (SyncDevice), holding nothing, until
+// ctx is done or stop is closed: the driver's wait then goes on, on a
+// goroutine of its own, and ends with the device's work. It reports whether
+// the device was waited for, and the driver's error or ctx.Err().
+func (p *Pool) syncDevice(ctx context.Context, stop <-chan struct{}) (bool, error) {
+	if ctx.Done() == nil && stop == nil {
+		err := p.lend().SyncDevice()
+		return err == nil, err
 	}
-	return true
+	done := make(chan error, 1)
+	go func() { done <- p.lend().SyncDevice() }()
+	select {
+	case err := <-done:
+		return err == nil, err
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-stop:
+		return false, nil
+	}
+}
+
+// syncCtx is SyncDevice that returns an error wrapping ctx.Err() when ctx
+// is done first.
+func (p *Pool) syncCtx(ctx context.Context) error {
+	if _, err := p.syncDevice(ctx, nil); err != nil {
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return fmt.Errorf("chunk: wait for the device: %w", err)
+		}
+		return err
+	}
+	return nil
 }
 
 // unclaim hands batches a relief gave up on to the worker.
@@ -443,6 +464,11 @@ func (p *Pool) unclaim(bs []*batch) {
 	left := false
 	for _, b := range bs {
 		b.claimed = false
+		for _, it := range b.items {
+			if it.state == chunkClaimed {
+				it.state = chunkWaiting
+			}
+		}
 		left = left || b.left > 0
 	}
 	if left {
@@ -548,34 +574,39 @@ func (p *Pool) handBatch(b *batch, t Tenant) []Chunk {
 	return out
 }
 
-// unmapItems is unmapBatch, handing the chunks to t when out is set.
+// unmapItems is unmapBatch, handing the chunks to t when out is set (a
+// relief's claimed batch; otherwise the batch is the worker's, or Close's).
 func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 	defer region(RegionRelease).End()
 	n, failed := 0, 0
 	defer func() { p.logRelease(n, failed) }()
+	mine := chunkWaiting
+	if out != nil {
+		mine = chunkClaimed
+	}
 	for _, it := range b.items {
 		p.mu.Lock()
-		for wait && it.state == unmapping {
+		for wait && it.state == chunkUnmapping {
 			done := it.done
 			p.mu.Unlock()
 			<-done
 			p.mu.Lock()
 		}
-		if it.state != waiting {
+		if it.state != mine {
 			p.mu.Unlock()
 			continue
 		}
-		it.state = unmapping
+		it.state = chunkUnmapping
 		p.mu.Unlock()
 		sched.At(sched.ReleaseUnmap, p)
 		err := p.drv.UnmapMem(it.At)
 		p.mu.Lock()
 		if err != nil {
-			it.state = waiting
+			it.state = chunkWaiting // the worker's, to try again
 			p.stats.ReleaseErrors++
 			done := it.done
 			it.done = make(chan struct{})
-			close(done) // wake a Reclaim waiting for the unmap: the chunk waits again
+			close(done) // wake whoever waits for the unmap: the chunk waits again
 			p.mu.Unlock()
 			failed++
 			continue
@@ -585,13 +616,14 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 			l.holder = zeroed
 		}
 		p.stats.Ordered++
-		p.settleLocked(it, false)
 		if hand := out != nil && ok && l.shared == nil; hand {
+			p.settleLocked(it, chunkHanded, false)
 			l.tenant = t
 			p.out[it.C.Handle] = l
 			p.mu.Unlock()
 			*out = append(*out, it.C)
 		} else {
+			p.settleLocked(it, chunkUnmapped, false)
 			if ok {
 				p.out[it.C.Handle] = l
 			}
@@ -611,10 +643,11 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 // done: it records an event on each stream and polls them, so that a
 // deadline is honoured while the device is busy. Without streams, or when
 // an event call fails, it waits for the whole device instead (SyncDevice,
-// which ctx cannot cut short).
+// on a goroutine of its own when ctx can be done, so that the deadline
+// holds even then).
 func (p Lender) WaitStreams(ctx context.Context, streams []acl.Stream) error {
 	if len(streams) == 0 {
-		return p.SyncDevice()
+		return p.syncCtx(ctx)
 	}
 	evs := make([]acl.Event, 0, len(streams))
 	defer func() { p.recycle(evs) }()
@@ -628,7 +661,7 @@ func (p Lender) WaitStreams(ctx context.Context, streams []acl.Stream) error {
 			p.mu.Lock()
 			p.stats.SyncFallbacks++
 			p.mu.Unlock()
-			return p.SyncDevice()
+			return p.syncCtx(ctx)
 		}
 	}
 	delay := pendingPollMin
@@ -639,7 +672,7 @@ func (p Lender) WaitStreams(ctx context.Context, streams []acl.Stream) error {
 				p.mu.Lock()
 				p.stats.SyncFallbacks++
 				p.mu.Unlock()
-				return p.SyncDevice()
+				return p.syncCtx(ctx)
 			}
 			if done {
 				break

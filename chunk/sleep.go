@@ -32,11 +32,15 @@ func (p Lender) Free(c Chunk) error {
 	if l.shared != nil {
 		return p.putSharedLocked(c, l) // freed, never cached
 	}
+	p.freeing++ // on its way back: a growth short of memory waits for it (roomNow)
 	p.mu.Unlock()
-	if err := p.drv.FreePhysical(c.Handle); err != nil {
+	err := p.drv.FreePhysical(c.Handle)
+	p.mu.Lock()
+	p.freeing--
+	if err != nil {
+		p.mu.Unlock()
 		return fmt.Errorf("chunk: free: %w", err)
 	}
-	p.mu.Lock()
 	delete(p.out, c.Handle)
 	p.stats.InUse--
 	p.stats.Frees++

@@ -18,7 +18,7 @@ import (
 
 // Names of the regions the pool's slow paths run in.
 const (
-	RegionRelieve = "vmarena.relieve" // an Acquire that found no room reclaims from members, waits for the device, trims peers
+	RegionRelieve = "vmarena.relieve" // a growth that found no room reclaims from members, waits for the device, trims peers
 	RegionScrub   = "vmarena.scrub"   // a chunk cleared so that no tenant reads another's bytes
 	RegionRelease = "vmarena.release" // chunks unmapped and given back (after a device wait, or once their events completed)
 	RegionWorker  = "vmarena.worker"  // one round of the pool's background worker

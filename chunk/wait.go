@@ -2,46 +2,36 @@ package chunk
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math"
 	"slices"
 	"sync/atomic"
 
+	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/internal/sched"
 )
 
-// Waiting for memory.
-//
-// A growth that finds the budget (or the device) full after relieving the
-// pressure may wait, instead of failing, for other tenants to give memory
-// back: for schedulers that prefer to queue a request rather than preempt
-// one. The pool keeps the waiters in a queue, first come first served, and
-// wakes the one at its head whenever memory may have come back:
-//
-//   - a chunk put back in the cache (Put; a release whose events completed;
-//     a Shrink; a Close), or handed to wait for the device (ReleaseAfter:
-//     a retry's relief waits for it);
-//   - physical memory freed (a full cache, Trim, Close), in any pool on the
-//     same device, since device memory is shared;
-//   - a member that dropped bytes it used (Member.Dropped: an arena's
-//     Truncate or Reset), which a retry may now reclaim;
-//   - a growth that failed (Member.Failed): what it was growing into, and
-//     what its arena had promised, are reclaimable again. It does not wake
-//     the head when the head is that growth's own waiter, which would only
-//     retry what just failed;
-//   - the budget raised (SetBudget);
-//   - the pool's Close (every waiter wakes, and its retry fails).
-//
-// Only the head is woken: it tries again, leaves the queue when it succeeds
-// (or gives up), and then wakes the next. So a large request at the head is
-// not overtaken by smaller ones behind it, and cannot starve: the price is
-// that small requests wait behind it (head-of-line blocking), as in a
-// first-come-first-served scheduler that stops at the first request that
-// does not fit. Growths that do not wait are not held back by the queue:
-// they take memory when they find it, as before.
-//
-// Nothing polls: a waiter sleeps on a one-slot channel until it is woken
-// (a wake-up sent while it is trying again stays in the slot, so none is
-// lost) or its context is done. Memory freed outside this process, or by a
-// pool on another device, wakes nobody: bound the wait with a deadline.
+// Waiting for memory: the pool's queue of growths that would rather wait
+// than fail (GrowContext), first come first served, woken by every event
+// that can make memory obtainable, and the rule that fails the youngest
+// waiter when every holder of the memory waits. The events and the rule are
+// told in docs/design.md ("Pressure").
+
+// ErrDeadlock is returned by Waiter.Wait, wrapped with acl.ErrOutOfMemory,
+// when waiting cannot serve the growth: every member of the pool that holds
+// its memory waits for memory too, no chunk waits for the device or is on
+// its way back to the driver, no growth is relieving pressure, and what the
+// budget leaves, the cache holds and the members hold idle would not serve
+// the first waiter. The youngest waiter whose member holds memory gets it at
+// once, as a serving engine preempts its youngest sequence: what its caller
+// then frees serves the others. The rule cannot see memory another goroutine
+// of a waiting member might still free; failing the youngest is then an
+// early preemption, and nothing is lost (a failed growth changes nothing).
+var ErrDeadlock = errors.New("chunk: deadlock avoided: every member holding the pool's memory waits for memory")
+
+// errDeadlock is Wait's error: ErrDeadlock, matching acl.ErrOutOfMemory.
+var errDeadlock = fmt.Errorf("%w: %w", ErrDeadlock, acl.ErrOutOfMemory)
 
 // waitq is the pool's queue of waiters. The queue is guarded by Pool.mu; n
 // mirrors its length so that a release can skip the lock when nobody waits.
@@ -56,7 +46,13 @@ type waitq struct {
 type Waiter struct {
 	p    *Pool
 	m    *Member       // whose growth waits; nil for a waiter made by Lender.Enqueue
-	wake chan struct{} // one slot: a wake-up is never lost and never blocks its sender
+	g    *Growth       // the member's growth, GrowQueued while it waits; nil: none
+	need int           // chunks the growth lacked at its last try; 0: unknown
+	wake chan struct{} // one slot: a wake-up is never lost and never blocks its sender; sent under Pool.mu
+
+	// Under Pool.mu:
+	parked bool // blocked in Wait with no wake-up pending
+	doomed bool // chosen to fail with ErrDeadlock
 }
 
 // Mark returns a mark of the releases so far (of this pool and of the pools
@@ -68,14 +64,18 @@ func (p Lender) Mark() uint64 { return p.dev.gen.Load() }
 // Enqueue puts a waiter at the tail of the pool's queue and returns it. If
 // the queue was empty and memory came back since mark, the waiter is woken
 // at once. It fails with ErrClosed after Close.
-func (p Lender) Enqueue(mark uint64) (*Waiter, error) { return p.enqueueWaiter(mark, nil) }
+func (p Lender) Enqueue(mark uint64) (*Waiter, error) { return p.enqueueWaiter(mark, nil, nil, 0) }
 
-// Enqueue is Lender.Enqueue for a growth of the member: the member's own
-// failed tries (Failed) do not wake it.
-func (m *Member) Enqueue(mark uint64) (*Waiter, error) { return m.p.enqueueWaiter(mark, m) }
+// Enqueue is Lender.Enqueue for a growth g of the member that lacked need
+// chunks at its last try: the member's own failed tries (Failed) do not
+// wake it, Interrupt does, and the rule of ErrDeadlock looks at it. g
+// (which may be nil) is GrowQueued while it waits.
+func (m *Member) Enqueue(mark uint64, g *Growth, need int) (*Waiter, error) {
+	return m.p.enqueueWaiter(mark, m, g, need)
+}
 
-func (p *Pool) enqueueWaiter(mark uint64, m *Member) (*Waiter, error) {
-	w := &Waiter{p: p, m: m, wake: make(chan struct{}, 1)}
+func (p *Pool) enqueueWaiter(mark uint64, m *Member, g *Growth, need int) (*Waiter, error) {
+	w := &Waiter{p: p, m: m, g: g, need: need, wake: make(chan struct{}, 1)}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -84,26 +84,111 @@ func (p *Pool) enqueueWaiter(mark uint64, m *Member) (*Waiter, error) {
 	p.wq.q = append(p.wq.q, w)
 	p.wq.n.Add(1)
 	p.dev.waiters.Add(1)
-	head := len(p.wq.q) == 1
-	p.mu.Unlock()
-	if head && p.dev.gen.Load() != mark {
+	if len(p.wq.q) == 1 && p.dev.gen.Load() != mark {
 		w.signal()
 	}
+	p.mu.Unlock()
 	sched.At(sched.WaitEnqueued, p)
 	return w, nil
 }
 
 // Wait blocks until the waiter's turn comes with memory given back since
-// its last try (or the pool closes), and returns nil: try again then. It
-// returns ctx.Err() when ctx is done first.
+// its last try (or the pool closes, or its member is interrupted), and
+// returns nil: try again then. It returns ctx.Err() when ctx is done first,
+// and an error matching ErrDeadlock (and acl.ErrOutOfMemory) when no memory
+// can come back: see ErrDeadlock.
 func (w *Waiter) Wait(ctx context.Context) error {
+	p := w.p
+	p.mu.Lock()
+	if w.doomed {
+		w.doomed = false
+		p.mu.Unlock()
+		return errDeadlock
+	}
+	w.parked = true
+	if w.g != nil {
+		w.g.state.CompareAndSwap(uint32(GrowFailed), uint32(GrowQueued))
+	}
+	if y := p.stuckLocked(); y != nil {
+		if y == w {
+			w.parked = false
+			p.mu.Unlock()
+			sched.At(sched.WaitDeadlock, p)
+			return errDeadlock
+		}
+		y.doomed = true
+		y.signal()
+	}
+	p.mu.Unlock()
 	select {
 	case <-w.wake:
-		sched.At(sched.WaitWoken, w.p)
+		p.mu.Lock()
+		w.parked = false
+		doomed := w.doomed
+		w.doomed = false
+		p.mu.Unlock()
+		if doomed {
+			sched.At(sched.WaitDeadlock, p)
+			return errDeadlock
+		}
+		sched.At(sched.WaitWoken, p)
 		return nil
 	case <-ctx.Done():
+		p.mu.Lock()
+		w.parked = false
+		p.mu.Unlock()
 		return ctx.Err()
 	}
+}
+
+// stuckLocked applies the rule of ErrDeadlock when a waiter parks, and
+// returns the waiter that must fail, or nil. A parked head that a retry
+// could serve now is woken instead. Call with mu held.
+func (p *Pool) stuckLocked() *Waiter {
+	b := p.budget.Load()
+	if b == 0 || p.closed || len(p.wq.q) == 0 || p.pending.chunks > 0 || p.freeing > 0 || p.growing.Load() > 0 ||
+		p.held != uintptr(p.stats.InUse+len(p.cache))*p.size {
+		return nil // no budget (the device is shared), or memory on the move: a growth, a free, an allocation
+	}
+	waiting := make(map[*Member]bool, len(p.wq.q))
+	for _, w := range p.wq.q {
+		if !w.parked || len(w.wake) > 0 {
+			return nil // it will try again
+		}
+		if w.m != nil {
+			waiting[w.m] = true
+		}
+	}
+	head := p.wq.q[0]
+	free := len(p.cache)
+	if p.held < b {
+		free += int((b - p.held) / p.size)
+	}
+	held, idle := 0, 0
+	for _, m := range p.members {
+		h := m.c.Held()
+		if h > 0 && !waiting[m] {
+			return nil // a holder that does not wait may give memory back
+		}
+		held += h
+		if m != head.m {
+			n, _ := m.c.Reclaimable(Ticket(math.MaxUint64))
+			idle += n
+		}
+	}
+	if held != p.stats.InUse {
+		return nil // chunks held by someone the pool cannot see waiting
+	}
+	if free+idle >= max(head.need, 1) {
+		head.signal() // a retry would be served: not stuck
+		return nil
+	}
+	for i := len(p.wq.q) - 1; i >= 0; i-- {
+		if w := p.wq.q[i]; w.m != nil && w.m.c.Held() > 0 {
+			return w // the youngest waiter that holds memory
+		}
+	}
+	return nil
 }
 
 // Done takes the waiter out of the queue; if it was at the head, the next
@@ -148,6 +233,23 @@ func (m *Member) Failed() {
 	}
 }
 
+// Interrupt wakes the member's waiters: its client is closing, or going to
+// sleep, and their retries fail as the client says (an arena's with
+// ErrClosed or ErrAsleep), instead of waiting out their deadlines.
+func (m *Member) Interrupt() {
+	p := m.p
+	if p.wq.n.Load() == 0 {
+		return
+	}
+	p.mu.Lock()
+	for _, w := range p.wq.q {
+		if w.m == m {
+			w.signal()
+		}
+	}
+	p.mu.Unlock()
+}
+
 func (w *Waiter) signal() {
 	select {
 	case w.wake <- struct{}{}:
@@ -185,18 +287,17 @@ func (p *Pool) released() {
 // freed notes that physical memory went back to the device: room for this
 // pool and for the other pools on the device. Call without mu held.
 func (p *Pool) freed() {
-	d := p.dev
-	d.gen.Add(1)
+	p.dev.gen.Add(1)
+	p.dev.wakeHeads(nil)
+}
+
+// wakeHeads wakes the head waiter of every pool on the device but except.
+// Call without any pool's mu held.
+func (d *device) wakeHeads(except *Pool) {
 	if d.waiters.Load() == 0 {
 		return
 	}
-	d.mu.Lock()
-	pools := make([]*Pool, 0, len(d.pools))
-	for q := range d.pools {
-		pools = append(pools, q)
-	}
-	d.mu.Unlock()
-	for _, q := range pools {
+	for _, q := range d.others(except) {
 		if q.wq.n.Load() > 0 {
 			q.mu.Lock()
 			q.wakeHeadLocked()

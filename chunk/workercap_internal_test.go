@@ -192,8 +192,9 @@ type slowRefiller struct {
 	gone chan struct{} // lets a refill return
 }
 
-func (r *slowRefiller) Reclaimable(Ticket) (int, bool)                     { return 0, false }
-func (r *slowRefiller) Give(int, Ticket, func([]Mapped, []acl.Stream)) int { return 0 }
+func (r *slowRefiller) Reclaimable(Ticket) (int, bool)                             { return 0, false }
+func (r *slowRefiller) Held() int                                                  { return 0 }
+func (r *slowRefiller) Give(int, Ticket, func([]Mapped, []acl.Stream)) (int, bool) { return 0, false }
 func (r *slowRefiller) Refill() {
 	start := r.c.now()
 	r.c.advance(r.took)

@@ -9,6 +9,7 @@ package device
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -46,8 +47,16 @@ type Choice struct {
 	Detail error
 }
 
-// FromEnv opens the driver $VMARENA_DEVICE names (see [Open]).
-func FromEnv() (Choice, error) { return Open(os.Getenv(EnvVar)) }
+// FromEnv opens the driver $VMARENA_DEVICE names (see [Open]). Its error is
+// one line that names the variable (acl.DeviceEnvError).
+func FromEnv() (Choice, error) {
+	spec := os.Getenv(EnvVar)
+	c, err := Open(spec)
+	if err != nil {
+		return Choice{}, acl.DeviceEnvError(spec, err)
+	}
+	return c, nil
+}
 
 // Open opens the driver spec names:
 //
@@ -131,8 +140,10 @@ func parse(spec string) (kind string, n int, err error) {
 	}
 	if hasNum {
 		n, err = strconv.Atoi(num)
-		if err != nil || n < 0 {
-			return "", 0, fmt.Errorf("device %q: %w: bad device number", spec, acl.ErrInvalidParam)
+		if err != nil || n < 0 || n > math.MaxInt32 {
+			// A device id is an int32 in ACL and CUDA: a larger number
+			// would wrap to another device.
+			return "", 0, fmt.Errorf("device %q: %w: device number %q: want 0 to %d", spec, acl.ErrInvalidParam, num, math.MaxInt32)
 		}
 	}
 	return kind, n, nil

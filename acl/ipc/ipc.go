@@ -20,6 +20,13 @@
 // PIDs are those of the receiver's PID namespace (0 when the sender's is not
 // visible from it).
 //
+// What speaks must be the peer. A connected socket can be handed on (over
+// another socket, or to a child): the process that connected is then not
+// the one writing. So a message read from a peer that connected must carry
+// the connector's own credentials, and come from the process its pidfd
+// holds; and every later message (RecvFrom) must come from the peer the
+// first one identified. A message from anyone else fails with ErrNotPeer.
+//
 // # Descriptors
 //
 // At most MaxFDs descriptors travel in one message (the kernel's
@@ -35,6 +42,12 @@ import "errors"
 // ErrNoProcess is matched by the errors of OpenProcess and Process.Alive
 // when the process does not run.
 var ErrNoProcess = errors.New("ipc: no such process")
+
+// ErrNotPeer is matched by the errors of RecvPeer, Identify and RecvFrom
+// when a message came from another process than the peer: a connected
+// socket handed on to a process that writes with credentials of its own, or
+// a message whose pieces came from two writers.
+var ErrNotPeer = errors.New("ipc: the message's sender is not the peer")
 
 // MaxFDs is the most descriptors one message carries (SCM_MAX_FD).
 const MaxFDs = 253

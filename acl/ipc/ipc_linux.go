@@ -48,8 +48,10 @@ func control(c *net.UnixConn, fn func(fd int) error) error {
 }
 
 // Send writes b to c, with the descriptors fds (at most MaxFDs) attached to
-// its first byte, and with this process's credentials when cred is set. The
-// descriptors stay the caller's.
+// its first byte, and with this process's credentials when cred is set: its
+// PID, effective user and effective group, which is what the kernel records
+// of a process that connects (SO_PEERCRED), so that a receiver can compare
+// the two. The descriptors stay the caller's.
 func Send(c *net.UnixConn, b []byte, fds []int, cred bool) error {
 	if len(b) == 0 {
 		return errors.New("ipc: send: empty message")
@@ -63,7 +65,7 @@ func Send(c *net.UnixConn, b []byte, fds []int, cred bool) error {
 	}
 	if cred {
 		oob = append(oob, unix.UnixCredentials(&unix.Ucred{
-			Pid: int32(os.Getpid()), Uid: uint32(os.Getuid()), Gid: uint32(os.Getgid()),
+			Pid: int32(os.Getpid()), Uid: uint32(os.Geteuid()), Gid: uint32(os.Getegid()),
 		})...)
 	}
 	n, _, err := c.WriteMsgUnix(b, oob, nil)
@@ -86,7 +88,10 @@ func Send(c *net.UnixConn, b []byte, fds []int, cred bool) error {
 // maxFDs) and the credentials that came with them. A message that carried
 // more descriptors than maxFDs fails (the kernel closes those that did not
 // fit), and so does one cut short by the peer (io.ErrUnexpectedEOF, or
-// io.EOF before the first byte); on failure no descriptor stays open.
+// io.EOF before the first byte), and, with credentials enabled, one whose
+// pieces came from two writers (ErrNotPeer: the kernel never joins two
+// writers' bytes in one read then, so they arrive as pieces with other
+// credentials); on failure no descriptor stays open.
 func Recv(c *net.UnixConn, b []byte, maxFDs int) (fds []int, cred *Cred, err error) {
 	fds, cred, pidfd, err := recv(c, b, maxFDs)
 	if pidfd >= 0 {
@@ -125,8 +130,11 @@ func recv(c *net.UnixConn, b []byte, maxFDs int) (fds []int, cred *Cred, pidfd i
 			case pfd >= 0:
 				pidfd = pfd
 			}
-			if cr != nil && got == 0 {
+			switch {
+			case cr != nil && got == 0:
 				cred = cr
+			case cr != nil && n > 0 && (cred == nil || *cr != *cred):
+				return fds, nil, pidfd, fmt.Errorf("%w: the message's pieces came from process %d and process %d", ErrNotPeer, credPID(cred), cr.PID)
 			}
 			if perr != nil {
 				return fds, nil, pidfd, perr
@@ -153,6 +161,13 @@ func recv(c *net.UnixConn, b []byte, maxFDs int) (fds []int, cred *Cred, pidfd i
 		return fds, nil, pidfd, fmt.Errorf("ipc: receive: %d descriptors, want at most %d", len(fds), maxFDs)
 	}
 	return fds, cred, pidfd, nil
+}
+
+func credPID(c *Cred) int {
+	if c == nil {
+		return 0
+	}
+	return c.PID
 }
 
 // parse returns the descriptors, credentials and sender's pidfd (or -1) in a

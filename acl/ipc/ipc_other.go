@@ -42,6 +42,9 @@ func FileConn(f *os.File) (*net.UnixConn, error) { return nil, errNotLinux }
 // RecvPeer fails: sharing needs Linux.
 func RecvPeer(c *net.UnixConn, b []byte) (*Peer, error) { return nil, errNotLinux }
 
+// RecvFrom fails: sharing needs Linux.
+func RecvFrom(c *net.UnixConn, b []byte, maxFDs int, p *Peer) ([]int, error) { return nil, errNotLinux }
+
 // Identify fails: sharing needs Linux.
 func Identify(c *net.UnixConn, sent *Cred) (*Peer, error) { return nil, errNotLinux }
 

@@ -3,7 +3,8 @@ package ipc
 import "fmt"
 
 // Peer is the process on the other end of a connection, as the kernel
-// reports it (Identify).
+// reports it (Identify, RecvPeer): the one process whose messages RecvFrom
+// accepts after the first.
 type Peer struct {
 	Cred
 	// Via says where the kernel reported it: "SO_PEERCRED" (the process

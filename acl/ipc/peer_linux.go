@@ -14,19 +14,62 @@ import (
 // RecvPeer reads exactly len(b) bytes from c, which must carry no
 // descriptors (a message that does fails, and they are closed), and returns
 // the peer as the kernel reports it (Identify), with the credentials that
-// came with the message. Enable credentials on c first (EnableCredentials).
-// The caller closes the Peer.
+// came with the message: the sender of the message must be the peer
+// (ErrNotPeer otherwise). Enable credentials on c first
+// (EnableCredentials). The caller closes the Peer.
 func RecvPeer(c *net.UnixConn, b []byte) (*Peer, error) {
 	_, cred, pidfd, err := recv(c, b, 0)
 	if err != nil {
 		return nil, err
 	}
-	return identify(c, cred, pidfd)
+	return identify(c, cred, pidfd, true)
+}
+
+// RecvFrom is Recv of a message that must come from p, the peer an earlier
+// message identified (RecvPeer): the same credentials and, where the
+// message brought a pidfd and p is pinned, the same live process. A message
+// from anyone else fails with ErrNotPeer, its descriptors closed.
+func RecvFrom(c *net.UnixConn, b []byte, maxFDs int, p *Peer) ([]int, error) {
+	fds, cred, pidfd, err := recv(c, b, maxFDs)
+	if err == nil {
+		err = p.sent(cred, pidfd)
+	} else if pidfd >= 0 {
+		_ = unix.Close(pidfd)
+	}
+	if err != nil {
+		closeAll(fds)
+		return nil, err
+	}
+	return fds, nil
+}
+
+// sent checks that the message that brought cred and pidfd (or -1, which
+// it takes over) came from p.
+func (p *Peer) sent(cred *Cred, pidfd int) error {
+	var msg *Process
+	if pidfd >= 0 {
+		msg = &Process{pid: credPID(cred), pidfd: pidfd}
+		defer msg.Close()
+	}
+	switch {
+	case p == nil:
+		return fmt.Errorf("%w: no peer to compare with", ErrNotPeer)
+	case cred == nil:
+		return fmt.Errorf("%w: the message carried no credentials (enable them before it is read)", ErrNotPeer)
+	case *cred != p.Cred:
+		return fmt.Errorf("%w: a message from process %d (uid %d, gid %d), not from the peer", ErrNotPeer, cred.PID, cred.UID, cred.GID)
+	case msg != nil && p.Proc != nil:
+		// One PID, and both pidfds hold a live process: one process.
+		if same, err := Same(p.Proc, msg); err != nil || !same {
+			return fmt.Errorf("%w: the message came from another process than the peer's pidfd holds (%v)", ErrNotPeer, err)
+		}
+	}
+	return nil
 }
 
 // identify is Identify with the message's credentials and pidfd (or -1),
-// which it takes over.
-func identify(c *net.UnixConn, sent *Cred, pidfd int) (*Peer, error) {
+// which it takes over; msg says whether a message was read.
+func identify(c *net.UnixConn, sent *Cred, pidfd int, msg bool) (*Peer, error) {
 	var uc *unix.Ucred
 	peerfd := -1
 	err := control(c, func(fd int) error {
@@ -46,12 +89,25 @@ func identify(c *net.UnixConn, sent *Cred, pidfd int) (*Peer, error) {
 		return nil, fmt.Errorf("ipc: identify the peer: SO_PEERCRED: %w", err)
 	}
 	if int(uc.Pid) != os.Getpid() {
-		// The peer connected: the kernel recorded who, then.
-		if pidfd >= 0 {
+		// The peer connected: the kernel recorded who, then. A message
+		// read must be the connector's own: a connected socket handed on
+		// to another process speaks with that process's credentials.
+		p := &Peer{Cred: Cred{PID: int(uc.Pid), UID: int(uc.Uid), GID: int(uc.Gid)}, Via: "SO_PEERCRED"}
+		if err := p.pin(peerfd); err != nil {
+			if pidfd >= 0 {
+				_ = unix.Close(pidfd)
+			}
+			return nil, err
+		}
+		if msg {
+			if err := p.sent(sent, pidfd); err != nil {
+				_ = p.Close()
+				return nil, err
+			}
+		} else if pidfd >= 0 {
 			_ = unix.Close(pidfd)
 		}
-		p := &Peer{Cred: Cred{PID: int(uc.Pid), UID: int(uc.Uid), GID: int(uc.Gid)}, Via: "SO_PEERCRED"}
-		return p, p.pin(peerfd)
+		return p, nil
 	}
 	// This process made the socket (a socketpair it handed to the peer):
 	// SO_PEERCRED names this process. The credentials of the message, which
@@ -73,10 +129,12 @@ func identify(c *net.UnixConn, sent *Cred, pidfd int) (*Peer, error) {
 // it: the process that connected (SO_PEERCRED), or, when this process made
 // the socket itself (a socketpair, whose SO_PEERCRED names its maker), the
 // sender of the message that brought sent (SCM_CREDENTIALS, which the kernel
-// checks when they are sent). Where the kernel offers one, the peer is
-// pinned with a pidfd (Peer.Proc): SO_PEERPIDFD, or one opened for its PID.
-// The caller closes the Peer.
-func Identify(c *net.UnixConn, sent *Cred) (*Peer, error) { return identify(c, sent, -1) }
+// checks when they are sent). With sent, from a peer that connected, the
+// message must be the connector's (ErrNotPeer otherwise); sent nil asks
+// only who connected. Where the kernel offers one, the peer is pinned with a
+// pidfd (Peer.Proc): SO_PEERPIDFD, or one opened for its PID. The caller
+// closes the Peer.
+func Identify(c *net.UnixConn, sent *Cred) (*Peer, error) { return identify(c, sent, -1, sent != nil) }
 
 // pin holds p's process with pidfd, or with one opened for its PID when
 // pidfd is -1 and the kernel has pidfd_open. A pidfd opened by PID may name

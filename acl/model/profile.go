@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"path"
 	"sort"
 	"strings"
@@ -234,19 +233,56 @@ func LoadProfile(name string) (*Profile, error) {
 	return p, nil
 }
 
+// MaxProfileBytes is the largest profile file LoadProfileFile reads: 1 MiB,
+// fifty times the shipped profiles.
+const MaxProfileBytes = 1 << 20
+
 // LoadProfileFile reads and checks the profile in the JSON file at path, for
 // profiles that do not ship with the package (a device's owner calibrates
-// one with [Calibrate]).
+// one with [Calibrate]). The path may come from the environment
+// ($VMARENA_DEVICE), so it reads a regular file only (never a device such as
+// /dev/zero, nor a FIFO, which it does not wait on), of at most
+// MaxProfileBytes, and fails with an error matching acl.ErrInvalidParam
+// otherwise.
 func LoadProfileFile(path string) (*Profile, error) {
-	b, err := os.ReadFile(path)
+	b, err := readProfileFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("model: %w", err)
+		return nil, fmt.Errorf("model: profile %s: %w", path, err)
 	}
 	p, err := ParseProfile(b)
 	if err != nil {
 		return nil, fmt.Errorf("model: %s: %w", path, err)
 	}
 	return p, nil
+}
+
+// readProfileFile reads the regular file at path, of at most
+// MaxProfileBytes.
+func readProfileFile(path string) ([]byte, error) {
+	f, err := sysOpenProfile(path) // does not block on a FIFO
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	switch {
+	case err != nil:
+		return nil, err
+	case !st.Mode().IsRegular():
+		return nil, fmt.Errorf("%w: not a regular file (%v)", acl.ErrInvalidParam, st.Mode().Type())
+	case st.Size() > MaxProfileBytes:
+		return nil, fmt.Errorf("%w: %d bytes, more than a profile's %d", acl.ErrInvalidParam, st.Size(), MaxProfileBytes)
+	}
+	// A file that says it is small may still go on (a /proc file, one that
+	// grows): read one byte past the bound, no more.
+	b, err := io.ReadAll(io.LimitReader(f, MaxProfileBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > MaxProfileBytes {
+		return nil, fmt.Errorf("%w: more than a profile's %d bytes", acl.ErrInvalidParam, MaxProfileBytes)
+	}
+	return b, nil
 }
 
 // Resolve loads a profile by name (a shipped profile) or by path (anything

@@ -42,3 +42,10 @@ func sysIsMemfile(fd int) bool {
 	link, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 	return err == nil && bytes.HasPrefix([]byte(link), []byte("/memfd:"+memfileName))
 }
+
+// sysOpenProfile opens a profile file for reading without blocking: opening
+// a FIFO that has no writer returns at once, and the caller refuses what is
+// not a regular file.
+func sysOpenProfile(path string) (*os.File, error) {
+	return os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+}

@@ -244,16 +244,21 @@ func testTruncate(t *testing.T, d acl.Driver) {
 
 	require.NoError(t, a.Truncate(1000))
 	require.Equal(t, 1000, a.Len())
-	require.ErrorIs(t, arena.CopyIn(b2, []byte{1}), arena.ErrRange, "buffer above Len is dropped")
+	require.ErrorIs(t, arena.CopyIn(b2, []byte{1}), arena.ErrStale, "buffer above Len is dropped")
 	require.NoError(t, arena.CopyIn(b1, []byte{1}))
 	require.ErrorIs(t, a.Truncate(1001), arena.ErrRange)
 	require.ErrorIs(t, a.Truncate(-1), arena.ErrRange)
 	b3, err := a.Alloc(10, 1)
 	require.NoError(t, err)
 	require.Equal(t, 1000, b3.Offset(), "allocation resumes at Len")
+	b4, err := a.Alloc(2000, 1) // over b2's range again
+	require.NoError(t, err)
+	require.NoError(t, arena.CopyIn(b4, []byte{2}))
+	require.ErrorIs(t, arena.CopyIn(b2, []byte{1}), arena.ErrStale, "a dropped buffer stays stale")
+	require.ErrorIs(t, arena.CopyIn(sub, []byte{1}), arena.ErrStale, "and its views with it")
 	require.NoError(t, a.Reset())
 	require.Equal(t, 0, a.Len())
-	require.Equal(t, 2024, a.Stats().Peak, "the peak was before the Truncate")
+	require.Equal(t, 3010, a.Stats().Peak, "the peak: b3 and b4 above what the Truncate kept")
 }
 
 func testClose(t *testing.T, d acl.Driver) {

@@ -20,7 +20,8 @@ const (
 	GrowWaiting   Point = "grow.waiting"    // a growth on the caller's path is about to take its arena's lock (a refill under way yields it)
 	GrowLocked    Point = "grow.locked"     // a growth holds its arena's lock, before it takes memory
 	GrowTaken     Point = "grow.taken"      // it took the chunks it will map, before the first map call
-	GrowUnlocked  Point = "grow.unlocked"   // it released its arena's lock to relieve pressure
+	GrowUnlocked  Point = "grow.unlocked"   // it released its arena's lock to wait (for a relief, or a chunk in its way)
+	GrowBlocked   Point = "grow.blocked"    // a growth, holding nothing, is about to wait for a chunk in its way (passed with the pool)
 	GrowRelocked  Point = "grow.relocked"   // it took its arena's lock again after the relief
 	GrowFailed    Point = "grow.failed"     // it failed and undid its promise, before it wakes the waiters
 	ReliefBegin   Point = "relief.begin"    // a relief starts, holding no lock
@@ -28,13 +29,16 @@ const (
 	ReliefWaited  Point = "relief.waited"   // their events completed, before the unmaps
 	ReliefDone    Point = "relief.done"     // it handed the chunks over
 	GiveLocked    Point = "give.locked"     // a member holds its lock while it gives chunks to a relief
-	CloseWaiting  Point = "close.waiting"   // a Close holds its arena's lock and is about to wait for the device
+	CloseLocked   Point = "close.locked"    // a Close holds its arena's lock, before it marks the arena closing
+	CloseWaiting  Point = "close.waiting"   // a Close marked its arena closing, released its lock, and is about to wait for the device
 	WakeAsked     Point = "wake.asked"      // a Wake asked the worker to refill the headroom, still holding its arena's lock
 	WaitEnqueued  Point = "wait.enqueued"   // a growth joined the queue of waiters
 	WaitWoken     Point = "wait.woken"      // a waiter woke, before its retry
 	WaitServed    Point = "wait.served"     // a waiting growth succeeded, before it leaves the queue
+	WaitDeadlock  Point = "wait.deadlock"   // a waiter fails: every holder of the memory waits (chunk.ErrDeadlock)
 	ReleaseQueued Point = "release.queued"  // chunks were handed to wait for the device
 	ReleaseUnmap  Point = "release.unmap"   // a chunk that waited for the device is about to be unmapped
+	ShareExported Point = "share.exported"  // Share exported the chunks and let go of its arena's lock, before it sends them
 )
 
 var hook atomic.Pointer[func(Point, any)]

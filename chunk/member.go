@@ -1,0 +1,95 @@
+package chunk
+
+import (
+	"slices"
+	"sync/atomic"
+
+	"github.com/vmarena/vmarena/acl"
+)
+
+// A Client is a pool member: something that holds chunks mapped but unused
+// and can give them back under pressure, and may keep mapped headroom that
+// the pool's worker refills. Arenas are clients.
+//
+// Its methods never wait: the pool calls them while it holds its own locks
+// (Reclaimable and Held under its mutex, Give under its reliefMu), and from
+// its worker, which never waits.
+type Client interface {
+	// Reclaimable reports, without blocking, how many chunks the client
+	// would give the relief with ticket by now (Give), and whether it is
+	// idle (uses none).
+	Reclaimable(by Ticket) (chunks int, idle bool)
+	// Held reports, without blocking, how many chunks the client holds
+	// mapped, in use or not.
+	Held() int
+	// Give detaches up to n chunks from the top of the client's mapped
+	// memory for the relief with ticket by: above what it uses, what it
+	// promised and, while its own growth is protected from that relief
+	// (Growth.ProtectedFrom), what that growth is growing into. It hands
+	// them over still mapped, lowest address first, with the streams
+	// whose queued work may touch them (none: any work on the device may),
+	// by calling take while it still holds its lock, so that no growth of
+	// its own can map over them before the pool has them in its books. The
+	// pool orders their unmaps and owns them from then on. It returns how
+	// many it gave. It never waits for its lock: when the lock is held it
+	// gives nothing and reports busy, and the relief comes back to it.
+	Give(n int, by Ticket, take func(ms []Mapped, streams []acl.Stream)) (given int, busy bool)
+	// Refill maps the headroom the client keeps, with memory that is free
+	// now (a speculative growth: TryAcquire, and no wait for a chunk in its
+	// way). The pool clears the member's request before it calls Refill, so
+	// a client that cannot refill now (its lock is busy, a chunk in its way)
+	// asks again (Member.WantRefill) rather than drop the request: the
+	// worker serves it on its next round.
+	Refill()
+}
+
+// A Member is a Client's membership of a pool.
+type Member struct {
+	p    *Pool
+	c    Client
+	w    *worker // the pool's worker, when the member asked for refills
+	last atomic.Uint64
+	want atomic.Bool
+}
+
+// Join makes c a member of the pool: it may be asked to give chunks back
+// under pressure and, if refill is set, to refill its headroom from the
+// pool's background worker (which Join starts). Leave ends the membership.
+func (p Lender) Join(c Client, refill bool) (*Member, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrClosed
+	}
+	m := &Member{p: p.Pool, c: c}
+	if refill {
+		m.w = p.workerLocked()
+	}
+	m.last.Store(p.tick.Add(1))
+	p.members = append(p.members, m)
+	return m, nil
+}
+
+// Leave ends the membership. It is safe to call more than once.
+func (m *Member) Leave() {
+	m.p.mu.Lock()
+	if i := slices.Index(m.p.members, m); i >= 0 {
+		m.p.members = slices.Delete(m.p.members, i, i+1)
+	}
+	m.p.mu.Unlock()
+}
+
+// Touch records that the member was just used, for the least-recently-used
+// order of reclaims.
+func (m *Member) Touch() { m.last.Store(m.p.tick.Add(1)) }
+
+// WantRefill asks the pool's worker to refill the member's headroom soon. It
+// takes no lock, allocates nothing and never blocks: an arena's lock-free
+// Alloc calls it when its headroom runs low. It does nothing for a member
+// that joined without refills.
+func (m *Member) WantRefill() {
+	if m.w == nil || m.want.Load() || !m.want.CompareAndSwap(false, true) {
+		return
+	}
+	m.w.poke()
+}

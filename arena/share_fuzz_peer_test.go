@@ -19,6 +19,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/sched"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 // The sharing fuzzers that run a whole hand-over against a peer in this
@@ -54,9 +55,7 @@ func FuzzShareHandOn(f *testing.F) {
 		f.Add(uint8(side), uint8(asConnector), uint8(asOtherUser))
 	}
 	f.Fuzz(func(t *testing.T, side, first, later uint8) {
-		if os.Geteuid() != 0 {
-			t.Skip("needs root, to claim the credentials of the process that connected")
-		}
+		skip.NotRoot(t, "the fuzzer must claim the credentials of the process that connected")
 		side, first, later = side%2, first%credChoices, later%credChoices
 		l, path := ipctest.Listen(t)
 		c := ipctest.Pass(t, path)

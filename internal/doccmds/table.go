@@ -37,7 +37,8 @@ const (
 	ciFuzz      = "go test -run '^$' -fuzz '^FuzzModel$' -fuzztime=4000x -fuzzminimizetime=100x ./arena"
 	ciStress    = "VMARENA_STRESS_ROUNDS=2000 go test -race -count=1 -run '^TestStress$' -v ./arena"
 	ciBadInput  = "go test -count=1 -run '^(TestBadInput|TestZeroConfig|TestRegression.*|TestTrapStale|TestTenantIsolation|TestFreshChunksScrubbed|TestScrubFailureKeepsChunkDirty|TestBudgetIsolation|TestScrubOn.*|TestGetForPrefersOwnChunk|TestMapErrMapped)$' -v ./arena ./chunk"
-	ciPressure  = "VMARENA_PRESSURE_ROUNDS=100000 go test -race -count=1 -v"
+	ciPressure  = "VMARENA_PRESSURE_ROUNDS=100000 VMARENA_KERNEL_MS=3000 go test -race -count=1 -v"
+	ciShareFuzz = `go test -run '^$' -fuzz "^$f\$" -fuzztime=200x -fuzzminimizetime=20x ./arena`
 	ciArm64     = "bash .ci/arm64.sh"
 	ciThisCheck = "go run ./internal/doccmds"
 
@@ -129,6 +130,11 @@ var table = []entry{
 	{cmd: "go test -run 'Relief|FailedGrowth|LockFree|CopiesRace' -v ./arena", how: byCI, line: ciTests},
 	{cmd: "go test -run 'RefillYields|WakeRefill' -v ./arena", how: byCI, line: ciTests},
 	{cmd: "VMARENA_PRESSURE_ROUNDS=100000 go test -race -run '^TestPressureStress$' -v ./arena", how: byCI, line: ciPressure},
+	{cmd: "VMARENA_KERNEL_MS=3000 go test -race -run '^TestPressureKernelStress$' -v ./arena", how: byCI, line: ciPressure},
+	{cmd: "go test -run 'NotWait|HoldsNothing|NeverWait|Honours|WokenByAnother|EndsThe|InFlight|AllHolders' -v ./arena", how: byCI, line: ciTests},
+	{cmd: "go test -run 'Stale' -v ./arena", how: byCI, line: ciTests},
+	{cmd: "go test -run 'HandedOn' ./arena ./acl/ipc", how: byCI, line: ciTests},
+	{cmd: "go test -run '^$' -fuzz '^FuzzShareHandOn$' -fuzztime=200x ./arena", how: byCI, line: ciShareFuzz},
 	{cmd: "go test -run 'GrowContext|Wait' -v ./arena ./chunk", how: byCI, line: ciTests},
 	{cmd: "go test -run 'Share|Import' -v ./arena ./chunk ./acl/host", how: byCI, line: ciTests},
 	{cmd: "go test -run '^TestBadInput$' -v ./arena", how: byCI, line: ciTests},

@@ -15,7 +15,10 @@
 //   - [IfShort]: go test -short;
 //   - [ByFlag]: another go test flag that takes what the test needs (-trace);
 //   - [NoGCC]: no C compiler (or its binutils) to build a test double; under
-//     CI=true this fails instead, since CI's machine has one.
+//     CI=true this fails instead, since CI's machine has one;
+//   - [NotRoot]: the test must act as another user (run a process under
+//     another uid, claim another process's credentials), which only root
+//     may; under CI=true this fails instead, since CI runs as root.
 //
 // Anything else is a failure: a double or fixture of ours that does not
 // build, a file we ship that does not parse, a helper that is missing. Such a
@@ -42,10 +45,11 @@ const (
 	Short    Reason = "short"    // go test -short
 	Flag     Reason = "flag"     // a go test flag that takes what the test needs
 	GCC      Reason = "gcc"      // no C toolchain to build a test double
+	Root     Reason = "root"     // not root, and the test must act as another user
 )
 
 // Reasons lists every reason, in the order the checker reports them.
-var Reasons = []Reason{Device, Platform, Short, Flag, GCC}
+var Reasons = []Reason{Device, Platform, Short, Flag, GCC, Root}
 
 // CIEnv is the variable CI sets (to "true"). Under it, NoGCC fails.
 const CIEnv = "CI"
@@ -54,12 +58,12 @@ const CIEnv = "CI"
 func InCI() bool { return os.Getenv(CIEnv) == "true" }
 
 // Allowed reports whether a skip tagged r is allowed: every reason is,
-// except GCC under CI.
+// except GCC and Root under CI.
 func Allowed(r Reason, ci bool) bool {
 	switch r {
 	case Device, Platform, Short, Flag:
 		return true
-	case GCC:
+	case GCC, Root:
 		return !ci
 	}
 	return false
@@ -121,6 +125,20 @@ func NoGCC(t testing.TB, err error) {
 		t.Fatalf("%v (%s=true: CI has a C toolchain, so this is a failure, not a skip)", err, CIEnv)
 	}
 	skipf(t, GCC, "%v", []any{err})
+}
+
+// NotRoot skips t unless the process runs as root (effective uid 0); why
+// says what the test must do as another user. Under CI=true it fails
+// instead: CI runs as root, so there the test must run.
+func NotRoot(t testing.TB, why string) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if InCI() {
+		t.Fatalf("not root, and %s (%s=true: CI runs as root, so this is a failure, not a skip)", why, CIEnv)
+	}
+	skipf(t, Root, "not root, and %s", []any{why})
 }
 
 // CC returns the C compiler the tests build their doubles with: $CC, else

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/acl/ipc"
+	"github.com/vmarena/vmarena/internal/skip"
 )
 
 // Handing a connected socket on.
@@ -323,9 +324,7 @@ func run(c *net.UnixConn, steps []Step) Report {
 // need to run a process as another user.
 func NeedRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root, to run the process the socket is handed to as another user")
-	}
+	skip.NotRoot(t, "the test must run the process the socket is handed to as another user")
 }
 
 // Listen returns a Unix socket listening in a directory of the test's, and

@@ -511,7 +511,7 @@ func (w *world) checkDriver(arenaChunks, reserved int) (msg string, inFlight boo
 	ps := w.pool.Stats()
 	live := w.hd.Live()
 	after := w.pool.Stats()
-	inFlight = ps.Pending > 0 || after.Pending != ps.Pending || after.Ordered != ps.Ordered
+	inFlight = ps.Pending > 0 || ps.Freeing > 0 || after.Freeing > 0 || after.Pending != ps.Pending || after.Ordered != ps.Ordered
 	mapped := arenaChunks + ps.Pending
 	switch {
 	case live.Reservations != len(w.open) || live.ReservedBytes != uintptr(reserved):

@@ -145,7 +145,8 @@ type Stats struct {
 	InUse     int   // chunks handed out and not yet Put back (mapped, or waiting to be unmapped)
 	Cached    int   // chunks in the reuse cache
 	Pending   int   // chunks of InUse waiting for the device before they are unmapped
-	HeldBytes int64 // physical bytes held: (InUse + Cached) × ChunkSize
+	Freeing   int   // chunks on their way back to the driver: out of the books of InUse and Cached, still counted by HeldBytes and the budget until FreePhysical returns
+	HeldBytes int64 // physical bytes held: (InUse + Cached + Freeing) × ChunkSize
 	Budget    int64 // Config.Budget; 0 when none
 	Hits      int64 // chunks handed out from the cache
 	Misses    int64 // chunks that called MallocPhysical
@@ -750,6 +751,7 @@ func (p *Pool) Stats() Stats {
 	s := p.stats
 	s.HeldBytes = int64(p.held)
 	s.Pending = p.pending.chunks
+	s.Freeing = p.freeing
 	s.Waiters = len(p.wq.q)
 	return s
 }

@@ -83,7 +83,7 @@ var table = []entry{
 	{cmd: "go test ./bench", how: byCI, line: ciTests},
 	{cmd: "go run ./bench -calibrate -device cuda", how: needsDevice, want: noGPU},
 	{cmd: "go run ./bench -calibrate -device cuda -profile-out h200-mine.json", how: needsDevice, want: noGPU},
-	{cmd: "VMARENA_DEVICE=model:h200-mine.json go run ./bench", how: needsDevice, want: "model: open h200-mine.json: no such file or directory"},
+	{cmd: "VMARENA_DEVICE=model:h200-mine.json go run ./bench", how: needsDevice, want: "model: profile h200-mine.json: open h200-mine.json: no such file or directory"},
 	{cmd: "VMARENA_DEVICE=cuda go run ./bench", how: needsDevice, want: noGPU},
 	{cmd: "VMARENA_DEVICE=ascend go run ./bench", how: needsDevice, want: noNPU},
 	{cmd: "go run ./bench -device ascend:1 -count 3 -out npu/", how: needsDevice, want: noNPU},

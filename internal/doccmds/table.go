@@ -62,6 +62,8 @@ var table = []entry{
 	{cmd: "go test -race -json ./...", how: byCI, line: ciTests},
 	{cmd: "go run ./internal/skipcheck", how: byCI, line: ciTests + " | go run ./internal/skipcheck"},
 	{cmd: "go test -json ./acl/ascend | go run ./internal/skipcheck -v", how: asWritten},
+	{cmd: "go test ./internal/boundary", how: byCI, line: ciTests},
+	{cmd: "go test ./internal/leakgate", how: byCI, line: ciTests},
 
 	// The benchmark suite.
 	// The full suite takes minutes (2.5–3 on the host driver, 1.7–2.6 on the

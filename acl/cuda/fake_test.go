@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl"
-	"github.com/vmarena/vmarena/internal/leakgate"
+	"github.com/vmarena/vmarena/internal/leakgate/arenagate"
 	"github.com/vmarena/vmarena/internal/skip"
 )
 
@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 		// can hang under qemu-user (.ci/arm64.sh).
 		double.once.Do(buildDouble)
 	}
-	code := leakgate.Run(m)
+	code := arenagate.Run(m)
 	if double.dir != "" {
 		os.RemoveAll(double.dir)
 	}

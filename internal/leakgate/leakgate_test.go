@@ -134,3 +134,24 @@ func TestFailureWins(t *testing.T) {
 		t.Fatalf("Finish(1) = %d, report %q", code, out)
 	}
 }
+
+// The device files a vendor runtime keeps are the only descriptors allowed
+// by name; a memory file or any other file is a leak.
+func TestAllowedDescriptors(t *testing.T) {
+	for target, want := range map[string]bool{
+		"/dev/nvidiactl":                true,
+		"/dev/nvidia-uvm":               true,
+		"/dev/davinci0":                 true,
+		"/dev/davinci_manager":          true,
+		"/dev/devmm_svm":                true,
+		"/dev/hisi_hdc":                 true,
+		"/dev/null":                     false,
+		"/memfd:vmarena-host (deleted)": false,
+		"socket:[1234]":                 false,
+		"/tmp/x/dev/nvidia0":            false,
+	} {
+		if got := allowedFD(target); got != want {
+			t.Errorf("allowedFD(%q) = %v, want %v", target, got, want)
+		}
+	}
+}

@@ -32,7 +32,9 @@
 //   - the process's default driver (arena.DefaultDriver): package arenagate
 //     opens it before the baseline, so its descriptor (the host driver's
 //     memory file) and anything it started are part of the process as the
-//     tests found it; what it holds for callers must be zero at the end.
+//     tests found it; what it holds for callers must be zero at the end
+//     (acl/host's tests, which use no arena, do the same for
+//     host.Default with Live).
 //
 // Descriptors are read from /proc/self/fd, on Linux only; elsewhere the
 // gate checks goroutines and the Checks.

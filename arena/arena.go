@@ -279,7 +279,7 @@ func New(cfg Config) (*Arena, error) {
 	a.hr.max = min(a.hr.max, a.reserved)
 	m, err := pool.Lender().Join(client{a}, a.hr.min > 0)
 	if err != nil {
-		return fail(errors.Join(fmt.Errorf("arena: %w", err), a.releaseReservation()))
+		return fail(errors.Join(joinErr(err), a.releaseReservation()))
 	}
 	a.member = m
 	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), maxAlignShift)
@@ -587,8 +587,7 @@ func (a *Arena) allocSlowContext(ctx context.Context, size, align uint64) (Buffe
 		s := a.state.Load() // never frozen: freezing happens under mu
 		start := (s&lenMask + align - 1) &^ (align - 1)
 		if size > a.reserved || start > a.reserved-size {
-			return Buffer{}, fmt.Errorf("arena: alloc %s at %d: %w: %s reserved", units.Ubytes(size), start, ErrExhausted,
-				units.Ubytes(a.reserved))
+			return Buffer{}, a.exhausted(fmt.Sprintf("alloc %s at %d", units.Ubytes(size), start))
 		}
 		end := start + size
 		if end > a.cap.Load() {
@@ -633,8 +632,7 @@ func (a *Arena) grow(ctx context.Context, n int) error {
 	a.member.Touch()
 	l := a.state.Load() & lenMask
 	if uint64(n) > a.reserved-l {
-		return fmt.Errorf("arena: grow by %s at %d: %w: %s reserved", units.Bytes(int64(n)), l, ErrExhausted,
-			units.Ubytes(a.reserved))
+		return a.exhausted(fmt.Sprintf("grow by %s at %d", units.Bytes(int64(n)), l))
 	}
 	if l+uint64(n) > a.cap.Load() {
 		a.missed()

@@ -2,9 +2,11 @@ package arena
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/units"
 )
 
 // Sentinels callers branch on with errors.Is.
@@ -60,3 +62,21 @@ type poolClosed struct{ err error }
 func (e poolClosed) Error() string        { return e.err.Error() }
 func (e poolClosed) Unwrap() error        { return e.err }
 func (e poolClosed) Is(target error) bool { return target == ErrClosed }
+
+// exhausted is the error of a request (what, as "grow by 4 MiB at 0") that
+// passes the reservation. It names the one remedy, Config.Reserve: the base
+// never moves, so no arena grows past what it reserved when it was made.
+func (a *Arena) exhausted(what string) error {
+	return fmt.Errorf("arena: %s: %w: %s reserved, the most this arena can ever map; make it with a larger Config.Reserve",
+		what, ErrExhausted, units.Ubytes(a.reserved))
+}
+
+// joinErr is the error of New, or Import, when the pool refuses the new
+// arena: a closed shared pool matches ErrClosed, as the arena's growths do
+// once it is closed under them, and chunk.ErrClosed still.
+func joinErr(err error) error {
+	if errors.Is(err, chunk.ErrClosed) {
+		return fmt.Errorf("arena: %w", poolClosed{err})
+	}
+	return fmt.Errorf("arena: %w", err)
+}

@@ -124,8 +124,9 @@ func (a *Arena) wantHeadroom(end uint64) {
 // Prefetch replaces an earlier one that the worker has not served yet, when
 // larger. Prefetch of 0 bytes, or of bytes already mapped, does nothing.
 //
-// An arena without Config.Headroom has no worker serving it: there Prefetch
-// only checks its argument. It fails with ErrInvalid for a negative n,
+// An arena without Config.Headroom keeps no headroom, but its Prefetch is
+// served the same way: the first one starts the pool's worker if it is not
+// running. Prefetch fails with ErrInvalid for a negative n,
 // ErrExhausted when Len+n passes the reservation, ErrImported on an
 // Imported arena, ErrAsleep while the arena sleeps and ErrClosed after
 // Close.
@@ -146,20 +147,30 @@ func (a *Arena) Prefetch(n int) error {
 	}
 	l := a.state.Load() & lenMask
 	if uint64(n) > a.reserved-l {
-		return fmt.Errorf("arena: prefetch %s at %d: %w: %s reserved", units.Bytes(int64(n)), l, ErrExhausted,
-			units.Ubytes(a.reserved))
+		return a.exhausted(fmt.Sprintf("prefetch %s at %d", units.Bytes(int64(n)), l))
 	}
 	want := l + uint64(n)
-	if n == 0 || a.hr.min == 0 || want <= a.cap.Load() {
+	if n == 0 || want <= a.cap.Load() {
 		return nil
 	}
 	for p := a.hr.prefetch.Load(); p < want; p = a.hr.prefetch.Load() {
 		if a.hr.prefetch.CompareAndSwap(p, want) {
-			a.member.WantRefill()
+			a.askRefill()
 			break
 		}
 	}
 	return nil
+}
+
+// askRefill asks the pool's worker for a refill: without a lock when the
+// arena keeps headroom (it joined the pool for refills), else through the
+// pool's mutex, which starts the worker for a Prefetch.
+func (a *Arena) askRefill() {
+	if a.hr.min > 0 {
+		a.member.WantRefill()
+		return
+	}
+	a.member.AskRefill()
 }
 
 // refillLocked maps, with memory free now, the learnt headroom above Len and
@@ -189,7 +200,7 @@ func (a *Arena) refillLocked() {
 		if errors.Is(err, chunk.ErrBusy) {
 			// A relief holds chunks in its way: the worker comes back for it.
 			h.prefetch.CompareAndSwap(0, p)
-			a.member.WantRefill()
+			a.askRefill()
 		}
 	}
 	mapped := false

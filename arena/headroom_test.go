@@ -70,16 +70,36 @@ func TestPrefetchBadInput(t *testing.T) {
 	require.ErrorIs(t, a.Prefetch(-1), arena.ErrInvalid)
 	require.ErrorIs(t, a.Prefetch(5*cg), arena.ErrExhausted)
 	require.NoError(t, a.Prefetch(0))
-	eager := e.arena(t, arena.Config{})
-	require.NoError(t, eager.Prefetch(cg), "no worker: nothing to do")
-	e.pool.Lender().Settle()
-	assert.Zero(t, eager.Cap())
 	b, err := arena.New(arena.Config{Pool: e.pool, Reserve: 4 * cg})
 	require.NoError(t, err)
 	require.NoError(t, b.Close())
 	require.ErrorIs(t, b.Prefetch(cg), arena.ErrClosed)
 	var zero arena.Arena
 	require.ErrorIs(t, zero.Prefetch(cg), arena.ErrInvalid)
+}
+
+// An arena without Config.Headroom is served too: its first Prefetch starts
+// the pool's worker, which maps what was asked for, once, and keeps no
+// headroom after it.
+func TestPrefetchWithoutHeadroom(t *testing.T) {
+	e := newDeferredEnv(t, chunk.Config{})
+	a := e.arena(t, arena.Config{})
+	_, err := a.Alloc(cg/2, 256)
+	require.NoError(t, err)
+	require.Equal(t, cg, a.Cap())
+	require.NoError(t, a.Prefetch(3*cg))
+	e.pool.Lender().Settle()
+	require.GreaterOrEqual(t, a.Cap(), a.Len()+3*cg, "mapped by the worker")
+	assert.Equal(t, int64(1), a.Stats().Refills)
+
+	maps := e.fd.Calls(faultdriver.MapMem)
+	require.NoError(t, a.Grow(3*cg))
+	assert.Equal(t, maps, e.fd.Calls(faultdriver.MapMem), "the Grow found it mapped")
+	_, err = a.Alloc(3*cg, 256)
+	require.NoError(t, err)
+	e.pool.Lender().Settle()
+	assert.Equal(t, (a.Len()+cg-1)/cg*cg, a.Cap(), "no headroom is kept: the prefetch was served once")
+	assert.Equal(t, int64(1), a.Stats().Refills)
 }
 
 // What a prefetch mapped is headroom, not a promise: another arena's growth

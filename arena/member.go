@@ -18,6 +18,8 @@ import (
 // next round). An arena that is not open gives nothing.
 type client struct{ a *Arena }
 
+var _ chunk.Meter = client{}
+
 // Reclaimable reports the chunks wholly above what the arena keeps (see
 // keepBytes), and whether Len is 0, from the atomic words alone.
 func (c client) Reclaimable(by chunk.Ticket) (int, bool) {
@@ -32,6 +34,13 @@ func (c client) Reclaimable(by chunk.Ticket) (int, bool) {
 
 // Held reports the chunks mapped below Cap, from the atomic word alone.
 func (c client) Held() int { return int(c.a.cap.Load() / c.a.chunkSize) }
+
+// Used reports the bytes in use that are mapped: Len, or none while the
+// arena sleeps (its bytes are on the host, or dropped), from the atomic
+// words alone (chunk.Meter).
+func (c client) Used() int64 {
+	return int64(min(c.a.state.Load()&lenMask, c.a.cap.Load()))
+}
 
 // keepBytes is what the relief with ticket by leaves mapped when Len is l:
 // l, what Grow promised and, while a growth of the arena is protected from

@@ -951,7 +951,7 @@ func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant
 	}
 	m, err := pool.Lender().Join(client{a}, false)
 	if err != nil {
-		return giveBack(errors.Join(fmt.Errorf("arena: %w", err), a.releaseReservation()))
+		return giveBack(errors.Join(joinErr(err), a.releaseReservation()))
 	}
 	a.member = m
 	a.maxAlign = 1 << min(bits.TrailingZeros64(uint64(a.base)), 30)

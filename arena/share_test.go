@@ -29,6 +29,7 @@ import (
 	"github.com/vmarena/vmarena/acl/ipc/ipctest"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/leakgate/arenagate"
 )
 
 // The sharing tests run real processes: the test binary starts itself again
@@ -47,7 +48,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	arenagate.Main(m)
 }
 
 const shareChunk = 2 << 20

@@ -102,6 +102,35 @@ func TestGrowAfterPoolClosed(t *testing.T) {
 	require.NoError(t, b.Close())
 }
 
+// New on a shared pool that was closed fails with an error that matches
+// ErrClosed (and chunk.ErrClosed), and keeps no reservation.
+func TestNewOnClosedPool(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	pool, err := chunk.New(d, chunk.Config{})
+	require.NoError(t, err)
+	require.NoError(t, pool.Close())
+	a, err := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20})
+	require.Error(t, err)
+	assert.Nil(t, a)
+	assert.ErrorIs(t, err, arena.ErrClosed)
+	assert.ErrorIs(t, err, chunk.ErrClosed)
+	assert.Equal(t, "arena: chunk: pool closed", err.Error())
+	assert.Zero(t, d.Live().Reservations, "the reservation went back")
+}
+
+// A request past the reservation says how to get a larger one: Config.Reserve.
+func TestExhaustedNamesReserve(t *testing.T) {
+	a, err := arena.New(arena.Config{Driver: isoDriver(t, 64<<20), Reserve: 4 << 20})
+	require.NoError(t, err)
+	defer a.Close()
+	_, aerr := a.Alloc(8<<20, 1)
+	for _, err := range []error{a.Grow(8 << 20), aerr, a.Prefetch(8 << 20)} {
+		assert.ErrorIs(t, err, arena.ErrExhausted)
+		assert.ErrorContains(t, err, "4 MiB) reserved")
+		assert.ErrorContains(t, err, "Config.Reserve")
+	}
+}
+
 // Stats.Maps and Unmaps count the chunks placed in and taken out of the
 // range: without streams, one MapMem or UnmapMem call each.
 func TestStatsCountMapCalls(t *testing.T) {

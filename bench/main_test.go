@@ -3,6 +3,8 @@ package main
 import (
 	"os"
 	"testing"
+
+	"github.com/vmarena/vmarena/internal/leakgate/arenagate"
 )
 
 // TestMain lets the test binary serve as the suite's fresh processes
@@ -12,5 +14,5 @@ func TestMain(m *testing.M) {
 	if childMode(os.Args[1:]) {
 		return
 	}
-	os.Exit(m.Run())
+	arenagate.Main(m)
 }

@@ -615,3 +615,58 @@ func TestRegressionReliefClaimsWhatTheWorkerUnmaps(t *testing.T) {
 	close(goOn)
 	require.NoError(t, <-got, "the chunk the worker put back serves the Acquire")
 }
+
+// meter is a Client that reports the bytes it uses (a chunk.Meter).
+type meter struct {
+	refiller
+	used atomic.Int64
+}
+
+func (m *meter) Used() int64 { return m.used.Load() }
+
+// Stats counts the pool's members and adds up the bytes the Meters among
+// them use; a member that leaves takes its bytes with it.
+func TestStatsMembersAndUsed(t *testing.T) {
+	p, err := chunk.New(newDriver(t, 16<<20), chunk.Config{})
+	require.NoError(t, err)
+	defer p.Close()
+	a, b := &meter{}, &meter{}
+	a.used.Store(3 << 20)
+	b.used.Store(1 << 10)
+	ma, err := p.Lender().Join(a, false)
+	require.NoError(t, err)
+	mb, err := p.Lender().Join(b, false)
+	require.NoError(t, err)
+	mc, err := p.Lender().Join(&refiller{}, false) // not a Meter: a member, using nothing it reports
+	require.NoError(t, err)
+	s := p.Stats()
+	assert.Equal(t, 3, s.Members)
+	assert.Equal(t, int64(3<<20+1<<10), s.UsedBytes)
+	a.used.Store(5 << 20)
+	assert.Equal(t, int64(5<<20+1<<10), p.Stats().UsedBytes, "read at each Stats")
+	ma.Leave()
+	s = p.Stats()
+	assert.Equal(t, 2, s.Members)
+	assert.Equal(t, int64(1<<10), s.UsedBytes)
+	mb.Leave()
+	mc.Leave()
+	assert.Equal(t, chunk.Stats{ChunkSize: p.ChunkSize()}, p.Stats())
+}
+
+// AskRefill serves a member that joined without refills: it starts the
+// worker, which calls the member's Refill.
+func TestAskRefillStartsTheWorker(t *testing.T) {
+	p, err := chunk.New(newDriver(t, 16<<20), chunk.Config{})
+	require.NoError(t, err)
+	defer p.Close()
+	r := &refiller{}
+	m, err := p.Lender().Join(r, false)
+	require.NoError(t, err)
+	m.WantRefill() // does nothing: no refills were asked for at Join
+	p.Lender().Settle()
+	assert.Zero(t, r.n.Load())
+	m.AskRefill()
+	r.waitFor(t, 1)
+	require.NoError(t, p.Close())
+	m.AskRefill() // a closed pool: nothing
+}

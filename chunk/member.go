@@ -43,6 +43,17 @@ type Client interface {
 	Refill()
 }
 
+// A Meter is a Client that also says how much of the memory it holds is in
+// use, so that the pool's Stats can report the bytes its members use
+// (Stats.UsedBytes), which the pool cannot see: it lends whole chunks.
+// Arenas are Meters.
+type Meter interface {
+	Client
+	// Used reports, without blocking, how many bytes of the client's
+	// mapped memory are in use. The pool calls it under its mutex.
+	Used() int64
+}
+
 // A Member is a Client's membership of a pool.
 type Member struct {
 	p    *Pool
@@ -92,4 +103,14 @@ func (m *Member) WantRefill() {
 		return
 	}
 	m.w.poke()
+}
+
+// AskRefill asks the pool's worker for a refill of the member, as
+// WantRefill does, for a member that joined without refills too: it
+// starts the worker if it is not running, and so takes the pool's mutex.
+// It is for a request made once, off the allocation path (an arena's
+// Prefetch). It does nothing once the pool is closed.
+func (m *Member) AskRefill() {
+	m.want.Store(true)
+	m.p.wake()
 }

@@ -176,6 +176,9 @@ type Stats struct {
 
 	Exported int64 // chunks exported to other processes (Export); freed, not cached, when put back
 	Imported int64 // chunks imported from other processes (Import); freed when put back
+
+	Members   int   // clients that joined the pool (Lender.Join) and have not left: its arenas
+	UsedBytes int64 // bytes of the members' mapped memory in use, as those that are Meters report it (an arena: Len, while it is awake)
 }
 
 // Pool hands out chunks of one size from one driver.
@@ -753,6 +756,12 @@ func (p *Pool) Stats() Stats {
 	s.Pending = p.pending.chunks
 	s.Freeing = p.freeing
 	s.Waiters = len(p.wq.q)
+	s.Members = len(p.members)
+	for _, m := range p.members {
+		if u, ok := m.c.(Meter); ok {
+			s.UsedBytes += u.Used()
+		}
+	}
 	return s
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/ascend"
+	"github.com/vmarena/vmarena/internal/leakgate/arenagate"
 	"github.com/vmarena/vmarena/internal/skip"
 )
 
@@ -53,7 +54,7 @@ func TestMain(m *testing.M) {
 		// child of a fork made from a busy test binary.
 		built.once.Do(buildDouble)
 	}
-	code := m.Run()
+	code := arenagate.Run(m)
 	if built.dir != "" {
 		os.RemoveAll(built.dir)
 	}

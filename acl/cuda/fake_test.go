@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/leakgate/arenagate"
 	"github.com/vmarena/vmarena/internal/skip"
 )
 
@@ -42,7 +43,7 @@ func TestMain(m *testing.M) {
 		// can hang under qemu-user (.ci/arm64.sh).
 		double.once.Do(buildDouble)
 	}
-	code := m.Run()
+	code := arenagate.Run(m)
 	if double.dir != "" {
 		os.RemoveAll(double.dir)
 	}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/leakgate/arenagate"
 )
 
 // envChild makes the test binary, started again by runFromEnv, open
@@ -40,7 +41,7 @@ func TestMain(m *testing.M) {
 		fmt.Print(err.Error())
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	arenagate.Main(m) // TestZeroArenaConfigFollowsDeviceEnv uses the default driver
 }
 
 // runFromEnv opens spec as $VMARENA_DEVICE in another process, which fails

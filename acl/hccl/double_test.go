@@ -15,6 +15,7 @@ import (
 	"github.com/vmarena/vmarena/acl/acltest"
 	"github.com/vmarena/vmarena/acl/hccl"
 	"github.com/vmarena/vmarena/acl/internal/cdouble"
+	"github.com/vmarena/vmarena/internal/leakgate"
 )
 
 // The test double of HCCL, testdata/fakehccl.c, is compiled once per test
@@ -29,7 +30,7 @@ var doubles = &cdouble.Set{Libs: []cdouble.Lib{
 
 func TestMain(m *testing.M) {
 	doubles.Build()
-	code := m.Run()
+	code := leakgate.Run(m)
 	doubles.Remove()
 	os.Exit(code)
 }

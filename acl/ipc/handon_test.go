@@ -4,7 +4,6 @@ package ipc_test
 
 import (
 	"net"
-	"os"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -12,11 +11,12 @@ import (
 
 	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/acl/ipc/ipctest"
+	"github.com/vmarena/vmarena/internal/leakgate"
 )
 
 func TestMain(m *testing.M) {
 	ipctest.Child()
-	os.Exit(m.Run())
+	leakgate.Main(m)
 }
 
 // nobody is the user a handed-on socket goes to.

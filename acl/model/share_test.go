@@ -14,6 +14,7 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/acltest"
 	"github.com/vmarena/vmarena/acl/ipc"
+	"github.com/vmarena/vmarena/internal/leakgate"
 )
 
 // The test binary is also the importing process of TestShareAcrossProcesses:
@@ -29,7 +30,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	leakgate.Main(m)
 }
 
 // peerMain imports the descriptor it is sent into a model of its own, maps

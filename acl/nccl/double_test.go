@@ -13,6 +13,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl/internal/cdouble"
 	"github.com/vmarena/vmarena/acl/nccl"
+	"github.com/vmarena/vmarena/internal/leakgate"
 )
 
 // The test double of NCCL, testdata/fakenccl.c, is compiled once per test
@@ -27,7 +28,7 @@ var doubles = &cdouble.Set{Libs: []cdouble.Lib{
 
 func TestMain(m *testing.M) {
 	doubles.Build()
-	code := m.Run()
+	code := leakgate.Run(m)
 	doubles.Remove()
 	os.Exit(code)
 }

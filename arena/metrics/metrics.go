@@ -13,9 +13,18 @@
 //	reg.Publish("vmarena")                      // expvar: /debug/vars
 //	prometheus.MustRegister(prom.New(reg))      // Prometheus: package prom
 //
-// Values are read when they are collected (a scrape, an expvar read), from
-// arena.Stats, arena.Activity and chunk.Stats; nothing is kept in between,
-// and the allocator's paths pay nothing for it. Reading an arena's Stats
+// Watch pools by default and name arenas on request. A pool's series are
+// the pool's alone, however many arenas draw on it (about 20, among them
+// the bytes its arenas use, pool-wide, and how many there are), so a
+// server with a sequence per request exports a fixed set; AddArena adds
+// some 40 series for one arena, for the long-lived ones worth a line of
+// their own (the weights), never per request.
+//
+// Snapshot returns everything the registry exports in one struct, for a
+// dashboard or a status page; Collect, the expvar form and package prom
+// read the registry through it. Values are read then (a scrape, an expvar
+// read, a Snapshot), from chunk.Stats, arena.Stats and arena.Activity;
+// nothing is kept in between, and the allocator's paths pay nothing for it. Reading an arena's Stats
 // takes its lock, so a scrape waits for a growth under way on it. Remove an
 // arena from the registry when it is closed; a closed arena still reports
 // its last values.
@@ -135,6 +144,8 @@ var poolRows = []row[*chunk.Stats]{
 	{pm("cached_bytes", "Bytes of chunks in the reuse cache.", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.Cached) * float64(s.ChunkSize) }},
 	{pm("pending_bytes", "Bytes of chunks released and waiting for the device before they are unmapped.", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.Pending) * float64(s.ChunkSize) }},
 	{pm("budget_bytes", "The pool's budget; 0 when none.", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.Budget) }},
+	{pm("used_bytes", "Bytes in use in the pool's arenas: the sum of their Len, while awake.", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.UsedBytes) }},
+	{pm("arenas", "Arenas drawing on the pool (its members).", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.Members) }},
 	{pm("hits_total", "Chunks handed out from the cache.", Counter), "", func(s *chunk.Stats) float64 { return float64(s.Hits) }},
 	{pm("allocs_total", "Physical allocations.", Counter), "", func(s *chunk.Stats) float64 { return float64(s.Allocs) }},
 	{pm("frees_total", "Physical frees.", Counter), "", func(s *chunk.Stats) float64 { return float64(s.Frees) }},
@@ -149,9 +160,8 @@ var poolRows = []row[*chunk.Stats]{
 	{pm("sync_fallbacks_total", "Stream-ordered releases that fell back to a device-wide wait.", Counter), "", func(s *chunk.Stats) float64 { return float64(s.SyncFallbacks) }},
 	{pm("worker_seconds_total", "Time the background worker spent working.", Counter), "", func(s *chunk.Stats) float64 { return float64(s.WorkerNS) / 1e9 }},
 	{pm("worker_throttled_seconds_total", "Time the background worker held its rounds back to stay within its CPU cap.", Counter), "", func(s *chunk.Stats) float64 { return float64(s.WorkerThrottledNS) / 1e9 }},
+	{pm("waiters", "Growths waiting for memory in the pool's queue.", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.Waiters) }},
 }
-
-var waiters = pm("waiters", "Growths waiting for memory in the pool's queue.", Gauge)
 
 // Metrics returns every metric a Registry exports.
 func Metrics() []*Metric {
@@ -167,7 +177,6 @@ func Metrics() []*Metric {
 	for _, r := range poolRows {
 		add(r.m)
 	}
-	add(waiters)
 	return ms
 }
 
@@ -238,28 +247,68 @@ func remove[T any](r *Registry, list *[]member[T], name string) {
 	*list = slices.DeleteFunc(*list, func(m member[T]) bool { return m.name == name })
 }
 
-// Collect reads every arena and pool once and passes f a Sample per
-// series: arenas, then pools, in the order they were added.
-func (r *Registry) Collect(f func(Sample)) {
+// A Snapshot is everything a Registry exports, read in one call: what a
+// dashboard shows, as PyTorch's memory_stats is for its allocator. Collect,
+// the expvar form and package prom all read the registry through it, so
+// the three agree with it.
+type Snapshot struct {
+	Pools  []PoolSnapshot  // in the order they were added
+	Arenas []ArenaSnapshot // likewise: only those added by name (AddArena)
+}
+
+// A PoolSnapshot is a pool's values: its Stats, which count its chunks and
+// the arenas drawing on it (Members, UsedBytes: the bytes in use, pool-wide).
+type PoolSnapshot struct {
+	Name  string
+	Stats chunk.Stats
+}
+
+// An ArenaSnapshot is an arena's values.
+type ArenaSnapshot struct {
+	Name     string
+	Stats    arena.Stats
+	Activity arena.Activity
+}
+
+// Snapshot reads every pool and arena of the registry once. A pool's
+// figures are read under its mutex, at one moment; an arena's Stats under
+// its lock (so a Snapshot waits for a growth under way on it), its
+// Activity without; pools and arenas are read one after another, not at
+// one moment together.
+func (r *Registry) Snapshot() Snapshot {
 	r.mu.Lock()
 	arenas, pools := slices.Clone(r.arenas), slices.Clone(r.pools)
 	r.mu.Unlock()
+	s := Snapshot{Pools: make([]PoolSnapshot, 0, len(pools)), Arenas: make([]ArenaSnapshot, 0, len(arenas))}
+	for _, m := range pools {
+		s.Pools = append(s.Pools, PoolSnapshot{Name: m.name, Stats: m.v.Stats()})
+	}
 	for _, m := range arenas {
-		v := &arenaView{m.v.Stats(), m.v.Activity()}
+		s.Arenas = append(s.Arenas, ArenaSnapshot{Name: m.name, Stats: m.v.Stats(), Activity: m.v.Activity()})
+	}
+	return s
+}
+
+// Collect reads every arena and pool once (a Snapshot) and passes f a
+// Sample per series: arenas, then pools, in the order they were added.
+func (r *Registry) Collect(f func(Sample)) {
+	s := r.Snapshot()
+	for i := range s.Arenas {
+		a := &s.Arenas[i]
+		v := &arenaView{a.Stats, a.Activity}
 		for _, row := range arenaRows {
 			if row.m.Kind == Histogram {
-				f(Sample{Metric: row.m, Name: m.name, Hist: durations(v.act.GrowTime)})
+				f(Sample{Metric: row.m, Name: a.Name, Hist: durations(v.act.GrowTime)})
 				continue
 			}
-			f(Sample{Metric: row.m, Name: m.name, Label: row.label, Value: row.value(v)})
+			f(Sample{Metric: row.m, Name: a.Name, Label: row.label, Value: row.value(v)})
 		}
 	}
-	for _, m := range pools {
-		s := m.v.Stats()
+	for i := range s.Pools {
+		p := &s.Pools[i]
 		for _, row := range poolRows {
-			f(Sample{Metric: row.m, Name: m.name, Label: row.label, Value: row.value(&s)})
+			f(Sample{Metric: row.m, Name: p.Name, Label: row.label, Value: row.value(&p.Stats)})
 		}
-		f(Sample{Metric: waiters, Name: m.name, Value: float64(m.v.Stats().Waiters)})
 	}
 }
 

@@ -1,6 +1,7 @@
 package metrics_test
 
 import (
+	"context"
 	"encoding/json"
 	"expvar"
 	"fmt"
@@ -107,6 +108,8 @@ func TestValuesAfterKnownOperations(t *testing.T) {
 		"vmarena_pool_ooms_total{shared}":          1,
 		"vmarena_pool_device_syncs_total{shared}":  1, // kv's Shrink
 		"vmarena_pool_waiters{shared}":             0,
+		"vmarena_pool_used_bytes{shared}":          g, // kv's Len; other grew, but allocated nothing
+		"vmarena_pool_arenas{shared}":              2,
 	} {
 		got, ok := v[k]
 		if assert.True(t, ok, "%s is exported", k) {
@@ -129,6 +132,39 @@ func TestValuesAfterKnownOperations(t *testing.T) {
 		assert.NotEmpty(t, m.Help, m.Name)
 		assert.True(t, strings.HasPrefix(m.Name, "vmarena_"+m.Owner+"_"), m.Name)
 	}
+}
+
+// A Snapshot holds what each pool's and arena's own calls return, and the
+// samples Collect passes on are its values.
+func TestSnapshot(t *testing.T) {
+	w := newWorld(t)
+	s := w.reg.Snapshot()
+	require.Len(t, s.Pools, 1)
+	require.Len(t, s.Arenas, 2)
+	assert.Equal(t, "shared", s.Pools[0].Name)
+	assert.Equal(t, w.pool.Stats(), s.Pools[0].Stats)
+	assert.Equal(t, 2, s.Pools[0].Stats.Members)
+	assert.Equal(t, int64(w.kv.Len()+w.other.Len()), s.Pools[0].Stats.UsedBytes)
+	assert.Equal(t, "kv", s.Arenas[0].Name)
+	assert.Equal(t, w.kv.Stats(), s.Arenas[0].Stats)
+	assert.Equal(t, w.kv.Activity(), s.Arenas[0].Activity)
+	assert.Equal(t, "other", s.Arenas[1].Name)
+
+	v, _ := values(w.reg)
+	assert.Equal(t, float64(s.Pools[0].Stats.HeldBytes), v["vmarena_pool_held_bytes{shared}"])
+	assert.Equal(t, float64(s.Arenas[1].Stats.Mapped), v["vmarena_arena_mapped_bytes{other}"])
+
+	// A closed arena leaves the pool's books: it is no longer counted.
+	require.NoError(t, w.other.Close())
+	p := w.reg.Snapshot().Pools[0].Stats
+	assert.Equal(t, 1, p.Members)
+	assert.Equal(t, int64(w.kv.Len()), p.UsedBytes)
+
+	// A sleeping arena keeps its Len, but uses no device memory.
+	require.NoError(t, w.kv.Sleep(context.Background(), arena.Discard))
+	assert.Zero(t, w.reg.Snapshot().Pools[0].Stats.UsedBytes)
+	assert.Equal(t, g, w.kv.Len())
+	require.NoError(t, w.kv.Wake(context.Background()))
 }
 
 func TestRegistry(t *testing.T) {
@@ -231,6 +267,37 @@ func ExampleRegistry() {
 	// Output:
 	// kv: 4.194304e+06 bytes mapped in 1 growth
 	// shared: 4.194304e+06 of 8.388608e+06 bytes held
+}
+
+// A dashboard reads everything at once: the pool's figures, the bytes its
+// arenas use, and the arenas a program named.
+func ExampleRegistry_Snapshot() {
+	pool, err := chunk.New(must(host.Default()), chunk.Config{Budget: 16 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	reg := metrics.NewRegistry()
+	if err := reg.AddPool("kv", pool); err != nil {
+		log.Fatal(err)
+	}
+	for range 3 { // three sequences, each with its cache
+		seq, err := arena.New(arena.Config{Pool: pool, Reserve: 64 << 20})
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer seq.Close()
+		if _, err := seq.Alloc(3<<20, 256); err != nil { // 3 MiB of 4 mapped
+			log.Fatal(err)
+		}
+	}
+
+	s := reg.Snapshot()
+	p := s.Pools[0].Stats
+	fmt.Printf("%s: %d arenas use %d MiB of %d MiB held, budget %d MiB\n",
+		s.Pools[0].Name, p.Members, p.UsedBytes>>20, p.HeldBytes>>20, p.Budget>>20)
+	// Output:
+	// kv: 3 arenas use 9 MiB of 12 MiB held, budget 16 MiB
 }
 
 func must[T any](v T, err error) T {

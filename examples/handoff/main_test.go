@@ -4,6 +4,8 @@ import (
 	"flag"
 	"os"
 	"testing"
+
+	"github.com/vmarena/vmarena/internal/leakgate/arenagate"
 )
 
 // The test binary is also the decode process: run with -decode, it decodes.
@@ -16,7 +18,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	arenagate.Main(m)
 }
 
 // The handoff runs on the host driver and on the device model, each process

@@ -31,9 +31,9 @@ func (p problem) String() string { return fmt.Sprintf("%s:%d: %s", p.file, p.lin
 var (
 	fence = regexp.MustCompile("^\\s*(```+|~~~+)\\s*([^`\\s]*)")
 	// looksLikeCommand matches what a reader would type: assignments, then
-	// go run/test/build…, gcc, mkdir, bash, a script of .ci/ or a binary in
+	// go run/test/build/get…, gcc, mkdir, bash, a script of .ci/ or a binary in
 	// the current directory.
-	looksLikeCommand = regexp.MustCompile(`^(?:[A-Z][A-Z0-9_]*=\S*\s+)*(?:go\s+(?:run|test|build|vet|install|tool|generate|mod)\b|gcc\s|mkdir\s|bash\s|\.ci/\S+|\./[\w.-]+\s+-)`)
+	looksLikeCommand = regexp.MustCompile(`^(?:[A-Z][A-Z0-9_]*=\S*\s+)*(?:go\s+(?:run|test|build|vet|install|get|tool|generate|mod)\b|gcc\s|mkdir\s|bash\s|\.ci/\S+|\./[\w.-]+\s+-)`)
 	codeSpan         = regexp.MustCompile("(?s)(`+)(.+?)(?:`+)")
 	spaces           = regexp.MustCompile(`\s+`)
 )

@@ -82,6 +82,8 @@ func (p planned) describe() string {
 		return fmt.Sprintf("needs a device: must fail with %q", p.e.want)
 	case byCI:
 		return "run by .ci/run: " + p.e.line
+	case inNewModule:
+		return "in a new module that replaces this one with the tree, offline; then a program there imports arena"
 	}
 	return "as written"
 }
@@ -175,7 +177,13 @@ func run(root string, list bool, only string, timeout time.Duration, w io.Writer
 			continue
 		}
 		t0 := time.Now()
-		out, runErr := execute(tree, line, timeout)
+		var out []byte
+		var runErr error
+		if p.e.how == inNewModule {
+			out, runErr = inModule(work, tree, line, timeout)
+		} else {
+			out, runErr = execute(tree, line, timeout, nil)
+		}
 		ran++
 		verdict := judge(p, out, runErr)
 		status := "ok  "
@@ -203,12 +211,82 @@ func run(root string, list bool, only string, timeout time.Duration, w io.Writer
 	return nil
 }
 
-// execute runs a command line with bash in dir.
-func execute(dir, line string, timeout time.Duration) ([]byte, error) {
+// modulePath is this module's path, as go.mod declares it.
+const modulePath = "github.com/vmarena/vmarena"
+
+// userProgram is what a user of the module builds after go get: it must
+// allocate from an arena and print the buffer's size.
+const userProgram = `package main
+
+import (
+	"fmt"
+	"log"
+
+	"github.com/vmarena/vmarena/arena"
+)
+
+func main() {
+	a, err := arena.New(arena.Config{Reserve: 64 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+	b, err := a.Alloc(1<<20, 256)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("allocated", b.Len())
+}
+`
+
+// inModule runs line as a user runs it in a module of their own (see
+// inNewModule), then builds and runs userProgram there.
+func inModule(work, tree, line string, timeout time.Duration) ([]byte, error) {
+	dir, err := os.MkdirTemp(work, "user-")
+	if err != nil {
+		return nil, err
+	}
+	sum, err := os.ReadFile(filepath.Join(tree, "go.sum"))
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "go.sum"), sum, 0o644); err != nil {
+		return nil, err
+	}
+	offline := []string{"GOPROXY=off", "GOFLAGS=-mod=mod"}
+	var all []byte
+	for _, step := range []string{
+		"go mod init example.com/user",
+		"go mod edit -replace " + modulePath + "=" + tree,
+		line,
+	} {
+		out, err := execute(dir, step, timeout, offline)
+		all = append(all, out...)
+		if err != nil {
+			return all, fmt.Errorf("%s: %w", step, err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(userProgram), 0o644); err != nil {
+		return all, err
+	}
+	out, err := execute(dir, "go mod tidy && go run .", timeout, offline)
+	all = append(all, out...)
+	if err == nil && !bytes.Contains(out, []byte("allocated 1048576")) {
+		err = errors.New("the program that imports arena did not allocate")
+	}
+	return all, err
+}
+
+// execute runs a command line with bash in dir, with env added to the
+// environment.
+func execute(dir, line string, timeout time.Duration, env []string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-o", "pipefail", "-c", line)
 	cmd.Dir = dir
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.WaitDelay = 10 * time.Second
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out

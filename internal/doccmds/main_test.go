@@ -1,9 +1,11 @@
 package main
 
 import (
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestEveryCommandIsMapped is the check without the runs: every command
@@ -102,5 +104,23 @@ func TestShellWords(t *testing.T) {
 	}
 	if got := words(`VAR=1 go test -run 'A|B' "./x y"`); !slices.Equal(got, []string{"VAR=1", "go", "test", "-run", "A|B", "./x y"}) {
 		t.Errorf("words: %q", got)
+	}
+}
+
+// A command of a user's own module runs in a new module that replaces this
+// one with the tree, offline, and a program there must then allocate; a
+// command that gets nothing usable fails.
+func TestInNewModule(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := t.TempDir()
+	if out, err := inModule(work, root, "go get github.com/vmarena/vmarena@latest", time.Minute); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	out, err := inModule(work, root, "go get github.com/vmarena/vmarena/nosuch@latest", time.Minute)
+	if err == nil {
+		t.Fatalf("a go get of a package that does not exist passed:\n%s", out)
 	}
 }

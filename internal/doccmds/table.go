@@ -18,6 +18,17 @@ const (
 	// same or a smaller documented scale; line is that step's command, as
 	// .ci/run spells it.
 	byCI
+	// inNewModule: a command a user runs in a module of their own (go get).
+	// This program makes one (go mod init, in a directory of its own) whose
+	// go.mod replaces this module with the copy of the tree and whose go.sum
+	// is the tree's, and runs the command there as written, with no module
+	// proxy: the proxy may hold no release of this commit, and the
+	// replacement makes the command resolve to this tree as it would to one.
+	// Dependencies come from the module cache (CI's setup step downloads
+	// them), checked against the tree's go.sum. Then it builds and runs a
+	// program that imports arena in that module, which must allocate: the
+	// module the command got works.
+	inNewModule
 )
 
 // An entry says how one command is run in CI.
@@ -50,6 +61,7 @@ const (
 // table maps every command of README.md and docs/ to how CI runs it.
 var table = []entry{
 	// Set up, and the examples.
+	{cmd: "go get github.com/vmarena/vmarena@latest", how: inNewModule},
 	{cmd: "go run ./examples/kvcache", how: asWritten},
 	{cmd: "go run ./examples/tour", how: asWritten},
 	{cmd: "go run ./examples/handoff", how: asWritten},
@@ -62,6 +74,8 @@ var table = []entry{
 	{cmd: "go test -race -json ./...", how: byCI, line: ciTests},
 	{cmd: "go run ./internal/skipcheck", how: byCI, line: ciTests + " | go run ./internal/skipcheck"},
 	{cmd: "go test -json ./acl/ascend | go run ./internal/skipcheck -v", how: asWritten},
+	{cmd: "go test ./internal/boundary", how: byCI, line: ciTests},
+	{cmd: "go test ./internal/leakgate", how: byCI, line: ciTests},
 
 	// The benchmark suite.
 	// The full suite takes minutes (2.5–3 on the host driver, 1.7–2.6 on the

@@ -3,9 +3,13 @@ package prom_test
 import (
 	"fmt"
 	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
@@ -146,4 +150,73 @@ func must[T any](v T, err error) T {
 		log.Fatal(err)
 	}
 	return v
+}
+
+// scrape serves pr as Prometheus scrapes it and returns the series (the
+// lines that are not comments) and the size of the body.
+func scrape(t *testing.T, pr *prometheus.Registry) (series []string, size int) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(pr, promhttp.HandlerOpts{ErrorHandling: promhttp.PanicOnError}).ServeHTTP(rec,
+		httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	require.Equal(t, http.StatusOK, rec.Code)
+	body := rec.Body.String()
+	for l := range strings.SplitSeq(body, "\n") {
+		if l != "" && !strings.HasPrefix(l, "#") {
+			series = append(series, l)
+		}
+	}
+	return series, len(body)
+}
+
+// By default a pool's series are the pool's alone, however many arenas draw
+// on it: 16 arenas on one pool export the same series as one, at most 60,
+// and the pool-wide gauges say how much they use. Per-arena series are
+// there on request (AddArena).
+func TestSeriesPerPool(t *testing.T) {
+	d, err := host.New(host.Config{Capacity: 256 << 20})
+	require.NoError(t, err)
+	defer d.Close()
+	pool, err := chunk.New(d, chunk.Config{})
+	require.NoError(t, err)
+	defer pool.Close()
+	reg := metrics.NewRegistry()
+	require.NoError(t, reg.AddPool("kv", pool))
+	pr := prometheus.NewPedanticRegistry()
+	require.NoError(t, pr.Register(prom.New(reg)))
+
+	var arenas []*arena.Arena
+	defer func() {
+		for _, a := range arenas {
+			assert.NoError(t, a.Close())
+		}
+	}()
+	var used int
+	var one []string
+	for i := range 16 {
+		a, err := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20})
+		require.NoError(t, err)
+		arenas = append(arenas, a)
+		_, err = a.Alloc((i+1)<<16, 256)
+		require.NoError(t, err)
+		used += a.Len()
+		if i == 0 {
+			one, _ = scrape(t, pr)
+		}
+	}
+	series, size := scrape(t, pr)
+	assert.LessOrEqual(t, len(series), 60)
+	assert.Len(t, series, len(one), "the default series do not grow with the arenas")
+	assert.Contains(t, series, fmt.Sprintf(`vmarena_pool_used_bytes{pool="kv"} %v`, float64(used)), "the bytes in use, pool-wide")
+	assert.Contains(t, series, `vmarena_pool_arenas{pool="kv"} 16`)
+	t.Logf("16 arenas on one pool: %d series, %d bytes per scrape", len(series), size)
+
+	for i, a := range arenas {
+		require.NoError(t, reg.AddArena(fmt.Sprint("seq", i), a))
+	}
+	all, allSize := scrape(t, pr)
+	per := (len(all) - len(series)) / 16
+	assert.Equal(t, len(series)+16*per, len(all))
+	assert.Positive(t, per)
+	t.Logf("with every arena by name (AddArena): %d series (%d per arena), %d bytes per scrape", len(all), per, allSize)
 }

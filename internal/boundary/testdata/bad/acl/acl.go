@@ -1,0 +1,5 @@
+package acl
+
+import "example.com/bad/internal/units"
+
+var _ = units.Bytes

@@ -1,0 +1,7 @@
+package host
+
+import "example.com/bad/chunk"
+
+func New() {}
+
+var _ = chunk.Pool

@@ -1,0 +1,8 @@
+package metrics
+
+// #include <stdlib.h>
+import "C"
+
+import "github.com/ebitengine/purego"
+
+var _ = purego.Dlopen

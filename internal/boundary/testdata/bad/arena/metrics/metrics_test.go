@@ -1,0 +1,5 @@
+package metrics
+
+import "golang.org/x/sys/unix"
+
+var _ = unix.Getpid

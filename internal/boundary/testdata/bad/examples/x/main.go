@@ -1,0 +1,5 @@
+package main
+
+import "syscall"
+
+func main() { _ = syscall.Getpid }

@@ -1,0 +1,5 @@
+package main
+
+import "syscall"
+
+var _ = syscall.Getrusage

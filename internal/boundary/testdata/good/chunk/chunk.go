@@ -1,0 +1,5 @@
+package chunk
+
+import "example.com/good/acl"
+
+var _ = acl.Ptr

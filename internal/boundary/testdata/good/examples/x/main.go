@@ -1,0 +1,5 @@
+package main
+
+import "example.com/good/arena"
+
+func main() { _ = arena.New }

@@ -12,9 +12,12 @@
 // (a socketpair handed to a process it starts), SO_PEERCRED names this
 // process, so the peer is the sender of the message read: its credentials
 // (SCM_CREDENTIALS, which the kernel checks when they are sent: a process
-// may claim only its own, unless it holds CAP_SYS_ADMIN or CAP_SETUID), for
-// which the receiver enables credentials (EnableCredentials) before the
-// message is read. Where the kernel offers pidfds, the peer is pinned by
+// may claim only its own, unless it holds CAP_SYS_ADMIN or CAP_SETUID). The
+// receiver enables credentials (EnableCredentials) before it reads; a message
+// carries them when its sender attached them (Send with cred, as every
+// message of the sharing protocol does) or when the receiver had enabled
+// them before it was sent. A plain write that arrived earlier carries none
+// (the kernel reports PID 0 and the overflow user) and is nobody's. Where the kernel offers pidfds, the peer is pinned by
 // one (SO_PEERPIDFD, SCM_PIDFD, Linux 6.5; else pidfd_open, Linux 5.3), so
 // that it cannot be confused with a later process given its PID (Same).
 // PIDs are those of the receiver's PID namespace (0 when the sender's is not
@@ -46,7 +49,8 @@ var ErrNoProcess = errors.New("ipc: no such process")
 // ErrNotPeer is matched by the errors of RecvPeer, Identify and RecvFrom
 // when a message came from another process than the peer: a connected
 // socket handed on to a process that writes with credentials of its own, or
-// a message whose pieces came from two writers.
+// a message whose pieces came from two writers, or a message that names no
+// process (sent without credentials before the receiver enabled them).
 var ErrNotPeer = errors.New("ipc: the message's sender is not the peer")
 
 // MaxFDs is the most descriptors one message carries (SCM_MAX_FD).

@@ -121,6 +121,15 @@ func identify(c *net.UnixConn, sent *Cred, pidfd int, msg bool) (*Peer, error) {
 		}
 		return nil, errors.New("ipc: identify the peer: the socket is this process's own and the message carried no credentials (enable them before it is read)")
 	}
+	if sent.PID == 0 {
+		// No process the kernel vouched for: a plain write that came
+		// before credentials were enabled, or a sender in a PID namespace
+		// this one cannot see. Nobody to pin, so nobody to trust.
+		if pidfd >= 0 {
+			_ = unix.Close(pidfd)
+		}
+		return nil, fmt.Errorf("%w: the message names no process (PID 0, uid %d): sent without credentials before they were enabled, or from a PID namespace not visible here", ErrNotPeer, sent.UID)
+	}
 	p := &Peer{Cred: *sent, Via: "SCM_CREDENTIALS"}
 	return p, p.pin(pidfd)
 }

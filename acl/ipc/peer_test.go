@@ -78,8 +78,9 @@ func TestRecvPeerConnected(t *testing.T) {
 		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: path, Net: "unix"})
 		require.NoError(t, err)
 		defer c.Close()
-		_, err = c.Write([]byte("hello"))
-		require.NoError(t, err)
+		// With its credentials attached, as every message of the sharing
+		// protocol: the receiver may enable credentials after it arrived.
+		require.NoError(t, ipc.Send(c, []byte("hello"), nil, true))
 		_, _ = c.Read(make([]byte, 1))
 		return
 	}
@@ -105,6 +106,40 @@ func TestRecvPeerConnected(t *testing.T) {
 	assert.Contains(t, p.String(), "SO_PEERCRED")
 	c.Close()
 	require.NoError(t, cmd.Wait(), "the other process")
+}
+
+// The receiver may enable credentials after the message arrived when the
+// sender attached its own (Send with cred): the kernel keeps them with the
+// message. A message sent without them before the receiver enabled
+// credentials carries none the kernel vouched for, and is not the peer's.
+func TestRecvPeerCredentialsBeforeEnable(t *testing.T) {
+	a, f, err := ipc.Socketpair()
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := ipc.FileConn(f)
+	require.NoError(t, err)
+	f.Close()
+	defer b.Close()
+
+	require.NoError(t, ipc.Send(a, []byte("hi"), nil, true))
+	require.NoError(t, ipc.EnableCredentials(b))
+	p, err := ipc.RecvPeer(b, make([]byte, 2))
+	require.NoError(t, err, "credentials attached by the sender survive a late enable")
+	assert.Equal(t, os.Getpid(), p.PID)
+	require.NoError(t, p.Close())
+
+	c, g, err := ipc.Socketpair()
+	require.NoError(t, err)
+	defer c.Close()
+	d, err := ipc.FileConn(g)
+	require.NoError(t, err)
+	g.Close()
+	defer d.Close()
+	_, err = c.Write([]byte("hi"))
+	require.NoError(t, err)
+	require.NoError(t, ipc.EnableCredentials(d))
+	_, err = ipc.RecvPeer(d, make([]byte, 2))
+	require.ErrorIs(t, err, ipc.ErrNotPeer, "a plain write before the enable vouches for nobody")
 }
 
 // envPeer makes TestRecvPeerConnected, started again by itself, the process

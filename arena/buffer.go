@@ -90,7 +90,7 @@ func (b Buffer) check(op string) error {
 	switch b.a.lifeNow() {
 	case lifeClosed:
 		return errClosedBuffer
-	case lifeAsleep, lifeWaking:
+	case lifeSleeping, lifeAsleep, lifeWaking:
 		return fmt.Errorf("arena: %s: %w", op, errAsleep)
 	}
 	// dropLog.dropped, by hand: the two loads settle most copies without a

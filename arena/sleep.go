@@ -375,6 +375,11 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, no
 	if werr == nil {
 		werr = a.lend.WaitStreams(ctx, a.streams)
 	}
+	// Copies under way end first, as for Close; later ones find the arena
+	// sleeping (ErrAsleep) once they have the lock, never memory the sleep
+	// copied out, or unmapped, under them.
+	a.users.Lock()
+	defer a.users.Unlock()
 	a.mu.Lock()
 	if werr != nil {
 		return awake(errors.Join(werr, a.dropMapped(back)))
@@ -533,6 +538,7 @@ func (a *Arena) offload(st *sleepState) error {
 				drain()
 				return fmt.Errorf("copy to the host at chunk %d: %w", i, err)
 			}
+			sched.At(sched.SleepCopied, a)
 		}
 		if err := a.lend.Unmap(a.at(i)); err != nil {
 			drain()

@@ -362,16 +362,24 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, no
 	awake := func(err error) error { // the Sleep did not happen: the arena is as it was
 		a.setLife(lifeOpen)
 		a.thaw(s, n)
+		a.member.Wake()
 		return err
 	}
 	a.setLife(lifeSleeping) // growths and reliefs for the arena stop
 	a.mu.Unlock()
 	a.member.Interrupt() // its waiters' retries fail with ErrAsleep
+	// A pool whose members all sleep keeps nothing ahead: wait for the
+	// chunks its worker is allocating ahead, so that the Trim below frees
+	// them too (a private pool's are kept on this arena's behalf).
+	werr := a.member.Sleep(ctx)
 	// The chunks still waiting in the pool for the device lie in the
 	// reservation: take them back, to free with the rest once the device is
 	// done with them, waiting (holding nothing) for a relief to unmap those it
 	// took.
-	back, werr := a.reclaimAll(ctx)
+	var back []chunk.Mapped
+	if werr == nil {
+		back, werr = a.reclaimAll(ctx)
+	}
 	if werr == nil {
 		werr = a.lend.WaitStreams(ctx, a.streams)
 	}
@@ -656,6 +664,7 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	a.maps += uint64(len(st.slots))
 	a.cap.Store(uint64(len(a.chunks)) * a.chunkSize)
 	a.sl.st = nil
+	a.member.Wake()
 	a.setLife(lifeOpen)
 	s := a.state.Load()
 	a.thaw(s, s&lenMask)

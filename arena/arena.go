@@ -870,28 +870,45 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 // undoGrow rolls back a growLocked whose mapping of the run at slot failed
 // went wrong: the fresh chunks mapped before that run, and any of that run
 // its own undo left mapped, are unmapped, top down, after the scrubs queued
-// for them have run (queued); a chunk that cannot be unmapped becomes a
-// stray; and every other chunk the growth placed goes back: fresh ones to
+// for them have run (queued, or a chunk the failed run left with its clears
+// queued: chunk.LeftQueued); a chunk that cannot be unmapped, or must not be
+// (the wait for its clears failed: they may still run), becomes a stray,
+// which the next Grow, Shrink, Sleep or Close unmaps once the device is
+// done; and every other chunk the growth placed goes back: fresh ones to
 // the pool, ones taken back in place to waiting for the device again. Call
 // with mu held.
 func (a *Arena) undoGrow(n0 int, slots []chunk.Chunk, back []bool, failed int, queued bool, err error) error {
 	mapped := make([]bool, len(slots)) // fresh chunks still mapped
+	clears := make([]bool, len(slots)) // of those, the ones clears queued on the stream may still write
 	for i := 0; i < failed; i++ {
 		mapped[i] = !back[i]
+		clears[i] = mapped[i] && queued
 	}
 	var left *chunk.LeftMappedError
 	if errors.As(err, &left) {
 		for _, m := range left.Left {
-			mapped[int(uint64(m.At-a.at(n0))/a.chunkSize)] = true
+			i := int(uint64(m.At-a.at(n0)) / a.chunkSize)
+			mapped[i] = true
+			if m.State == chunk.LeftQueued {
+				queued, clears[i] = true, true
+			}
 		}
 	}
+	synced := true
 	if queued {
 		if werr := a.drv.SynchronizeStream(a.streams[0]); werr != nil {
-			err = errors.Join(err, werr)
+			err = errors.Join(err, fmt.Errorf("wait for the clears queued: %w", werr))
+			synced = false
 		}
 	}
 	for i := len(slots) - 1; i >= 0; i-- {
 		if !mapped[i] {
+			continue
+		}
+		if clears[i] && !synced {
+			a.maps++ // a stray counts as mapped
+			a.strays = append(a.strays, stray{a.at(n0 + i), slots[i]})
+			slots[i] = chunk.Chunk{}
 			continue
 		}
 		if uerr := a.lend.Unmap(a.at(n0 + i)); uerr != nil {
@@ -1370,7 +1387,7 @@ type Stats struct {
 	Grows       int64         // growths that placed at least one chunk
 	Reclaimed   int64         // chunks the pool took back under pressure
 	Refills     int64         // growths the pool's worker made to refill the headroom
-	Strays      int           // chunks a failed undo left mapped above Cap; the next Grow, Shrink or Close unmaps them
+	Strays      int           // chunks a failed undo left mapped above Cap (a sleeping arena's too); the next Grow, Shrink, Sleep, Wake or Close unmaps them
 	Closed      bool
 }
 
@@ -1383,6 +1400,10 @@ func (a *Arena) Stats() Stats {
 	defer a.mu.Unlock()
 	used := a.state.Load() & lenMask
 	mapped := a.cap.Load()
+	strays := len(a.strays)
+	if a.sl.st != nil {
+		strays += a.sl.st.mapped() // a sleeping arena's slots a failure left mapped (sleep.go)
+	}
 	return Stats{
 		Base:        a.base,
 		Reserved:    int(a.reserved),
@@ -1398,7 +1419,7 @@ func (a *Arena) Stats() Stats {
 		Grows:       int64(a.grows),
 		Reclaimed:   int64(a.reclaimed),
 		Refills:     int64(a.refills),
-		Strays:      len(a.strays),
+		Strays:      strays,
 		Closed:      a.lifeNow() == lifeClosed,
 	}
 }

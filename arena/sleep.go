@@ -116,17 +116,23 @@ type BackingChange struct {
 
 // slot is what became of one chunk of a sleeping arena.
 type slot struct {
-	c     chunk.Chunk
-	state slotState
+	c      chunk.Chunk
+	state  slotState
+	queued bool // slotLeft: clears queued on the arena's first stream may still run on it
 }
 
 type slotState uint8
 
 const (
-	slotMapped  slotState = iota // mapped where it was, bytes intact
-	slotHeld                     // unmapped, held (physical memory and bytes kept)
-	slotGone                     // freed to the driver
-	slotPending                  // mapped by a Wake whose undo could not unmap it: bytes not restored
+	slotMapped slotState = iota // mapped where it was, with access, its bytes there
+	slotHeld                    // unmapped, held (physical memory and bytes kept)
+	slotGone                    // freed to the driver
+	// slotLeft: mapped by a Wake (or an undo) that failed and could not
+	// unmap it again. Nothing about it is trusted (its access, its scrub,
+	// its bytes: chunk.LeftState): the next Wake or Sleep unmaps it, after
+	// the clears queued on it when queued is set, and a Wake maps it again
+	// as a held chunk, with the scrub its lease calls for.
+	slotLeft
 )
 
 // sleepState is a sleeping arena's record.
@@ -146,6 +152,21 @@ type sleeper struct {
 	cbMu   sync.Mutex
 	cbs    []func(BackingChange)
 }
+
+// count returns the slots in state s.
+func (st *sleepState) count(s slotState) int {
+	n := 0
+	for _, sl := range st.slots {
+		if sl.state == s {
+			n++
+		}
+	}
+	return n
+}
+
+// mapped returns the slots still mapped (slotMapped, slotLeft): above Cap,
+// counted with the strays.
+func (st *sleepState) mapped() int { return st.count(slotMapped) + st.count(slotLeft) }
 
 // Tag returns the arena's Config.Tag.
 func (a *Arena) Tag() Tag {
@@ -350,16 +371,23 @@ func (a *Arena) sharedErr() error {
 // held; it returns with mu held, having released it while it waited for the
 // device (the arena sleeping meanwhile).
 func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, note *BackingChange) error {
-	if l == lifeAsleep {
-		return a.freeHeld()
+	again := l == lifeAsleep
+	if again && a.sl.st.mapped() == 0 {
+		return a.sleepAgain(a.sl.st) // only frees to retry: no device work to wait for
 	}
-	if err := a.sharedErr(); err != nil {
-		return err
+	if !again {
+		if err := a.sharedErr(); err != nil {
+			return err
+		}
 	}
 	defer trace.StartRegion(ctx, RegionSleep).End()
 	s := a.freeze()
 	n := s & lenMask
-	awake := func(err error) error { // the Sleep did not happen: the arena is as it was
+	undo := func(err error) error { // the Sleep did not happen: the arena is as it was
+		if again {
+			a.setLife(lifeAsleep)
+			return err
+		}
 		a.setLife(lifeOpen)
 		a.thaw(s, n)
 		a.member.Wake()
@@ -367,7 +395,9 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, no
 	}
 	a.setLife(lifeSleeping) // growths and reliefs for the arena stop
 	a.mu.Unlock()
-	a.member.Interrupt() // its waiters' retries fail with ErrAsleep
+	if !again {
+		a.member.Interrupt() // its waiters' retries fail with ErrAsleep
+	}
 	// A pool whose members all sleep keeps nothing ahead: wait for the
 	// chunks its worker is allocating ahead, so that the Trim below frees
 	// them too (a private pool's are kept on this arena's behalf).
@@ -390,37 +420,49 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, no
 	defer a.users.Unlock()
 	a.mu.Lock()
 	if werr != nil {
-		return awake(errors.Join(werr, a.dropMapped(back)))
+		return undo(errors.Join(werr, a.dropMapped(back)))
 	}
 	for _, m := range back {
 		a.maps++ // strays: mapped above Cap
 		a.strays = append(a.strays, stray{m.At, m.C})
 	}
+	if again {
+		err := a.sleepAgain(a.sl.st)
+		a.setLife(lifeAsleep)
+		return err
+	}
 	if err := a.sharedErr(); err != nil {
-		return awake(err)
+		return undo(err)
 	}
 	if err := a.freeStrays(); err != nil {
-		return awake(err)
+		return undo(err)
 	}
 	if a.ownPool {
 		if err := a.pool.Trim(); err != nil {
-			return awake(err)
+			return undo(err)
 		}
 	}
 	if mode == Offload && n > 0 {
 		if err := a.hostFor(n); err != nil {
-			return awake(err)
+			return undo(err)
 		}
 	}
 	st := &sleepState{mode: mode, slots: make([]slot, len(a.chunks)), len: n}
 	for i, c := range a.chunks {
 		st.slots[i] = slot{c: c}
 	}
+	// Every chunk is unmapped (an Offload's after its bytes reached the
+	// host) before any is freed: until the first free, a failure is undone
+	// with the arena's own chunks, mapped back where they were, and needs no
+	// memory that a growth waiting meanwhile may have taken.
 	var err error
 	if mode == Offload {
 		err = a.offload(st)
 	} else {
-		err = a.discard(st)
+		err = a.unmapAll(st)
+	}
+	if err == nil {
+		err = a.freeHeldOf(st)
 	}
 	if err != nil && !st.asleep() {
 		// Put back what went: the arena wakes as it was.
@@ -429,17 +471,14 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, no
 		}
 	}
 	if err != nil && st.awake() {
-		// Every chunk is mapped again, some of them new ones. (Without an
-		// error nothing is mapped: every chunk went, or there was none, and
-		// an arena that held nothing sleeps like any other.)
-		for i, sl := range st.slots {
-			a.chunks[i] = sl.c
-		}
-		return awake(err)
+		// Every chunk is mapped again, where it was. (Without an error
+		// nothing is mapped: every chunk went, or there was none, and an
+		// arena that held nothing sleeps like any other.)
+		return undo(err)
 	}
 	// Asleep: Cap 0, Len kept, the state word frozen for good (every Alloc
-	// goes to the slow path and finds ErrAsleep).
-	a.unmaps += uint64(len(a.chunks))
+	// goes to the slow path and finds ErrAsleep). Slots a double fault left
+	// mapped count with the strays.
 	clear(a.chunks)
 	a.chunks = a.chunks[:0]
 	a.cap.Store(0)
@@ -450,10 +489,47 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, no
 	a.state.Store(e | n | frozen)
 	a.sl.st = st
 	a.setLife(lifeAsleep)
+	if err != nil && a.ownPool {
+		err = errors.Join(err, a.pool.Trim()) // nothing kept on the arena's behalf
+	}
 	a.member.Dropped() // growths waiting for memory may take it now
 	*note = a.changed(BackingSlept)
 	a.logSleep(EventSleep, mode, len(st.slots))
 	return err
+}
+
+// sleepAgain is Sleep of a sleeping arena: it gives back what an earlier
+// failure left, with the device's work on it waited for. Slots still mapped
+// are unmapped (in Offload mode after their bytes below Len are copied to
+// the host again: a slot Sleep never unmapped may not have them there),
+// then every held chunk is freed, and a private pool's cache with them.
+// What fails stays with the arena, and the error says so. Call with mu held.
+func (a *Arena) sleepAgain(st *sleepState) error {
+	var errs []error
+	cs := a.chunkSize
+	for i := len(st.slots) - 1; i >= 0; i-- {
+		sl := &st.slots[i]
+		if sl.state != slotMapped && sl.state != slotLeft {
+			continue
+		}
+		if lo, hi := uint64(i)*cs, min(uint64(i+1)*cs, st.len); sl.state == slotMapped && st.mode == Offload && lo < hi {
+			if err := a.drv.MemcpyDtoH(a.sl.host[lo:hi], a.at(i)); err != nil {
+				errs = append(errs, fmt.Errorf("copy to the host at chunk %d: %w", i, err))
+				continue // its bytes are only there: it stays mapped
+			}
+		}
+		if err := a.lend.Unmap(a.at(i)); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		a.unmaps++
+		sl.state, sl.queued = slotHeld, false
+	}
+	errs = append(errs, a.freeHeldOf(st))
+	if a.ownPool {
+		errs = append(errs, a.pool.Trim())
+	}
+	return errors.Join(errs...)
 }
 
 // logSleep reports a sleep or a wake to Config.Logger.
@@ -463,19 +539,10 @@ func (a *Arena) logSleep(ev string, mode SleepMode, chunks int) {
 	}
 }
 
-// asleep reports whether a failed Sleep must stay asleep: a Discard that
-// freed chunks (their bytes are gone, by request).
-func (st *sleepState) asleep() bool {
-	if st.mode == Offload {
-		return false
-	}
-	for _, s := range st.slots {
-		if s.state == slotGone {
-			return true
-		}
-	}
-	return false
-}
+// asleep reports whether a failed Sleep must stay asleep: it freed chunks
+// (their bytes are on the host, or dropped by request), and putting them
+// back would take memory a growth may have taken since.
+func (st *sleepState) asleep() bool { return st.count(slotGone) > 0 }
 
 // awake reports whether every chunk is mapped with its bytes.
 func (st *sleepState) awake() bool {
@@ -509,10 +576,10 @@ const pipeStep = 16 << 20
 func (a *Arena) step() int { return max(1, int(pipeStep/a.chunkSize)) }
 
 // offload copies the bytes below Len to the host copy, a step of chunks at
-// a time, on a goroutine of its own, while this one unmaps and frees the
-// chunks whose copy is done: the copy of step j+1 overlaps the unmaps and
-// frees of step j. It stops at the first failure, leaving st to say what
-// went.
+// a time, on a goroutine of its own, while this one unmaps the chunks whose
+// copy is done: the copy of step j+1 overlaps the unmaps of step j. It
+// frees nothing (the caller frees every chunk once all are unmapped), and
+// stops at the first failure, leaving st to say what is held.
 func (a *Arena) offload(st *sleepState) error {
 	cs := a.chunkSize
 	data := int((st.len + cs - 1) / cs) // chunks holding bytes in use
@@ -552,30 +619,25 @@ func (a *Arena) offload(st *sleepState) error {
 			drain()
 			return err
 		}
+		a.unmaps++
 		st.slots[i].state = slotHeld
-		if err := a.lend.Free(st.slots[i].c); err != nil {
-			drain()
-			return err
-		}
-		st.slots[i] = slot{state: slotGone}
 	}
 	return nil
 }
 
 var errStopped = errors.New("stopped")
 
-// discard unmaps every chunk, top down, then frees them all: a failed unmap
-// leaves the bytes intact (the undo maps the held chunks back), and only
-// once every chunk is unmapped does any go. A failed free leaves that chunk
-// held, and the arena asleep.
-func (a *Arena) discard(st *sleepState) error {
+// unmapAll unmaps every chunk, top down, for a Discard: a failed unmap
+// leaves the bytes intact (the undo maps the held chunks back).
+func (a *Arena) unmapAll(st *sleepState) error {
 	for i := len(st.slots) - 1; i >= 0; i-- {
 		if err := a.lend.Unmap(a.at(i)); err != nil {
 			return err
 		}
+		a.unmaps++
 		st.slots[i].state = slotHeld
 	}
-	return a.freeHeldOf(st)
+	return nil
 }
 
 // freeHeldOf frees the held chunks of st, top down. Those the driver refuses
@@ -598,10 +660,6 @@ func (a *Arena) freeHeldOf(st *sleepState) error {
 	}
 	return nil
 }
-
-// freeHeld is Sleep of a sleeping arena: it frees the chunks an earlier
-// Sleep could not. Call with mu held.
-func (a *Arena) freeHeld() error { return a.freeHeldOf(a.sl.st) }
 
 // Wake brings a sleeping arena's memory back: it maps chunks at exactly the
 // addresses they had (so every Buffer's Ptr is unchanged), for Len and what
@@ -654,6 +712,11 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	a.sl.growth.End()
 	if err != nil {
 		a.setLife(lifeAsleep)
+		if a.ownPool {
+			// The chunks the undo gave back are kept on the arena's
+			// behalf: a sleeping arena's private pool holds nothing.
+			err = errors.Join(err, a.pool.Trim())
+		}
 		return err
 	}
 	// Awake: the chunks are where they were, and Len with them.
@@ -661,7 +724,6 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	for _, s := range st.slots {
 		a.chunks = append(a.chunks, s.c)
 	}
-	a.maps += uint64(len(st.slots))
 	a.cap.Store(uint64(len(a.chunks)) * a.chunkSize)
 	a.sl.st = nil
 	a.member.Wake()
@@ -736,7 +798,7 @@ func (a *Arena) trimSlots(st *sleepState) error {
 	keep := int(a.keepBytes(a.state.Load()&lenMask, math.MaxUint64) / a.chunkSize)
 	for i := len(st.slots) - 1; i >= keep; i-- {
 		switch st.slots[i].state {
-		case slotMapped, slotPending:
+		case slotMapped, slotLeft:
 			keep = i + 1
 		case slotHeld:
 			if err := a.lend.Free(st.slots[i].c); err != nil {
@@ -756,15 +818,22 @@ func (a *Arena) trimSlots(st *sleepState) error {
 // run of up to a step of adjacent slots at a time: held chunks as they
 // are, gone ones with chunks from have (what a relief found), then memory
 // free in the pool now (TakeFree: it never waits, since mu is held), a run
-// at a time. In Offload mode it copies each
-// run's bytes below st.len back from the host copy, on a goroutine of its
-// own, while the next run is mapped. With undo set (a failed Sleep putting
-// back what it took) nothing is queued on the streams. On failure it
-// unmaps what it mapped (gone slots' new chunks go back to the pool, held
-// ones stay held), so st is as it was, and returns the error; a chunk it
-// cannot unmap stays mapped, marked pending (its bytes not restored). Call
-// with mu held.
+// at a time. Slots an earlier failure left mapped are not trusted: it first
+// unmaps them (after the clears queued on them) and maps them as held ones.
+// In Offload mode it copies each run's bytes below st.len back from the
+// host copy, on a goroutine of its own while the next run is mapped (a held
+// chunk may be one a failed Wake left, whose bytes were never restored).
+// With undo set (a failed
+// Sleep putting back what it took) nothing is queued on the streams. On
+// failure it unmaps what it mapped (gone slots' new chunks go back to the
+// pool, held ones stay held), once the clears it queued have run, so st is
+// as it was, and returns the error; a chunk it cannot unmap, or must not
+// (the wait for its clears failed), stays mapped as a slotLeft. Call with
+// mu held.
 func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
+	if err := a.settleLeft(st); err != nil {
+		return err
+	}
 	cs := a.chunkSize
 	offload := st.mode == Offload
 	// Scrubs queued on a stream would race the host copy's synchronous
@@ -795,19 +864,14 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 	for i, s := range st.slots {
 		prev[i] = s.state
 	}
-	var mapped, touched []int // slots this call mapped; those and the pending ones it restores
+	var mapped []int // slots this call mapped (and, last, those a failed map left)
 	var unplaced []chunk.Chunk
 	scrubbed, copies := 0, 0
+	leftQueued := false
 	var err error
 	k := a.step()
 	for i := 0; i < len(st.slots) && err == nil; {
-		switch st.slots[i].state {
-		case slotMapped:
-			i++
-			continue
-		case slotPending: // mapped by an earlier try; its bytes still to restore
-			touched = append(touched, i)
-			copies += copyRun(i, i+1)
+		if st.slots[i].state == slotMapped {
 			i++
 			continue
 		}
@@ -838,29 +902,33 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 		sc, merr := a.lend.MapRange(a.at(i), run, streams)
 		if merr != nil {
 			err = merr
-			left := map[acl.DevicePtr]bool{}
+			left := map[acl.DevicePtr]chunk.LeftState{}
 			var lm *chunk.LeftMappedError
 			if errors.As(merr, &lm) {
 				for _, m := range lm.Left {
-					left[m.At] = true
+					left[m.At] = m.State
 				}
 			}
 			for x, c := range run {
-				switch {
-				case left[a.at(i+x)]:
-					st.slots[i+x] = slot{c: c, state: slotPending} // mapped, bytes not restored
+				if state, ok := left[a.at(i+x)]; ok {
+					// Mapped, and not to be trusted: the undo below
+					// tries to unmap it once more.
+					a.maps++
+					queued := state == chunk.LeftQueued
+					leftQueued = leftQueued || queued
+					st.slots[i+x] = slot{c: c, state: slotLeft, queued: queued}
 					mapped = append(mapped, i+x)
-				case prev[i+x] == slotGone:
+				} else if prev[i+x] == slotGone {
 					unplaced = append(unplaced, c)
 				}
 			}
 			break
 		}
+		a.maps += uint64(len(run))
 		scrubbed += sc
 		for x, c := range run {
-			st.slots[i+x] = slot{c: c, state: slotPending}
+			st.slots[i+x] = slot{c: c, state: slotLeft} // mapped; its bytes not yet restored
 			mapped = append(mapped, i+x)
-			touched = append(touched, i+x)
 		}
 		copies += copyRun(i, j)
 		i = j
@@ -873,32 +941,71 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 		err = a.fence.record(a.drv, a.streams[0])
 	}
 	if err == nil {
-		for _, i := range touched {
+		for _, i := range mapped {
 			st.slots[i].state = slotMapped
 		}
 		return nil
 	}
 	// Undo: unmap what this call mapped, after the clears it queued; the
-	// chunks it took from the pool go back there.
-	if scrubbed > 0 {
-		err = errors.Join(err, a.drv.SynchronizeStream(a.streams[0]))
+	// chunks it took from the pool go back there. Should the wait for the
+	// clears fail, they may still run: nothing is unmapped, and every slot
+	// this call mapped is left, queued.
+	synced := true
+	if scrubbed > 0 || leftQueued {
+		if werr := a.drv.SynchronizeStream(a.streams[0]); werr != nil {
+			err = errors.Join(err, fmt.Errorf("wait for the clears queued: %w", werr))
+			synced = false
+		}
 	}
 	for _, i := range slices.Backward(mapped) {
-		if uerr := a.lend.Unmap(a.at(i)); uerr != nil {
-			err = errors.Join(err, uerr) // stays mapped, pending
+		sl := &st.slots[i]
+		if !synced && (scrubbed > 0 || sl.queued) {
+			sl.state, sl.queued = slotLeft, true
 			continue
 		}
+		if uerr := a.lend.Unmap(a.at(i)); uerr != nil {
+			err = errors.Join(err, uerr)
+			sl.state, sl.queued = slotLeft, false
+			continue
+		}
+		a.unmaps++
 		if prev[i] == slotGone {
-			err = errors.Join(err, a.lend.Put(st.slots[i].c))
-			st.slots[i] = slot{state: slotGone}
+			err = errors.Join(err, a.lend.Put(sl.c))
+			*sl = slot{state: slotGone}
 		} else {
-			st.slots[i].state = slotHeld
+			*sl = slot{c: sl.c, state: slotHeld}
 		}
 	}
 	for _, c := range unplaced {
 		err = errors.Join(err, a.lend.Put(c))
 	}
 	return err
+}
+
+// settleLeft unmaps the slots an earlier failure left mapped (slotLeft),
+// after the clears queued on them, so that restore maps them again as held
+// chunks: nothing is trusted that a failed map left. It stops at the first
+// failure, which restore returns (the Wake fails, changing nothing more).
+func (a *Arena) settleLeft(st *sleepState) error {
+	synced := false
+	for i := len(st.slots) - 1; i >= 0; i-- {
+		sl := &st.slots[i]
+		if sl.state != slotLeft {
+			continue
+		}
+		if sl.queued && !synced {
+			if err := a.drv.SynchronizeStream(a.streams[0]); err != nil {
+				return fmt.Errorf("wait for the clears queued on a chunk a failed wake left mapped: %w", err)
+			}
+			synced = true
+		}
+		if err := a.lend.Unmap(a.at(i)); err != nil {
+			return fmt.Errorf("unmap a chunk a failed wake left mapped: %w", err)
+		}
+		a.unmaps++
+		sl.state, sl.queued = slotHeld, false
+	}
+	return nil
 }
 
 // closeAsleep gives back what a sleeping arena still holds, for Close: the
@@ -911,11 +1018,12 @@ func (a *Arena) closeAsleep() error {
 	for i := len(st.slots) - 1; i >= 0; i-- {
 		s := st.slots[i]
 		switch s.state {
-		case slotMapped, slotPending:
+		case slotMapped, slotLeft:
 			if err := a.lend.Unmap(a.at(i)); err != nil {
 				errs = append(errs, err)
 				continue
 			}
+			a.unmaps++
 			fallthrough
 		case slotHeld:
 			errs = append(errs, a.lend.Put(s.c))

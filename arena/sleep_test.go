@@ -316,7 +316,10 @@ func faultEveryCall(t *testing.T, mode arena.SleepMode, withStreams bool) {
 				require.True(t, bytes.Equal(want, contents(t, b)), "a failed Sleep left it awake with other bytes: %v", serr)
 				return
 			}
-			require.Equal(t, arena.Discard, mode, "only a Discard that freed memory stays asleep: %v", serr)
+			// Only a Sleep that had freed memory when it failed (a free
+			// the driver refused, the others done) stays asleep: its
+			// contents are on the host, or dropped by request.
+			require.ErrorContains(t, serr, "could not be freed", "a failed Sleep stays asleep only after a free")
 			require.NoError(t, a.Sleep(ctx, mode), "Sleep again frees what is left")
 		}
 		require.True(t, a.Asleep())

@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
@@ -135,4 +137,228 @@ func TestSleepPrivatePoolKeepsNothingAhead(t *testing.T) {
 	require.True(t, bytes.Equal(want, contents(t, b)))
 	lend.Settle()
 	require.Equal(t, 2, a.Pool().Stats().Cached, "awake: the chunks ahead are back")
+}
+
+// A Wake whose access grant fails, and whose undo's unmap fails too, leaves
+// a chunk mapped without access. The next Wake, the faults over, must not
+// trust it: it maps it again, and wakes.
+func TestWakeAfterDoubleFaultNoAccess(t *testing.T) {
+	e := newSleepEnv(t)
+	a := e.arena(t, arena.Config{})
+	b, want := fill(t, a, 2*sleepChunk, 6)
+	require.NoError(t, a.Sleep(context.Background(), arena.Offload))
+
+	e.fd.FailNth(faultdriver.MemSetAccess, 1, 0)
+	e.fd.FailAfter(faultdriver.UnmapMem, 0, 0) // every unmap of the undo
+	err := a.Wake(context.Background())
+	require.Error(t, err)
+	require.True(t, a.Asleep())
+	assert.Equal(t, 2, a.Stats().Strays, "the chunks the undo could not unmap: %v", err)
+	e.fd.Clear()
+
+	require.NoError(t, a.Wake(context.Background()), "the faults are over")
+	require.True(t, bytes.Equal(want, contents(t, b)))
+	require.Zero(t, a.Stats().Strays)
+}
+
+// A tenant boundary holds under two faults in one Wake: a chunk another
+// tenant gave back, mapped for this arena, whose scrub fails and whose undo
+// cannot unmap it, is cleared before the arena reads it, however the next
+// Wake goes.
+func TestWakeAfterDoubleFaultNoForeignBytes(t *testing.T) {
+	e := newSleepEnv(t)
+	x := e.arena(t, arena.Config{})
+	v := e.arena(t, arena.Config{})
+	secret := bytes.Repeat([]byte("X-SECRET"), sleepChunk/8)
+	xb, err := x.Alloc(sleepChunk, 1)
+	require.NoError(t, err)
+	require.NoError(t, arena.CopyIn(xb, secret))
+	vb, err := v.Alloc(100, 1)
+	require.NoError(t, err)
+	require.NoError(t, v.Sleep(context.Background(), arena.Discard))
+	require.NoError(t, x.Reset())
+	require.NoError(t, x.Shrink()) // x's chunk, with its bytes, goes to the pool's cache
+	require.Equal(t, 1, e.pool.Stats().Cached)
+
+	e.fd.FailNth(faultdriver.Memset, 1, 0)     // the scrub of x's chunk for v
+	e.fd.FailAfter(faultdriver.UnmapMem, 0, 0) // and every unmap of the undo
+	require.Error(t, v.Wake(context.Background()))
+	assert.Equal(t, 1, v.Stats().Strays, "x's chunk, left mapped unscrubbed")
+	e.fd.Clear()
+	require.NoError(t, v.Wake(context.Background()))
+	vb, err = v.Slice(0, vb.Len()) // the Discard dropped the old buffer: a view of the new memory
+	require.NoError(t, err)
+	got := make([]byte, vb.Len())
+	require.NoError(t, arena.CopyOut(got, vb))
+	require.NotContains(t, string(got), "X-SEC", "tenant v reads tenant x's bytes")
+	mem, err := e.hd.Bytes(v.Base(), sleepChunk)
+	require.NoError(t, err)
+	require.False(t, bytes.Contains(mem, []byte("X-SECRET")), "tenant x's bytes in v's memory")
+}
+
+// gate runs a test's hook at a sched point of one arena, once.
+func gateAt(p sched.Point, a *arena.Arena, n int) (reached, resume chan struct{}, restore func()) {
+	reached, resume = make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	seen := 0
+	restore = sched.Set(func(q sched.Point, who any) {
+		if q != p || who != a {
+			return
+		}
+		mu.Lock()
+		seen++
+		hit := seen == n
+		mu.Unlock()
+		if hit {
+			close(reached)
+			<-resume
+		}
+	})
+	return reached, resume, restore
+}
+
+// One fault in an Offload Sleep leaves the arena awake with its contents,
+// even when a growth waits for memory meanwhile: Sleep frees nothing until
+// every chunk is copied and unmapped, so the growth cannot take the memory
+// the undo needs.
+func TestSleepFaultUnderPressureLeavesItAwake(t *testing.T) {
+	e := newSleepEnv(t)
+	pool, err := chunk.New(e.fd, chunk.Config{Budget: 12 * sleepChunk})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pool.Close()) }) // after the arenas
+	k := e.arena(t, arena.Config{Pool: pool})
+	w := e.arena(t, arena.Config{Pool: pool})
+	b, want := fill(t, k, 10*sleepChunk, 8) // two steps of the pipeline
+	_, err = w.Alloc(2*sleepChunk, 1)
+	require.NoError(t, err)
+
+	// w waits for 8 chunks: the budget has none.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	grown := make(chan error, 1)
+	go func() { grown <- w.GrowContext(ctx, 8*sleepChunk) }()
+
+	reached, resume, restore := gateAt(sched.SleepCopied, k, 2) // the second step copied
+	defer restore()
+	e.fd.FailNth(faultdriver.UnmapMem, 10, 0) // the last chunk's unmap
+	slept := make(chan error, 1)
+	go func() { slept <- k.Sleep(context.Background(), arena.Offload) }()
+	<-reached
+	select { // give the waiter every chance to take what the first step freed
+	case err := <-grown:
+		require.NoError(t, err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(resume)
+	require.Error(t, <-slept)
+	e.fd.Clear()
+	require.False(t, k.Asleep(), "one fault leaves the arena awake")
+	require.True(t, bytes.Equal(want, contents(t, b)))
+	cancel()
+	<-grown
+}
+
+// A Sleep whose copy fails, and whose undo then fails, leaves the arena
+// asleep with chunks still mapped; Sleep again gives back all of it (their
+// bytes first copied to the host), and a private pool keeps nothing.
+func TestSleepAgainAfterDoubleFault(t *testing.T) {
+	for _, own := range []bool{false, true} {
+		t.Run(map[bool]string{false: "shared-pool", true: "private-pool"}[own], func(t *testing.T) {
+			e := newSleepEnv(t)
+			cfg := arena.Config{}
+			if own {
+				cfg.Driver = e.fd
+				cfg.Pool = nil
+			}
+			a := newArena(t, e, cfg, own)
+			b, want := fill(t, a, 10*sleepChunk, 2)
+			e.fd.FailNth(faultdriver.MemcpyDtoH, 2, 0) // the second step's copy
+			e.fd.FailNth(faultdriver.MapMem, 1, 0)     // and the undo's first map
+			require.Error(t, a.Sleep(context.Background(), arena.Offload))
+			e.fd.Clear()
+			require.True(t, a.Asleep(), "the undo failed: asleep")
+
+			require.NoError(t, a.Sleep(context.Background(), arena.Offload), "Sleep again")
+			l := e.hd.Live()
+			require.Zero(t, l.Mappings, "asleep after a Sleep that returned nil: %+v", l)
+			require.Zero(t, l.Handles, "%+v", l)
+			require.Zero(t, a.Pool().Stats().HeldBytes)
+			require.NoError(t, a.Wake(context.Background()))
+			require.True(t, bytes.Equal(want, contents(t, b)))
+		})
+	}
+}
+
+// newArena makes an arena on e's pool, or, with own set, on a private pool
+// of e's fault driver, closed at the end of the test.
+func newArena(t *testing.T, e *sleepEnv, cfg arena.Config, own bool) *arena.Arena {
+	t.Helper()
+	if !own {
+		return e.arena(t, cfg)
+	}
+	cfg.Reserve = 64 << 20
+	a, err := arena.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, a.Close()) })
+	return a
+}
+
+// The undo of a growth, and of a Wake, whose clears were queued on the
+// arena's stream unmaps nothing while the wait for those clears fails: they
+// may still run (here they wait behind a kernel), and an unmap under them
+// makes the device fault. The chunks stay mapped above Cap (strays, or a
+// sleeping arena's slots) until the stream has been waited for.
+func TestUndoKeepsChunksUnderQueuedClears(t *testing.T) {
+	for _, op := range []string{"grow", "wake"} {
+		t.Run(op, func(t *testing.T) {
+			e := newSleepEnv(t)
+			s, err := e.hd.CreateStream()
+			require.NoError(t, err)
+			t.Cleanup(func() { require.NoError(t, e.hd.DestroyStream(s)) })
+			x := e.arena(t, arena.Config{})
+			v := e.arena(t, arena.Config{Streams: []acl.Stream{s}})
+			k := e.arena(t, arena.Config{Streams: []acl.Stream{s}})
+			kb, err := k.Alloc(4096, 1)
+			require.NoError(t, err)
+			if op == "grow" {
+				_, err = v.Alloc(100, 1)
+			} else {
+				_, err = v.Alloc(2*sleepChunk, 1)
+			}
+			require.NoError(t, err)
+			if op == "wake" {
+				require.NoError(t, v.Sleep(context.Background(), arena.Discard))
+			}
+			// Two chunks of x's bytes in the cache: v's growth (or wake)
+			// takes them, and clears them on its stream.
+			fill(t, x, 2*sleepChunk, 1)
+			require.NoError(t, x.Reset())
+			require.NoError(t, x.Shrink())
+			// A kernel on the stream, which the clears queue behind.
+			done := make(chan struct{})
+			end := sync.OnceFunc(func() { close(done) })
+			defer end()
+			require.NoError(t, e.hd.Launch(s, kb.Ptr(), 4096, done))
+
+			e.fd.FailNth(faultdriver.CreateEvent, 1, 0)         // the fence after the clears
+			e.fd.FailAfter(faultdriver.SynchronizeStream, 0, 0) // and every wait for the stream
+			if op == "grow" {
+				err = v.Grow(2 * sleepChunk)
+			} else {
+				err = v.Wake(context.Background())
+			}
+			require.Error(t, err)
+			require.Zero(t, e.hd.Faults(), "an unmap under queued clears: %v", err)
+			assert.Equal(t, 2, v.Stats().Strays, "kept mapped until the stream is waited for")
+			e.fd.Clear()
+			end() // the kernel ends
+			if op == "grow" {
+				require.NoError(t, v.Grow(2*sleepChunk))
+			} else {
+				require.NoError(t, v.Wake(context.Background()))
+			}
+			require.Zero(t, v.Stats().Strays)
+			require.Zero(t, e.hd.Faults())
+		})
+	}
 }

@@ -80,40 +80,6 @@ const (
 	TagScratch Tag = "scratch"
 )
 
-// BackingCause says what changed an arena's backing.
-type BackingCause int
-
-const (
-	// BackingSlept: Sleep gave every chunk back; the addresses are
-	// reserved, backed by nothing.
-	BackingSlept BackingCause = iota + 1
-	// BackingWoke: Wake mapped new memory at the same addresses.
-	BackingWoke
-	// BackingShrunk: Shrink gave back the chunks above Len.
-	BackingShrunk
-)
-
-// String returns "slept", "woke" or "shrunk".
-func (c BackingCause) String() string {
-	switch c {
-	case BackingSlept:
-		return "slept"
-	case BackingWoke:
-		return "woke"
-	case BackingShrunk:
-		return "shrunk"
-	}
-	return fmt.Sprintf("arena.BackingCause(%d)", int(c))
-}
-
-// BackingChange tells an OnBackingChange callback what changed.
-type BackingChange struct {
-	Arena      *Arena
-	Cause      BackingCause
-	Generation uint64 // the arena's generation after the change
-	Mapped     int    // Cap after the change
-}
-
 // slot is what became of one chunk of a sleeping arena.
 type slot struct {
 	c      chunk.Chunk
@@ -144,13 +110,10 @@ type sleepState struct {
 
 // sleeper is the arena's sleep and wake state (see Arena.sl).
 type sleeper struct {
-	growth chunk.Growth  // Wake's, in the protocol's loop
-	gen    atomic.Uint64 // advanced by Sleep, Wake and Shrink
+	growth chunk.Growth // Wake's, in the protocol's loop
 	tag    Tag
 	st     *sleepState // under mu
 	host   []byte      // the pinned host copy: kept for the next Offload after a Wake, freed by Close or DropHostCopy
-	cbMu   sync.Mutex
-	cbs    []func(BackingChange)
 }
 
 // count returns the slots in state s.
@@ -162,6 +125,17 @@ func (st *sleepState) count(s slotState) int {
 		}
 	}
 	return n
+}
+
+// mappedOf returns the slots in state s as mappings in a's range.
+func (st *sleepState) mappedOf(a *Arena, s slotState) []chunk.Mapped {
+	var ms []chunk.Mapped
+	for i, sl := range st.slots {
+		if sl.state == s {
+			ms = append(ms, chunk.Mapped{At: a.at(i), C: sl.c})
+		}
+	}
+	return ms
 }
 
 // mapped returns the slots still mapped (slotMapped, slotLeft): above Cap,
@@ -186,65 +160,12 @@ func (a *Arena) Asleep() bool {
 	return l == lifeAsleep || l == lifeWaking
 }
 
-// Generation counts the changes of the arena's backing: every Sleep, Wake
-// and Shrink that changed it advances it by one. Whatever registered the
-// arena's memory elsewhere (a collective-communication buffer, an RDMA
-// registration, a cache of device pointers) is stale when the generation
-// moved.
-func (a *Arena) Generation() uint64 {
-	if a == nil {
-		return 0
-	}
-	return a.sl.gen.Load()
-}
-
-// OnBackingChange registers fn to run after every change of the arena's
-// backing: after Sleep has given the memory back, after Wake has mapped it
-// again (the memory is usable when fn runs), and after a Shrink that gave
-// chunks back. fn runs on the goroutine that made the change, after the
-// arena's lock is released, so it may call the arena's methods; a Wake
-// returns after its callbacks. What must happen before the memory goes (a
-// deregistration) is the caller's to do before it calls Sleep.
-func (a *Arena) OnBackingChange(fn func(BackingChange)) {
-	if a == nil || fn == nil {
-		return
-	}
-	a.sl.cbMu.Lock()
-	a.sl.cbs = append(a.sl.cbs, fn)
-	a.sl.cbMu.Unlock()
-}
-
-// changed advances the generation, under mu, and returns the change for
-// notify to report once mu is released.
-func (a *Arena) changed(cause BackingCause) BackingChange {
-	return BackingChange{Arena: a, Cause: cause, Generation: a.sl.gen.Add(1), Mapped: int(a.cap.Load())}
-}
-
-// notify runs the callbacks. Call without mu.
-func (a *Arena) notify(c BackingChange) {
-	a.sl.cbMu.Lock()
-	cbs := a.sl.cbs
-	a.sl.cbMu.Unlock()
-	for _, fn := range cbs {
-		fn(c)
-	}
-}
-
-// shrunk is Shrink's deferred notification: it runs the callbacks when the
-// Shrink gave chunks back. Deferred before the lock is taken, so that it
-// runs after the unlock.
-func (a *Arena) shrunk(c *BackingChange) {
-	if c.Cause != 0 {
-		a.notify(*c)
-	}
-}
-
 // HostCopy returns the bytes of pinned host memory the arena holds for its
 // offloads: the host copy of a sleeping arena's contents, or, after a Wake,
 // the buffer kept for the next Offload (so that pinning happens once, as a
 // caching host allocator does).
 func (a *Arena) HostCopy() int {
-	if a == nil {
+	if a == nil || a.ev.owner.Load() != 0 && a.inCallback() {
 		return 0
 	}
 	a.mu.Lock()
@@ -258,6 +179,9 @@ func (a *Arena) HostCopy() int {
 func (a *Arena) DropHostCopy() error {
 	if a == nil || a.drv == nil {
 		return nil
+	}
+	if a.ev.owner.Load() != 0 && a.inCallback() {
+		return ErrCallback
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -322,12 +246,8 @@ func (a *Arena) Sleep(ctx context.Context, mode SleepMode) error {
 	if err != nil {
 		return fmt.Errorf("arena: sleep: %w", err)
 	}
-	var note BackingChange
-	err = a.sleepLocked(ctx, l, mode, &note)
+	err = a.sleepLocked(ctx, l, mode)
 	a.mu.Unlock()
-	if note.Cause != 0 {
-		a.notify(note)
-	}
 	if err != nil {
 		return fmt.Errorf("arena: sleep (%v): %w", mode, err)
 	}
@@ -370,7 +290,7 @@ func (a *Arena) sharedErr() error {
 // sleepLocked is Sleep of an arena in state l (open or asleep), with mu
 // held; it returns with mu held, having released it while it waited for the
 // device (the arena sleeping meanwhile).
-func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, note *BackingChange) error {
+func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode) error {
 	again := l == lifeAsleep
 	if again && a.sl.st.mapped() == 0 {
 		return a.sleepAgain(a.sl.st) // only frees to retry: no device work to wait for
@@ -420,7 +340,7 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, no
 	defer a.users.Unlock()
 	a.mu.Lock()
 	if werr != nil {
-		return undo(errors.Join(werr, a.dropMapped(back)))
+		return undo(errors.Join(werr, a.dropMapped(BackingUndo, back)))
 	}
 	for _, m := range back {
 		a.maps++ // strays: mapped above Cap
@@ -448,8 +368,15 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, no
 		}
 	}
 	st := &sleepState{mode: mode, slots: make([]slot, len(a.chunks)), len: n}
+	ms := make([]chunk.Mapped, len(a.chunks))
 	for i, c := range a.chunks {
 		st.slots[i] = slot{c: c}
+		ms[i] = chunk.Mapped{At: a.at(i), C: c}
+	}
+	// Whatever registered the memory lets go of it first, all of it: a
+	// refusal changes nothing.
+	if _, err := a.letGo(BackingSleep, ms); err != nil {
+		return undo(err)
 	}
 	// Every chunk is unmapped (an Offload's after its bytes reached the
 	// host) before any is freed: until the first free, a failure is undone
@@ -471,10 +398,15 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, no
 		}
 	}
 	if err != nil && st.awake() {
-		// Every chunk is mapped again, where it was. (Without an error
+		// Every chunk is mapped again, where it was, and registered again
+		// (the ones never unmapped were let go of too). (Without an error
 		// nothing is mapped: every chunk went, or there was none, and an
 		// arena that held nothing sleeps like any other.)
-		return undo(err)
+		return undo(errors.Join(err, a.announce(BackingUndo, ms)))
+	}
+	if err != nil {
+		// Asleep after all: what stays mapped with its bytes is held again.
+		err = errors.Join(err, a.announce(BackingUndo, st.mappedOf(a, slotMapped)))
 	}
 	// Asleep: Cap 0, Len kept, the state word frozen for good (every Alloc
 	// goes to the slow path and finds ErrAsleep). Slots a double fault left
@@ -493,7 +425,6 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, no
 		err = errors.Join(err, a.pool.Trim()) // nothing kept on the arena's behalf
 	}
 	a.member.Dropped() // growths waiting for memory may take it now
-	*note = a.changed(BackingSlept)
 	a.logSleep(EventSleep, mode, len(st.slots))
 	return err
 }
@@ -518,8 +449,12 @@ func (a *Arena) sleepAgain(st *sleepState) error {
 				continue // its bytes are only there: it stays mapped
 			}
 		}
-		if err := a.lend.Unmap(a.at(i)); err != nil {
+		if free, err := a.letGoHeld(BackingSleep, []chunk.Mapped{{At: a.at(i), C: sl.c}}); !free[0] {
 			errs = append(errs, err)
+			continue
+		}
+		if err := a.lend.Unmap(a.at(i)); err != nil {
+			errs = append(errs, err, a.stillMapped([]chunk.Mapped{{At: a.at(i), C: sl.c}}))
 			continue
 		}
 		a.unmaps++
@@ -666,39 +601,74 @@ func (a *Arena) freeHeldOf(st *sleepState) error {
 // Grow promised (the headroom above comes back as the arena grows), and, in
 // Offload mode, copies the contents back from the host copy, 16 MiB at a
 // time, each copy overlapping the acquiring and mapping of the next step's
-// chunks. In Discard mode
-// the chunks are cleared as the pool's scrub rules say (Config.Streams: the
-// clears are queued on the first stream, as Grow's are). Wake returns when
-// the memory is usable, after the OnBackingChange callbacks; the pinned host
-// buffer is kept for the next Offload (DropHostCopy frees it).
+// chunks. In Discard mode the chunks are cleared as the pool's scrub rules
+// say (Config.Streams: the clears are queued on the first stream, as Grow's
+// are). Wake returns when the memory is usable, after the OnBackingChange
+// callbacks; the pinned host buffer is kept for the next Offload
+// (DropHostCopy frees it).
 //
-// The chunks come from the pool's Acquire, which may reclaim memory other
-// arenas hold unused. A failure (no memory, a driver fault) leaves the arena
-// asleep with its host copy intact, and Wake can be retried. Wake of an awake
-// arena does nothing; ctx is checked before any driver call.
+// The chunks come from the pool as a growth's do (the protocol's loop: the
+// cache, room in the budget and on the device, then a relief that takes
+// memory other arenas hold unused), and when there is not enough, Wake
+// waits for memory as GrowContext does, in the pool's queue, until ctx is
+// done: it then fails with an error that matches ErrOutOfMemory and wraps
+// ctx.Err(). A failure (no memory, a driver fault, ctx) leaves the arena
+// asleep with its host copy intact, and Wake can be retried. Wake of an
+// awake arena does nothing; ctx is checked before any driver call.
 func (a *Arena) Wake(ctx context.Context) error {
-	l, err := a.lockSleep(ctx)
-	if err != nil {
-		return fmt.Errorf("arena: wake: %w", err)
-	}
-	var note BackingChange
-	if l == lifeAsleep {
-		err = a.wakeLocked(ctx, &note)
-	}
-	a.mu.Unlock()
-	if note.Cause != 0 {
-		a.notify(note)
-	}
-	if err != nil {
+	if _, _, err := a.wake(ctx); err != nil {
 		return fmt.Errorf("arena: wake: %w", err)
 	}
 	return nil
 }
 
+// wake is Wake; it reports whether this call woke the arena (it was
+// asleep), and the mode the arena had slept in.
+func (a *Arena) wake(ctx context.Context) (woke bool, mode SleepMode, err error) {
+	var need int
+	var asked uint64
+	var never bool
+	try := func() error {
+		l, err := a.lockSleep(ctx)
+		if err != nil {
+			return err
+		}
+		if l == lifeAsleep {
+			mode = a.sl.st.mode
+			if err = a.wakeLocked(ctx); err == nil {
+				woke = true
+			} else {
+				need, asked, never = a.wakeNeed()
+			}
+		}
+		a.mu.Unlock()
+		return err
+	}
+	if a == nil || a.drv == nil {
+		return false, 0, try()
+	}
+	err = a.waitFor(ctx, &a.sl.growth, func() (int, uint64, bool) { return need, asked, never }, try)
+	return woke, mode, err
+}
+
+// wakeNeed says what a Wake that failed for want of memory lacks: the
+// chunks it must get from the pool, their bytes, and whether the pool's
+// budget could never hold what the arena maps once awake. Call with mu
+// held, the arena asleep.
+func (a *Arena) wakeNeed() (need int, asked uint64, never bool) {
+	st := a.sl.st
+	if st == nil {
+		return 1, a.chunkSize, false
+	}
+	need = max(1, st.count(slotGone))
+	b := uint64(a.pool.Budget())
+	return need, uint64(need) * a.chunkSize, b > 0 && uint64(len(st.slots))*a.chunkSize > b
+}
+
 // wakeLocked wakes a sleeping arena, with mu held: it maps the slots back
 // through the protocol's loop (chunk.Lender.Grow), which releases mu while it
 // waits for memory (the arena waking meanwhile), and returns with mu held.
-func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
+func (a *Arena) wakeLocked(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -730,7 +700,6 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	a.setLife(lifeOpen)
 	s := a.state.Load()
 	a.thaw(s, s&lenMask)
-	*note = a.changed(BackingWoke)
 	a.logSleep(EventWake, st.mode, len(st.slots))
 	a.wantHeadroom(s & lenMask)
 	sched.At(sched.WakeAsked, a)
@@ -940,6 +909,17 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 	if err == nil && scrubbed > 0 {
 		err = a.fence.record(a.drv, a.streams[0])
 	}
+	ms := make([]chunk.Mapped, len(mapped))
+	for x, i := range mapped {
+		ms[x] = chunk.Mapped{At: a.at(i), C: st.slots[i].c}
+	}
+	if err == nil {
+		cause := BackingWake
+		if undo {
+			cause = BackingUndo
+		}
+		err = a.announce(cause, ms) // mapped, access granted, bytes back: register now
+	}
 	if err == nil {
 		for _, i := range mapped {
 			st.slots[i].state = slotMapped
@@ -957,10 +937,18 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 			synced = false
 		}
 	}
-	for _, i := range slices.Backward(mapped) {
+	// A callback that took them and could not give them back keeps them
+	// mapped.
+	free, lerr := a.letGoHeld(BackingUndo, ms)
+	err = errors.Join(err, lerr)
+	for x, i := range slices.Backward(mapped) {
 		sl := &st.slots[i]
 		if !synced && (scrubbed > 0 || sl.queued) {
 			sl.state, sl.queued = slotLeft, true
+			continue
+		}
+		if !free[len(mapped)-1-x] {
+			sl.state = slotLeft
 			continue
 		}
 		if uerr := a.lend.Unmap(a.at(i)); uerr != nil {
@@ -999,6 +987,9 @@ func (a *Arena) settleLeft(st *sleepState) error {
 			}
 			synced = true
 		}
+		if free, err := a.letGoHeld(BackingUndo, []chunk.Mapped{{At: a.at(i), C: sl.c}}); !free[0] {
+			return err
+		}
 		if err := a.lend.Unmap(a.at(i)); err != nil {
 			return fmt.Errorf("unmap a chunk a failed wake left mapped: %w", err)
 		}
@@ -1019,8 +1010,13 @@ func (a *Arena) closeAsleep() error {
 		s := st.slots[i]
 		switch s.state {
 		case slotMapped, slotLeft:
-			if err := a.lend.Unmap(a.at(i)); err != nil {
+			m := []chunk.Mapped{{At: a.at(i), C: s.c}}
+			if free, err := a.letGoHeld(BackingClose, m); !free[0] {
 				errs = append(errs, err)
+				continue
+			}
+			if err := a.lend.Unmap(a.at(i)); err != nil {
+				errs = append(errs, err, a.stillMapped(m))
 				continue
 			}
 			a.unmaps++
@@ -1067,8 +1063,7 @@ func SleepTag(ctx context.Context, pool *chunk.Pool, tag Tag, mode SleepMode) er
 }
 
 // WakeTag wakes every sleeping arena of tag on pool (every pool, when pool
-// is nil), concurrently, and returns when all are usable, or with their
-// errors joined.
+// is nil), as WakeAll does: all of them, or none.
 func WakeTag(ctx context.Context, pool *chunk.Pool, tag Tag) error {
 	return WakeAll(ctx, Tagged(pool, tag))
 }
@@ -1080,10 +1075,53 @@ func SleepAll(ctx context.Context, as []*Arena, mode SleepMode) error {
 	return each(as, func(a *Arena) error { return a.Sleep(ctx, mode) })
 }
 
-// WakeAll wakes the arenas, each on a goroutine of its own, and returns
-// when all are usable, or with their errors joined.
+// WakeAll wakes the arenas, each on a goroutine of its own, each waiting
+// for memory as Wake does until ctx is done, and returns when all are
+// usable. It is all or nothing: when one fails, the arenas this call woke
+// are put back to sleep, in the mode each had slept in (their Offload
+// contents copied out again), so that none is left awake for the half of
+// a model that woke; the error joins the failures, and any arena that
+// could not be put back to sleep (it is then awake, as its Sleep says).
 func WakeAll(ctx context.Context, as []*Arena) error {
-	return each(as, func(a *Arena) error { return a.Wake(ctx) })
+	woke := make([]bool, len(as))
+	modes := make([]SleepMode, len(as))
+	errs := make([]error, len(as))
+	var wg sync.WaitGroup
+	for i, a := range as {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			woke[i], modes[i], errs[i] = a.wake(ctx)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("arena: wake: %w", errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	err := errors.Join(errs...)
+	if err == nil {
+		return nil
+	}
+	back := context.WithoutCancel(ctx) // ctx may be what ended the wake
+	var undo []*Arena
+	var undoModes []SleepMode
+	for i, a := range as {
+		if woke[i] {
+			undo, undoModes = append(undo, a), append(undoModes, modes[i])
+		}
+	}
+	uerrs := make([]error, len(undo))
+	for i, a := range undo {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if e := a.Sleep(back, undoModes[i]); e != nil {
+				uerrs[i] = fmt.Errorf("and an arena this call woke could not be put back to sleep: %w", e)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(err, errors.Join(uerrs...))
 }
 
 func each(as []*Arena, fn func(*Arena) error) error {

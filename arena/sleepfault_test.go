@@ -362,3 +362,86 @@ func TestUndoKeepsChunksUnderQueuedClears(t *testing.T) {
 		})
 	}
 }
+
+// wakeScene is an arena asleep on a budgeted pool, most of whose budget a
+// second arena holds in use, and one asleep on a pool with room.
+type wakeScene struct {
+	e          *sleepEnv
+	pool       *chunk.Pool
+	k, v, o    *arena.Arena
+	kb         arena.Buffer
+	kwant      []byte
+	oHoldsFree func() // o drops and gives back what it holds
+}
+
+func newWakeScene(t *testing.T) *wakeScene {
+	t.Helper()
+	e := newSleepEnv(t)
+	pool, err := chunk.New(e.fd, chunk.Config{Budget: 4 * sleepChunk})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pool.Close()) }) // after the arenas
+	sc := &wakeScene{e: e, pool: pool}
+	sc.k = e.arena(t, arena.Config{Tag: "w-weights"}) // e's pool: room enough
+	sc.v = e.arena(t, arena.Config{Pool: pool, Tag: "w-kv"})
+	sc.o = e.arena(t, arena.Config{Pool: pool})
+	sc.kb, sc.kwant = fill(t, sc.k, sleepChunk, 7)
+	fill(t, sc.v, 3*sleepChunk, 8)
+	require.NoError(t, sc.k.Sleep(context.Background(), arena.Offload))
+	require.NoError(t, sc.v.Sleep(context.Background(), arena.Discard))
+	fill(t, sc.o, 3*sleepChunk, 9) // in use: nothing a relief can take
+	sc.oHoldsFree = func() {
+		require.NoError(t, sc.o.Reset())
+		require.NoError(t, sc.o.Shrink())
+	}
+	return sc
+}
+
+// Wake waits for memory, as GrowContext does, instead of failing at once
+// when the pool has none: it is served when another tenant gives memory
+// back.
+func TestWakeWaitsForMemory(t *testing.T) {
+	sc := newWakeScene(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	woke := make(chan error, 1)
+	go func() { woke <- sc.v.Wake(ctx) }() // needs 3 chunks; 1 is free
+	select {
+	case err := <-woke:
+		t.Fatalf("Wake returned before memory came back: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	sc.oHoldsFree()
+	require.NoError(t, <-woke)
+	require.False(t, sc.v.Asleep())
+}
+
+// A Wake that its ctx cuts short says so: its error matches
+// ErrOutOfMemory and wraps ctx's, and the arena is still asleep.
+func TestWakeCutShortCarriesItsContext(t *testing.T) {
+	sc := newWakeScene(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	err := sc.v.Wake(ctx)
+	require.ErrorIs(t, err, arena.ErrOutOfMemory)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.True(t, sc.v.Asleep())
+	sc.oHoldsFree()
+	require.NoError(t, sc.v.Wake(context.Background()))
+}
+
+// WakeAll is all or nothing: when one arena cannot wake before ctx is
+// done, the ones this call woke go back to sleep (their Offload contents
+// kept), and a later WakeAll wakes them all.
+func TestWakeAllIsAllOrNothing(t *testing.T) {
+	sc := newWakeScene(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err := arena.WakeAll(ctx, []*arena.Arena{sc.k, sc.v}) // k fits, v does not
+	require.ErrorIs(t, err, arena.ErrOutOfMemory)
+	require.True(t, sc.v.Asleep())
+	require.True(t, sc.k.Asleep(), "k woke, and the failed WakeAll left it awake: half a model")
+	sc.oHoldsFree()
+	require.NoError(t, arena.WakeTag(context.Background(), nil, "w-weights"))
+	require.NoError(t, arena.WakeAll(context.Background(), []*arena.Arena{sc.k, sc.v}))
+	require.True(t, bytes.Equal(sc.kwant, contents(t, sc.kb)))
+}

@@ -44,6 +44,24 @@ type Client interface {
 	Refill()
 }
 
+// An Unmapper is a Client that keeps books of the chunks mapped in its
+// range, as a client does that registers its memory with a library (see
+// acl.Registrar): the pool tells it before it unmaps chunks the client let
+// go of still mapped (Give, or Member.ReleaseAfter), so that it can take
+// them off its books (deregister them) while they are still mapped. The pool
+// calls it on the goroutine that unmaps (its worker, a relief, Close),
+// holding none of its own locks, never with the client's lock.
+type Unmapper interface {
+	// Unmapping is told that ms, chunks the client let go of, are about to
+	// be unmapped: the device is done with them. An error keeps them
+	// mapped, waiting, and the pool tries again later (its worker, or the
+	// client's own growth, which may take them back where they lie).
+	Unmapping(ms []Mapped) error
+	// StillMapped is told that the unmaps of ms failed after Unmapping:
+	// they stay mapped, waiting, and the pool tries again later.
+	StillMapped(ms []Mapped)
+}
+
 // A Member is a Client's membership of a pool.
 type Member struct {
 	p      *Pool

@@ -1460,6 +1460,7 @@ type Stats struct {
 	Reclaimed   int64         // chunks the pool took back under pressure
 	Refills     int64         // growths the pool's worker made to refill the headroom
 	Strays      int           // chunks a failed undo left mapped above Cap (a sleeping arena's too); the next Grow, Shrink, Sleep, Wake or Close unmaps them
+	Held        int           // chunks a sleeping arena holds unmapped, which a Sleep could not free (the driver refused): the next Sleep, Wake or Close gives them back
 	Closed      bool
 }
 
@@ -1483,9 +1484,10 @@ func (a *Arena) Stats() Stats {
 func (a *Arena) statsNow() Stats {
 	used := a.state.Load() & lenMask
 	mapped := a.cap.Load()
-	strays := len(a.strays)
+	strays, held := len(a.strays), 0
 	if a.sl.st != nil {
 		strays += a.sl.st.mapped() // a sleeping arena's slots a failure left mapped (sleep.go)
+		held = a.sl.st.count(slotHeld)
 	}
 	return Stats{
 		Base:        a.base,
@@ -1503,6 +1505,7 @@ func (a *Arena) statsNow() Stats {
 		Reclaimed:   int64(a.reclaimed),
 		Refills:     int64(a.refills),
 		Strays:      strays,
+		Held:        held,
 		Closed:      a.lifeNow() == lifeClosed,
 	}
 }

@@ -173,11 +173,13 @@ type Arena struct {
 	scratch   struct {
 		slots, fresh []chunk.Chunk
 		back         []bool
+		fm           []chunk.Mapped
 	} // growLocked's, reused under mu
 	grower, refiller growStep    // the Placers of a growth on a caller's path and of a refill (growLocked)
 	imp              *importMode // set for an Imported's arena: how it maps another process's memory (share.go)
 	obs              observer    // events, trace regions, counters (observe.go)
 	sl               sleeper     // sleep and wake (sleep.go)
+	ev               backing     // the callbacks told of backing changes, and their books (backing.go)
 	// drops are the drops of Len since the arena was made, for the
 	// buffers' staleness check (stale.go). Written under mu.
 	drops dropLog
@@ -381,6 +383,9 @@ func (a *Arena) lock() error {
 	if a.drv == nil {
 		return errNotMade
 	}
+	if a.ev.owner.Load() != 0 && a.inCallback() {
+		return ErrCallback
+	}
 	a.mu.Lock()
 	if err := a.lifeNow().err(); err != nil {
 		a.mu.Unlock()
@@ -395,6 +400,9 @@ func (a *Arena) lock() error {
 func (a *Arena) lockGrow(ctx context.Context) error {
 	if a == nil || a.drv == nil {
 		return a.lock()
+	}
+	if a.ev.owner.Load() != 0 && a.inCallback() {
+		return ErrCallback
 	}
 	if err := lockCtx(ctx, &a.growMu); err != nil {
 		return fmt.Errorf("arena: wait for the arena's growth under way: %w", err)
@@ -858,6 +866,22 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 			return chunk.Step{}, a.undoGrow(n0, slots, back, need, true, err)
 		}
 	}
+	// Mapped with access, the clears ordered, nothing published yet: the
+	// callbacks register the fresh chunks now, or the growth is undone.
+	cause := BackingGrow
+	if speculative {
+		cause = BackingRefill
+	}
+	fm := a.scratch.fm[:0]
+	for i := range slots {
+		if !back[i] {
+			fm = append(fm, chunk.Mapped{At: a.at(n0 + i), C: slots[i]})
+		}
+	}
+	a.scratch.fm = fm
+	if err := a.announce(cause, fm); err != nil {
+		return chunk.Step{}, a.undoGrow(n0, slots, back, need, scrubbed > 0, err)
+	}
 	a.maps += uint64(need)
 	a.chunks = append(a.chunks, slots...)
 	a.grows++
@@ -868,32 +892,57 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 // undoGrow rolls back a growLocked whose mapping of the run at slot failed
 // went wrong: the fresh chunks mapped before that run, and any of that run
 // its own undo left mapped, are unmapped, top down, after the scrubs queued
-// for them have run (queued); a chunk that cannot be unmapped becomes a
-// stray; and every other chunk the growth placed goes back: fresh ones to
+// for them have run (queued, or a chunk the failed run left with its clears
+// queued: chunk.LeftQueued); a chunk that cannot be unmapped, or must not be
+// (the wait for its clears failed: they may still run), becomes a stray,
+// which the next Grow, Shrink, Sleep or Close unmaps once the device is
+// done; and every other chunk the growth placed goes back: fresh ones to
 // the pool, ones taken back in place to waiting for the device again. Call
 // with mu held.
 func (a *Arena) undoGrow(n0 int, slots []chunk.Chunk, back []bool, failed int, queued bool, err error) error {
 	mapped := make([]bool, len(slots)) // fresh chunks still mapped
+	clears := make([]bool, len(slots)) // of those, the ones clears queued on the stream may still write
 	for i := 0; i < failed; i++ {
 		mapped[i] = !back[i]
+		clears[i] = mapped[i] && queued
 	}
 	var left *chunk.LeftMappedError
 	if errors.As(err, &left) {
 		for _, m := range left.Left {
-			mapped[int(uint64(m.At-a.at(n0))/a.chunkSize)] = true
+			i := int(uint64(m.At-a.at(n0)) / a.chunkSize)
+			mapped[i] = true
+			if m.State == chunk.LeftQueued {
+				queued, clears[i] = true, true
+			}
 		}
 	}
+	synced := true
 	if queued {
 		if werr := a.drv.SynchronizeStream(a.streams[0]); werr != nil {
-			err = errors.Join(err, werr)
+			err = errors.Join(err, fmt.Errorf("wait for the clears queued: %w", werr))
+			synced = false
 		}
 	}
-	for i := len(slots) - 1; i >= 0; i-- {
-		if !mapped[i] {
-			continue
+	// A callback that registered a chunk and could not give it back keeps
+	// it mapped.
+	var ms []chunk.Mapped
+	for i := range slots {
+		if mapped[i] {
+			ms = append(ms, chunk.Mapped{At: a.at(n0 + i), C: slots[i]})
 		}
-		if uerr := a.lend.Unmap(a.at(n0 + i)); uerr != nil {
-			err = errors.Join(err, uerr)
+	}
+	free, lerr := a.letGoHeld(BackingUndo, ms)
+	err = errors.Join(err, lerr)
+	for k := len(ms) - 1; k >= 0; k-- {
+		i := int(uint64(ms[k].At-a.at(n0)) / a.chunkSize)
+		keep := !free[k] || clears[i] && !synced
+		if !keep {
+			if uerr := a.lend.Unmap(a.at(n0 + i)); uerr != nil {
+				err = errors.Join(err, uerr)
+				keep = true
+			}
+		}
+		if keep {
 			a.maps++ // a stray counts as mapped
 			a.strays = append(a.strays, stray{a.at(n0 + i), slots[i]})
 			slots[i] = chunk.Chunk{}
@@ -918,33 +967,42 @@ func (a *Arena) giveBack(n0 int, slots []chunk.Chunk, back []bool) error {
 		}
 	}
 	if len(mapped) > 0 {
-		errs = append(errs, a.dropMapped(mapped))
+		errs = append(errs, a.dropMapped(BackingUndo, mapped))
 	}
 	return errors.Join(errs...)
 }
 
 // dropMapped gives back chunks mapped above Cap, outside the arena's
 // counts, that the device may still touch: ordered by events on the arena's
-// streams, or else by waiting for the device. Those it cannot unmap become
-// strays. Call with mu held.
-func (a *Arena) dropMapped(ms []chunk.Mapped) error {
+// streams (the pool tells the callbacks, for cause, before it unmaps them),
+// or else by waiting for the device. Those it cannot unmap, or a callback
+// keeps, become strays. Call with mu held.
+func (a *Arena) dropMapped(cause BackingCause, ms []chunk.Mapped) error {
 	if len(a.streams) > 0 {
-		err := a.lend.ReleaseAfter(ms, a.streams)
+		a.leave(cause, ms)
+		err := a.member.ReleaseAfter(ms, a.streams)
 		if !errors.Is(err, chunk.ErrNoOrder) {
 			return err
 		}
 	}
 	if err := a.lend.SyncDevice(); err != nil {
 		for _, m := range ms {
+			a.maps++ // a stray counts as mapped
 			a.strays = append(a.strays, stray{m.At, m.C})
 		}
 		return err
 	}
-	var errs []error
+	free, lerr := a.letGo(cause, ms)
+	errs := []error{lerr}
 	for i := len(ms) - 1; i >= 0; i-- {
 		m := ms[i]
+		if !free[i] {
+			a.maps++ // a stray counts as mapped
+			a.strays = append(a.strays, stray{m.At, m.C})
+			continue
+		}
 		if err := a.lend.Release(m.At, m.C); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, err, a.stillMapped(ms[i:i+1]))
 			a.maps++ // a stray counts as mapped
 			a.strays = append(a.strays, stray{m.At, m.C})
 			continue
@@ -972,13 +1030,26 @@ func (a *Arena) unstray(ordered bool) error {
 
 // unmapStrays unmaps the strays, whose device work the caller has ordered,
 // and hands each one unmapped to giveBack (the pool's Put, or a free to the
-// driver). One that cannot be unmapped stays a stray. Call with mu held.
+// driver). One that cannot be unmapped, or that a callback keeps, stays a
+// stray. Call with mu held.
 func (a *Arena) unmapStrays(giveBack func(chunk.Chunk) error) error {
-	var errs []error
+	if len(a.strays) == 0 {
+		return nil
+	}
+	ms := make([]chunk.Mapped, len(a.strays))
+	for i, s := range a.strays {
+		ms[i] = chunk.Mapped{At: s.at, C: s.c}
+	}
+	free, lerr := a.letGoHeld(BackingUndo, ms)
+	errs := []error{lerr}
 	kept := a.strays[:0]
-	for _, s := range a.strays {
+	for i, s := range a.strays {
+		if !free[i] {
+			kept = append(kept, s)
+			continue
+		}
 		if err := a.lend.Unmap(s.at); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, err, a.stillMapped(ms[i:i+1]))
 			kept = append(kept, s)
 			continue
 		}
@@ -990,13 +1061,15 @@ func (a *Arena) unmapStrays(giveBack func(chunk.Chunk) error) error {
 	return errors.Join(errs...)
 }
 
-// dropTop gives back the chunks keep.. at the top of the arena: with streams,
-// to the pool to be unmapped once the work queued on them now has run
-// (the arena does not wait); without, or if that cannot be ordered, after
-// waiting for the device, unmapping them here, top down (a failed unmap maps
-// back what was unmapped, and the arena is as it was). Cap drops to keep
-// chunks on success. Call with mu held and the state frozen.
-func (a *Arena) dropTop(keep int, sync bool) error {
+// dropTop gives back the chunks keep.. at the top of the arena, for cause:
+// with streams, to the pool to be unmapped once the work queued on them now
+// has run (the arena does not wait; the pool tells the callbacks before it
+// unmaps them); without, or if that cannot be ordered, after waiting for
+// the device, unmapping them here, top down (a failed unmap, or a callback
+// that refuses, maps back what was unmapped, and the arena is as it was).
+// Cap drops to keep chunks on success. Call with mu held and the state
+// frozen.
+func (a *Arena) dropTop(keep int, sync bool, cause BackingCause) error {
 	n := len(a.chunks)
 	if keep >= n {
 		return nil
@@ -1006,7 +1079,8 @@ func (a *Arena) dropTop(keep int, sync bool) error {
 		for i := keep; i < n; i++ {
 			ms = append(ms, chunk.Mapped{At: a.at(i), C: a.chunks[i]})
 		}
-		err := a.lend.ReleaseAfter(ms, a.streams)
+		a.leave(cause, ms)
+		err := a.member.ReleaseAfter(ms, a.streams)
 		if err == nil {
 			a.unmaps += uint64(n - keep)
 			clear(a.chunks[keep:])
@@ -1021,21 +1095,33 @@ func (a *Arena) dropTop(keep int, sync bool) error {
 	if err := a.lend.SyncDevice(); err != nil {
 		return err
 	}
-	if err := a.detach(keep); err != nil {
+	if err := a.detach(keep, cause); err != nil {
 		return err
 	}
 	return a.release(keep)
 }
 
-// detach unmaps chunks keep.. top down, in preparation for giving them back:
-// they stay in a.chunks, and Cap stays, until release (or reattach, to undo).
-// If an unmap fails, it maps back what it unmapped and returns the error.
-// Call with mu held, the state frozen and the device's work ordered.
-func (a *Arena) detach(keep int) error {
+// detach unmaps chunks keep.. top down, for cause, in preparation for giving
+// them back: they stay in a.chunks, and Cap stays, until release (or
+// reattach, to undo). The callbacks let go of them first: one that refuses
+// keeps them all mapped. If an unmap fails, it maps back what it unmapped
+// (the callbacks take them again) and returns the error. Call with mu held,
+// the state frozen and the device's work ordered.
+func (a *Arena) detach(keep int, cause BackingCause) error {
 	n := len(a.chunks)
+	if keep >= n {
+		return nil
+	}
+	ms := make([]chunk.Mapped, 0, n-keep)
+	for i := keep; i < n; i++ {
+		ms = append(ms, chunk.Mapped{At: a.at(i), C: a.chunks[i]})
+	}
+	if _, err := a.letGo(cause, ms); err != nil {
+		return errors.Join(err, a.announce(BackingUndo, ms))
+	}
 	for i := n - 1; i >= keep; i-- {
 		if err := a.lend.Release(a.at(i), a.chunks[i]); err != nil {
-			return errors.Join(err, a.reattach(i+1, n))
+			return errors.Join(err, a.reattach(i+1, n), a.announce(BackingUndo, ms[:i+1-keep]))
 		}
 		a.unmaps++
 	}
@@ -1043,14 +1129,19 @@ func (a *Arena) detach(keep int) error {
 }
 
 // reattach maps back chunks from..n-1, which detach unmapped; their physical
-// memory was kept, so no byte is lost. Should a map fail, the arena ends
-// below that chunk: Cap drops there, the chunks above go back to the pool
-// (the caller's thaw brings Len down to Cap), and it returns the error.
-func (a *Arena) reattach(from, n int) error {
+// memory was kept, so no byte is lost, and the callbacks take them again
+// (cause BackingUndo). Should a map fail, the arena ends below that chunk:
+// Cap drops there, the chunks above go back to the pool (the caller's thaw
+// brings Len down to Cap), and it returns the error.
+func (a *Arena) reattach(from, n int) (rerr error) {
 	for j := from; j < n; j++ {
 		err := a.lend.Map(a.at(j), a.chunks[j])
 		if err == nil {
 			a.maps++
+			if err := a.announce(BackingUndo, []chunk.Mapped{{At: a.at(j), C: a.chunks[j]}}); err != nil {
+				// Mapped back, and not registered: the error says so.
+				rerr = errors.Join(rerr, fmt.Errorf("a chunk mapped back was refused by a callback: %w", err))
+			}
 			continue
 		}
 		k := j
@@ -1065,9 +1156,9 @@ func (a *Arena) reattach(from, n int) error {
 		clear(a.chunks[j:n])
 		a.chunks = a.chunks[:j]
 		a.cap.Store(uint64(j) * a.chunkSize)
-		return err
+		return errors.Join(rerr, err)
 	}
-	return nil
+	return rerr
 }
 
 // release gives the chunks detach unmapped (keep..) back to the pool and
@@ -1151,7 +1242,7 @@ func (a *Arena) trapDropped(n, l uint64) error {
 		return err
 	}
 	keep := int(a.roundUp(n) / a.chunkSize)
-	if err := a.detach(keep); err != nil {
+	if err := a.detach(keep, BackingTrapStale); err != nil {
 		return err
 	}
 	if end := min(l, uint64(keep)*a.chunkSize); end > n {
@@ -1178,8 +1269,6 @@ func (a *Arena) Reset() error { return a.Truncate(0) }
 // the chunks already unmapped are mapped back (their physical memory was
 // kept, so no data is lost) and the arena is as it was.
 func (a *Arena) Shrink() error {
-	var note BackingChange
-	defer a.shrunk(&note) // after the unlock
 	if err := a.lock(); err != nil {
 		return err
 	}
@@ -1192,14 +1281,11 @@ func (a *Arena) Shrink() error {
 	if err := a.unstray(false); err != nil {
 		return fmt.Errorf("arena: shrink: %w", err)
 	}
-	if err := a.dropTop(int(a.roundUp(s&lenMask)/a.chunkSize), false); err != nil {
+	if err := a.dropTop(int(a.roundUp(s&lenMask)/a.chunkSize), false, BackingShrink); err != nil {
 		return fmt.Errorf("arena: shrink: %w", err)
 	}
 	a.floor.Store(s & lenMask)
 	a.obs.gaveBack(a, EventShrink, c)
-	if a.cap.Load() != c {
-		note = a.changed(BackingShrunk)
-	}
 	return nil
 }
 
@@ -1292,7 +1378,7 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 		return fmt.Errorf("arena: close: %w", err)
 	}
 	if werr != nil {
-		return fail(errors.Join(werr, a.dropMapped(back)))
+		return fail(errors.Join(werr, a.dropMapped(BackingClose, back)))
 	}
 	for _, m := range back {
 		a.maps++ // counted as strays: mapped above Cap
@@ -1311,8 +1397,11 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 			return fail(err)
 		}
 	}
-	if err := a.detach(0); err != nil {
+	if err := a.detach(0, BackingClose); err != nil {
 		return fail(err)
+	}
+	if err := a.releasing(); err != nil {
+		return fail(errors.Join(err, a.reattach(0, len(a.chunks))))
 	}
 	if err := a.drv.ReleaseMemAddress(a.base); err != nil {
 		return fail(errors.Join(err, a.reattach(0, len(a.chunks))))
@@ -1368,7 +1457,8 @@ type Stats struct {
 	Grows       int64         // growths that placed at least one chunk
 	Reclaimed   int64         // chunks the pool took back under pressure
 	Refills     int64         // growths the pool's worker made to refill the headroom
-	Strays      int           // chunks a failed undo left mapped above Cap; the next Grow, Shrink or Close unmaps them
+	Strays      int           // chunks a failed undo left mapped above Cap (a sleeping arena's too); the next Grow, Shrink, Sleep, Wake or Close unmaps them
+	Held        int           // chunks a sleeping arena holds unmapped, which a Sleep could not free (the driver refused): the next Sleep, Wake or Close gives them back
 	Closed      bool
 }
 
@@ -1377,10 +1467,26 @@ func (a *Arena) Stats() Stats {
 	if a == nil {
 		return Stats{Closed: true}
 	}
+	if a.ev.owner.Load() != 0 && a.inCallback() {
+		// A callback's own goroutine, which would wait for itself: what
+		// the atomic words say.
+		return Stats{Base: a.base, Reserved: int(a.reserved), Mapped: int(a.cap.Load()),
+			Used: int(a.state.Load() & lenMask), ChunkSize: int(a.chunkSize), Closed: a.lifeNow() == lifeClosed}
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	return a.statsNow()
+}
+
+// statsNow is Stats. Call with mu held.
+func (a *Arena) statsNow() Stats {
 	used := a.state.Load() & lenMask
 	mapped := a.cap.Load()
+	strays, held := len(a.strays), 0
+	if a.sl.st != nil {
+		strays += a.sl.st.mapped() // a sleeping arena's slots a failure left mapped (sleep.go)
+		held = a.sl.st.count(slotHeld)
+	}
 	return Stats{
 		Base:        a.base,
 		Reserved:    int(a.reserved),
@@ -1396,7 +1502,8 @@ func (a *Arena) Stats() Stats {
 		Grows:       int64(a.grows),
 		Reclaimed:   int64(a.reclaimed),
 		Refills:     int64(a.refills),
-		Strays:      len(a.strays),
+		Strays:      strays,
+		Held:        held,
 		Closed:      a.lifeNow() == lifeClosed,
 	}
 }

@@ -90,7 +90,7 @@ func (b Buffer) check(op string) error {
 	switch b.a.lifeNow() {
 	case lifeClosed:
 		return errClosedBuffer
-	case lifeAsleep, lifeWaking:
+	case lifeSleeping, lifeAsleep, lifeWaking:
 		return fmt.Errorf("arena: %s: %w", op, errAsleep)
 	}
 	// dropLog.dropped, by hand: the two loads settle most copies without a
@@ -132,6 +132,18 @@ func hold(x, y *Arena) held {
 	return h
 }
 
+// callbackErr refuses a copy made from one of the arenas' own
+// backing-change callbacks: the callback may run while the arena holds
+// its users lock (Close, Sleep), and the copy would wait for itself.
+func callbackErr(x, y *Arena) error {
+	for _, a := range [2]*Arena{x, y} {
+		if a != nil && a.ev.owner.Load() != 0 && a.inCallback() {
+			return ErrCallback
+		}
+	}
+	return nil
+}
+
 // held is what hold holds.
 type held struct{ x, y *Arena }
 
@@ -156,6 +168,9 @@ type Element interface {
 func CopyIn[T Element](dst Buffer, src []T) error {
 	defer region(RegionCopy).End()
 	b := asBytes(src)
+	if err := callbackErr(dst.a, nil); err != nil {
+		return err
+	}
 	defer hold(dst.a, nil).release()
 	if err := dst.checkWrite("copy in"); err != nil {
 		return err
@@ -177,6 +192,9 @@ func CopyIn[T Element](dst Buffer, src []T) error {
 func CopyOut[T Element](dst []T, src Buffer) error {
 	defer region(RegionCopy).End()
 	b := asBytes(dst)
+	if err := callbackErr(src.a, nil); err != nil {
+		return err
+	}
 	defer hold(src.a, nil).release()
 	if err := src.check("copy out"); err != nil {
 		return err
@@ -199,6 +217,9 @@ func CopyOut[T Element](dst []T, src Buffer) error {
 // overlap (ErrInvalid): device copies do not promise memmove's semantics.
 func Copy(dst, src Buffer) error {
 	defer region(RegionCopy).End()
+	if err := callbackErr(dst.a, src.a); err != nil {
+		return err
+	}
 	defer hold(dst.a, src.a).release()
 	if err := dst.checkWrite("copy"); err != nil {
 		return err
@@ -227,6 +248,9 @@ func Copy(dst, src Buffer) error {
 // Fill sets every byte of b to v on the device (aclrtMemset).
 func Fill(b Buffer, v byte) error {
 	defer region(RegionCopy).End()
+	if err := callbackErr(b.a, nil); err != nil {
+		return err
+	}
 	defer hold(b.a, nil).release()
 	if err := b.checkWrite("fill"); err != nil {
 		return err

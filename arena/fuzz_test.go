@@ -22,6 +22,7 @@ func FuzzModel(f *testing.F) {
 	f.Add([]byte{16 | 32 | 64, 0, 0, 5, 200, 17, 3, 99, 42, 8, 250, 1, 77, 6, 130, 9})
 	f.Add([]byte{8 | 16 | 32 | 64, 0, 9, 1, 2, 3, 96, 97, 98, 40, 41, 42, 80, 81, 82})
 	f.Add([]byte{16 | 64 | 128, 0, 0, 20, 107, 15, 108, 104, 101, 30, 109, 1, 105, 60, 102, 106, 0, 104})
+	modelHook(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) < 3 {
 			return

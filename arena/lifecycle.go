@@ -99,6 +99,9 @@ func (a *Arena) lifeChanged() chan struct{} {
 // for a transition under way to end, and returns the state it found, with mu
 // held; on error mu is not held.
 func (a *Arena) awaitTransition(ctx context.Context) (lifecycle, error) {
+	if a.ev.owner.Load() != 0 && a.inCallback() {
+		return 0, ErrCallback
+	}
 	if err := a.lockMu(ctx); err != nil {
 		return 0, err
 	}

@@ -84,7 +84,8 @@ func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Str
 	a.cap.Store(uint64(keep) * a.chunkSize)
 	a.unmaps += uint64(len(ms))
 	a.reclaimed += uint64(len(ms))
-	a.hr.short = true // the pool is short: a miss until the next refill is not the worker's pace
+	a.hr.short = true          // the pool is short: a miss until the next refill is not the worker's pace
+	a.leave(BackingRelief, ms) // the pool tells the callbacks before it unmaps them
 	take(ms, a.streams)
 	a.obs.gaveBack(a, EventReclaim, c0)
 	return len(ms), false

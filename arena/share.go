@@ -484,6 +484,9 @@ func (b Buffer) Share(conn *net.UnixConn, opt ShareOptions) error {
 // names the next file this process opens. The caller closes the duplicates
 // (closeHandles).
 func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ int, hs []acl.ShareableHandle, err error) {
+	if a.ev.owner.Load() != 0 && a.inCallback() {
+		return 0, nil, ErrCallback
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := b.check("share"); err != nil { // the arena may have changed meanwhile

@@ -80,53 +80,25 @@ const (
 	TagScratch Tag = "scratch"
 )
 
-// BackingCause says what changed an arena's backing.
-type BackingCause int
-
-const (
-	// BackingSlept: Sleep gave every chunk back; the addresses are
-	// reserved, backed by nothing.
-	BackingSlept BackingCause = iota + 1
-	// BackingWoke: Wake mapped new memory at the same addresses.
-	BackingWoke
-	// BackingShrunk: Shrink gave back the chunks above Len.
-	BackingShrunk
-)
-
-// String returns "slept", "woke" or "shrunk".
-func (c BackingCause) String() string {
-	switch c {
-	case BackingSlept:
-		return "slept"
-	case BackingWoke:
-		return "woke"
-	case BackingShrunk:
-		return "shrunk"
-	}
-	return fmt.Sprintf("arena.BackingCause(%d)", int(c))
-}
-
-// BackingChange tells an OnBackingChange callback what changed.
-type BackingChange struct {
-	Arena      *Arena
-	Cause      BackingCause
-	Generation uint64 // the arena's generation after the change
-	Mapped     int    // Cap after the change
-}
-
 // slot is what became of one chunk of a sleeping arena.
 type slot struct {
-	c     chunk.Chunk
-	state slotState
+	c      chunk.Chunk
+	state  slotState
+	queued bool // slotLeft: clears queued on the arena's first stream may still run on it
 }
 
 type slotState uint8
 
 const (
-	slotMapped  slotState = iota // mapped where it was, bytes intact
-	slotHeld                     // unmapped, held (physical memory and bytes kept)
-	slotGone                     // freed to the driver
-	slotPending                  // mapped by a Wake whose undo could not unmap it: bytes not restored
+	slotMapped slotState = iota // mapped where it was, with access, its bytes there
+	slotHeld                    // unmapped, held (physical memory and bytes kept)
+	slotGone                    // freed to the driver
+	// slotLeft: mapped by a Wake (or an undo) that failed and could not
+	// unmap it again. Nothing about it is trusted (its access, its scrub,
+	// its bytes: chunk.LeftState): the next Wake or Sleep unmaps it, after
+	// the clears queued on it when queued is set, and a Wake maps it again
+	// as a held chunk, with the scrub its lease calls for.
+	slotLeft
 )
 
 // sleepState is a sleeping arena's record.
@@ -138,14 +110,37 @@ type sleepState struct {
 
 // sleeper is the arena's sleep and wake state (see Arena.sl).
 type sleeper struct {
-	growth chunk.Growth  // Wake's, in the protocol's loop
-	gen    atomic.Uint64 // advanced by Sleep, Wake and Shrink
+	growth chunk.Growth // Wake's, in the protocol's loop
 	tag    Tag
 	st     *sleepState // under mu
 	host   []byte      // the pinned host copy: kept for the next Offload after a Wake, freed by Close or DropHostCopy
-	cbMu   sync.Mutex
-	cbs    []func(BackingChange)
 }
+
+// count returns the slots in state s.
+func (st *sleepState) count(s slotState) int {
+	n := 0
+	for _, sl := range st.slots {
+		if sl.state == s {
+			n++
+		}
+	}
+	return n
+}
+
+// mappedOf returns the slots in state s as mappings in a's range.
+func (st *sleepState) mappedOf(a *Arena, s slotState) []chunk.Mapped {
+	var ms []chunk.Mapped
+	for i, sl := range st.slots {
+		if sl.state == s {
+			ms = append(ms, chunk.Mapped{At: a.at(i), C: sl.c})
+		}
+	}
+	return ms
+}
+
+// mapped returns the slots still mapped (slotMapped, slotLeft): above Cap,
+// counted with the strays.
+func (st *sleepState) mapped() int { return st.count(slotMapped) + st.count(slotLeft) }
 
 // Tag returns the arena's Config.Tag.
 func (a *Arena) Tag() Tag {
@@ -165,65 +160,12 @@ func (a *Arena) Asleep() bool {
 	return l == lifeAsleep || l == lifeWaking
 }
 
-// Generation counts the changes of the arena's backing: every Sleep, Wake
-// and Shrink that changed it advances it by one. Whatever registered the
-// arena's memory elsewhere (a collective-communication buffer, an RDMA
-// registration, a cache of device pointers) is stale when the generation
-// moved.
-func (a *Arena) Generation() uint64 {
-	if a == nil {
-		return 0
-	}
-	return a.sl.gen.Load()
-}
-
-// OnBackingChange registers fn to run after every change of the arena's
-// backing: after Sleep has given the memory back, after Wake has mapped it
-// again (the memory is usable when fn runs), and after a Shrink that gave
-// chunks back. fn runs on the goroutine that made the change, after the
-// arena's lock is released, so it may call the arena's methods; a Wake
-// returns after its callbacks. What must happen before the memory goes (a
-// deregistration) is the caller's to do before it calls Sleep.
-func (a *Arena) OnBackingChange(fn func(BackingChange)) {
-	if a == nil || fn == nil {
-		return
-	}
-	a.sl.cbMu.Lock()
-	a.sl.cbs = append(a.sl.cbs, fn)
-	a.sl.cbMu.Unlock()
-}
-
-// changed advances the generation, under mu, and returns the change for
-// notify to report once mu is released.
-func (a *Arena) changed(cause BackingCause) BackingChange {
-	return BackingChange{Arena: a, Cause: cause, Generation: a.sl.gen.Add(1), Mapped: int(a.cap.Load())}
-}
-
-// notify runs the callbacks. Call without mu.
-func (a *Arena) notify(c BackingChange) {
-	a.sl.cbMu.Lock()
-	cbs := a.sl.cbs
-	a.sl.cbMu.Unlock()
-	for _, fn := range cbs {
-		fn(c)
-	}
-}
-
-// shrunk is Shrink's deferred notification: it runs the callbacks when the
-// Shrink gave chunks back. Deferred before the lock is taken, so that it
-// runs after the unlock.
-func (a *Arena) shrunk(c *BackingChange) {
-	if c.Cause != 0 {
-		a.notify(*c)
-	}
-}
-
 // HostCopy returns the bytes of pinned host memory the arena holds for its
 // offloads: the host copy of a sleeping arena's contents, or, after a Wake,
 // the buffer kept for the next Offload (so that pinning happens once, as a
 // caching host allocator does).
 func (a *Arena) HostCopy() int {
-	if a == nil {
+	if a == nil || a.ev.owner.Load() != 0 && a.inCallback() {
 		return 0
 	}
 	a.mu.Lock()
@@ -237,6 +179,9 @@ func (a *Arena) HostCopy() int {
 func (a *Arena) DropHostCopy() error {
 	if a == nil || a.drv == nil {
 		return nil
+	}
+	if a.ev.owner.Load() != 0 && a.inCallback() {
+		return ErrCallback
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -301,12 +246,8 @@ func (a *Arena) Sleep(ctx context.Context, mode SleepMode) error {
 	if err != nil {
 		return fmt.Errorf("arena: sleep: %w", err)
 	}
-	var note BackingChange
-	err = a.sleepLocked(ctx, l, mode, &note)
+	err = a.sleepLocked(ctx, l, mode)
 	a.mu.Unlock()
-	if note.Cause != 0 {
-		a.notify(note)
-	}
 	if err != nil {
 		return fmt.Errorf("arena: sleep (%v): %w", mode, err)
 	}
@@ -349,65 +290,106 @@ func (a *Arena) sharedErr() error {
 // sleepLocked is Sleep of an arena in state l (open or asleep), with mu
 // held; it returns with mu held, having released it while it waited for the
 // device (the arena sleeping meanwhile).
-func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, note *BackingChange) error {
-	if l == lifeAsleep {
-		return a.freeHeld()
+func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode) error {
+	again := l == lifeAsleep
+	if again && a.sl.st.mapped() == 0 {
+		return a.sleepAgain(a.sl.st) // only frees to retry: no device work to wait for
 	}
-	if err := a.sharedErr(); err != nil {
-		return err
+	if !again {
+		if err := a.sharedErr(); err != nil {
+			return err
+		}
 	}
 	defer trace.StartRegion(ctx, RegionSleep).End()
 	s := a.freeze()
 	n := s & lenMask
-	awake := func(err error) error { // the Sleep did not happen: the arena is as it was
+	undo := func(err error) error { // the Sleep did not happen: the arena is as it was
+		if again {
+			a.setLife(lifeAsleep)
+			return err
+		}
 		a.setLife(lifeOpen)
 		a.thaw(s, n)
+		a.member.Wake()
 		return err
 	}
 	a.setLife(lifeSleeping) // growths and reliefs for the arena stop
 	a.mu.Unlock()
-	a.member.Interrupt() // its waiters' retries fail with ErrAsleep
+	if !again {
+		a.member.Interrupt() // its waiters' retries fail with ErrAsleep
+	}
+	// A pool whose members all sleep keeps nothing ahead: wait for the
+	// chunks its worker is allocating ahead, so that the Trim below frees
+	// them too (a private pool's are kept on this arena's behalf).
+	werr := a.member.Sleep(ctx)
 	// The chunks still waiting in the pool for the device lie in the
 	// reservation: take them back, to free with the rest once the device is
 	// done with them, waiting (holding nothing) for a relief to unmap those it
 	// took.
-	back, werr := a.reclaimAll(ctx)
+	var back []chunk.Mapped
+	if werr == nil {
+		back, werr = a.reclaimAll(ctx)
+	}
 	if werr == nil {
 		werr = a.lend.WaitStreams(ctx, a.streams)
 	}
+	// Copies under way end first, as for Close; later ones find the arena
+	// sleeping (ErrAsleep) once they have the lock, never memory the sleep
+	// copied out, or unmapped, under them.
+	a.users.Lock()
+	defer a.users.Unlock()
 	a.mu.Lock()
 	if werr != nil {
-		return awake(errors.Join(werr, a.dropMapped(back)))
+		return undo(errors.Join(werr, a.dropMapped(BackingUndo, back)))
 	}
 	for _, m := range back {
 		a.maps++ // strays: mapped above Cap
 		a.strays = append(a.strays, stray{m.At, m.C})
 	}
+	if again {
+		err := a.sleepAgain(a.sl.st)
+		a.setLife(lifeAsleep)
+		return err
+	}
 	if err := a.sharedErr(); err != nil {
-		return awake(err)
+		return undo(err)
 	}
 	if err := a.freeStrays(); err != nil {
-		return awake(err)
+		return undo(err)
 	}
 	if a.ownPool {
 		if err := a.pool.Trim(); err != nil {
-			return awake(err)
+			return undo(err)
 		}
 	}
 	if mode == Offload && n > 0 {
 		if err := a.hostFor(n); err != nil {
-			return awake(err)
+			return undo(err)
 		}
 	}
 	st := &sleepState{mode: mode, slots: make([]slot, len(a.chunks)), len: n}
+	ms := make([]chunk.Mapped, len(a.chunks))
 	for i, c := range a.chunks {
 		st.slots[i] = slot{c: c}
+		ms[i] = chunk.Mapped{At: a.at(i), C: c}
 	}
+	// Whatever registered the memory lets go of it first, all of it: a
+	// refusal changes nothing.
+	if _, err := a.letGo(BackingSleep, ms); err != nil {
+		return undo(err)
+	}
+	// Every chunk is unmapped (an Offload's after its bytes reached the
+	// host) before any is freed: until the first free, a failure is undone
+	// with the arena's own chunks, mapped back where they were, and needs no
+	// memory that a growth waiting meanwhile may have taken.
 	var err error
 	if mode == Offload {
 		err = a.offload(st)
 	} else {
-		err = a.discard(st)
+		err = a.unmapAll(st)
+	}
+	if err == nil {
+		err = a.freeHeldOf(st)
 	}
 	if err != nil && !st.asleep() {
 		// Put back what went: the arena wakes as it was.
@@ -416,17 +398,19 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, no
 		}
 	}
 	if err != nil && st.awake() {
-		// Every chunk is mapped again, some of them new ones. (Without an
-		// error nothing is mapped: every chunk went, or there was none, and
-		// an arena that held nothing sleeps like any other.)
-		for i, sl := range st.slots {
-			a.chunks[i] = sl.c
-		}
-		return awake(err)
+		// Every chunk is mapped again, where it was, and registered again
+		// (the ones never unmapped were let go of too). (Without an error
+		// nothing is mapped: every chunk went, or there was none, and an
+		// arena that held nothing sleeps like any other.)
+		return undo(errors.Join(err, a.announce(BackingUndo, ms)))
+	}
+	if err != nil {
+		// Asleep after all: what stays mapped with its bytes is held again.
+		err = errors.Join(err, a.announce(BackingUndo, st.mappedOf(a, slotMapped)))
 	}
 	// Asleep: Cap 0, Len kept, the state word frozen for good (every Alloc
-	// goes to the slow path and finds ErrAsleep).
-	a.unmaps += uint64(len(a.chunks))
+	// goes to the slow path and finds ErrAsleep). Slots a double fault left
+	// mapped count with the strays.
 	clear(a.chunks)
 	a.chunks = a.chunks[:0]
 	a.cap.Store(0)
@@ -437,10 +421,50 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode, no
 	a.state.Store(e | n | frozen)
 	a.sl.st = st
 	a.setLife(lifeAsleep)
+	if err != nil && a.ownPool {
+		err = errors.Join(err, a.pool.Trim()) // nothing kept on the arena's behalf
+	}
 	a.member.Dropped() // growths waiting for memory may take it now
-	*note = a.changed(BackingSlept)
 	a.logSleep(EventSleep, mode, len(st.slots))
 	return err
+}
+
+// sleepAgain is Sleep of a sleeping arena: it gives back what an earlier
+// failure left, with the device's work on it waited for. Slots still mapped
+// are unmapped (in Offload mode after their bytes below Len are copied to
+// the host again: a slot Sleep never unmapped may not have them there),
+// then every held chunk is freed, and a private pool's cache with them.
+// What fails stays with the arena, and the error says so. Call with mu held.
+func (a *Arena) sleepAgain(st *sleepState) error {
+	var errs []error
+	cs := a.chunkSize
+	for i := len(st.slots) - 1; i >= 0; i-- {
+		sl := &st.slots[i]
+		if sl.state != slotMapped && sl.state != slotLeft {
+			continue
+		}
+		if lo, hi := uint64(i)*cs, min(uint64(i+1)*cs, st.len); sl.state == slotMapped && st.mode == Offload && lo < hi {
+			if err := a.drv.MemcpyDtoH(a.sl.host[lo:hi], a.at(i)); err != nil {
+				errs = append(errs, fmt.Errorf("copy to the host at chunk %d: %w", i, err))
+				continue // its bytes are only there: it stays mapped
+			}
+		}
+		if free, err := a.letGoHeld(BackingSleep, []chunk.Mapped{{At: a.at(i), C: sl.c}}); !free[0] {
+			errs = append(errs, err)
+			continue
+		}
+		if err := a.lend.Unmap(a.at(i)); err != nil {
+			errs = append(errs, err, a.stillMapped([]chunk.Mapped{{At: a.at(i), C: sl.c}}))
+			continue
+		}
+		a.unmaps++
+		sl.state, sl.queued = slotHeld, false
+	}
+	errs = append(errs, a.freeHeldOf(st))
+	if a.ownPool {
+		errs = append(errs, a.pool.Trim())
+	}
+	return errors.Join(errs...)
 }
 
 // logSleep reports a sleep or a wake to Config.Logger.
@@ -450,19 +474,10 @@ func (a *Arena) logSleep(ev string, mode SleepMode, chunks int) {
 	}
 }
 
-// asleep reports whether a failed Sleep must stay asleep: a Discard that
-// freed chunks (their bytes are gone, by request).
-func (st *sleepState) asleep() bool {
-	if st.mode == Offload {
-		return false
-	}
-	for _, s := range st.slots {
-		if s.state == slotGone {
-			return true
-		}
-	}
-	return false
-}
+// asleep reports whether a failed Sleep must stay asleep: it freed chunks
+// (their bytes are on the host, or dropped by request), and putting them
+// back would take memory a growth may have taken since.
+func (st *sleepState) asleep() bool { return st.count(slotGone) > 0 }
 
 // awake reports whether every chunk is mapped with its bytes.
 func (st *sleepState) awake() bool {
@@ -496,10 +511,10 @@ const pipeStep = 16 << 20
 func (a *Arena) step() int { return max(1, int(pipeStep/a.chunkSize)) }
 
 // offload copies the bytes below Len to the host copy, a step of chunks at
-// a time, on a goroutine of its own, while this one unmaps and frees the
-// chunks whose copy is done: the copy of step j+1 overlaps the unmaps and
-// frees of step j. It stops at the first failure, leaving st to say what
-// went.
+// a time, on a goroutine of its own, while this one unmaps the chunks whose
+// copy is done: the copy of step j+1 overlaps the unmaps of step j. It
+// frees nothing (the caller frees every chunk once all are unmapped), and
+// stops at the first failure, leaving st to say what is held.
 func (a *Arena) offload(st *sleepState) error {
 	cs := a.chunkSize
 	data := int((st.len + cs - 1) / cs) // chunks holding bytes in use
@@ -533,35 +548,31 @@ func (a *Arena) offload(st *sleepState) error {
 				drain()
 				return fmt.Errorf("copy to the host at chunk %d: %w", i, err)
 			}
+			sched.At(sched.SleepCopied, a)
 		}
 		if err := a.lend.Unmap(a.at(i)); err != nil {
 			drain()
 			return err
 		}
+		a.unmaps++
 		st.slots[i].state = slotHeld
-		if err := a.lend.Free(st.slots[i].c); err != nil {
-			drain()
-			return err
-		}
-		st.slots[i] = slot{state: slotGone}
 	}
 	return nil
 }
 
 var errStopped = errors.New("stopped")
 
-// discard unmaps every chunk, top down, then frees them all: a failed unmap
-// leaves the bytes intact (the undo maps the held chunks back), and only
-// once every chunk is unmapped does any go. A failed free leaves that chunk
-// held, and the arena asleep.
-func (a *Arena) discard(st *sleepState) error {
+// unmapAll unmaps every chunk, top down, for a Discard: a failed unmap
+// leaves the bytes intact (the undo maps the held chunks back).
+func (a *Arena) unmapAll(st *sleepState) error {
 	for i := len(st.slots) - 1; i >= 0; i-- {
 		if err := a.lend.Unmap(a.at(i)); err != nil {
 			return err
 		}
+		a.unmaps++
 		st.slots[i].state = slotHeld
 	}
-	return a.freeHeldOf(st)
+	return nil
 }
 
 // freeHeldOf frees the held chunks of st, top down. Those the driver refuses
@@ -585,48 +596,79 @@ func (a *Arena) freeHeldOf(st *sleepState) error {
 	return nil
 }
 
-// freeHeld is Sleep of a sleeping arena: it frees the chunks an earlier
-// Sleep could not. Call with mu held.
-func (a *Arena) freeHeld() error { return a.freeHeldOf(a.sl.st) }
-
 // Wake brings a sleeping arena's memory back: it maps chunks at exactly the
 // addresses they had (so every Buffer's Ptr is unchanged), for Len and what
 // Grow promised (the headroom above comes back as the arena grows), and, in
 // Offload mode, copies the contents back from the host copy, 16 MiB at a
 // time, each copy overlapping the acquiring and mapping of the next step's
-// chunks. In Discard mode
-// the chunks are cleared as the pool's scrub rules say (Config.Streams: the
-// clears are queued on the first stream, as Grow's are). Wake returns when
-// the memory is usable, after the OnBackingChange callbacks; the pinned host
-// buffer is kept for the next Offload (DropHostCopy frees it).
+// chunks. In Discard mode the chunks are cleared as the pool's scrub rules
+// say (Config.Streams: the clears are queued on the first stream, as Grow's
+// are). Wake returns when the memory is usable, after the OnBackingChange
+// callbacks; the pinned host buffer is kept for the next Offload
+// (DropHostCopy frees it).
 //
-// The chunks come from the pool's Acquire, which may reclaim memory other
-// arenas hold unused. A failure (no memory, a driver fault) leaves the arena
-// asleep with its host copy intact, and Wake can be retried. Wake of an awake
-// arena does nothing; ctx is checked before any driver call.
+// The chunks come from the pool as a growth's do (the protocol's loop: the
+// cache, room in the budget and on the device, then a relief that takes
+// memory other arenas hold unused), and when there is not enough, Wake
+// waits for memory as GrowContext does, in the pool's queue, until ctx is
+// done: it then fails with an error that matches ErrOutOfMemory and wraps
+// ctx.Err(). A failure (no memory, a driver fault, ctx) leaves the arena
+// asleep with its host copy intact, and Wake can be retried. Wake of an
+// awake arena does nothing; ctx is checked before any driver call.
 func (a *Arena) Wake(ctx context.Context) error {
-	l, err := a.lockSleep(ctx)
-	if err != nil {
-		return fmt.Errorf("arena: wake: %w", err)
-	}
-	var note BackingChange
-	if l == lifeAsleep {
-		err = a.wakeLocked(ctx, &note)
-	}
-	a.mu.Unlock()
-	if note.Cause != 0 {
-		a.notify(note)
-	}
-	if err != nil {
+	if _, _, err := a.wake(ctx); err != nil {
 		return fmt.Errorf("arena: wake: %w", err)
 	}
 	return nil
 }
 
+// wake is Wake; it reports whether this call woke the arena (it was
+// asleep), and the mode the arena had slept in.
+func (a *Arena) wake(ctx context.Context) (woke bool, mode SleepMode, err error) {
+	var need int
+	var asked uint64
+	var never bool
+	try := func() error {
+		l, err := a.lockSleep(ctx)
+		if err != nil {
+			return err
+		}
+		if l == lifeAsleep {
+			mode = a.sl.st.mode
+			if err = a.wakeLocked(ctx); err == nil {
+				woke = true
+			} else {
+				need, asked, never = a.wakeNeed()
+			}
+		}
+		a.mu.Unlock()
+		return err
+	}
+	if a == nil || a.drv == nil {
+		return false, 0, try()
+	}
+	err = a.waitFor(ctx, &a.sl.growth, func() (int, uint64, bool) { return need, asked, never }, try)
+	return woke, mode, err
+}
+
+// wakeNeed says what a Wake that failed for want of memory lacks: the
+// chunks it must get from the pool, their bytes, and whether the pool's
+// budget could never hold what the arena maps once awake. Call with mu
+// held, the arena asleep.
+func (a *Arena) wakeNeed() (need int, asked uint64, never bool) {
+	st := a.sl.st
+	if st == nil {
+		return 1, a.chunkSize, false
+	}
+	need = max(1, st.count(slotGone))
+	b := uint64(a.pool.Budget())
+	return need, uint64(need) * a.chunkSize, b > 0 && uint64(len(st.slots))*a.chunkSize > b
+}
+
 // wakeLocked wakes a sleeping arena, with mu held: it maps the slots back
 // through the protocol's loop (chunk.Lender.Grow), which releases mu while it
 // waits for memory (the arena waking meanwhile), and returns with mu held.
-func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
+func (a *Arena) wakeLocked(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -640,6 +682,11 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	a.sl.growth.End()
 	if err != nil {
 		a.setLife(lifeAsleep)
+		if a.ownPool {
+			// The chunks the undo gave back are kept on the arena's
+			// behalf: a sleeping arena's private pool holds nothing.
+			err = errors.Join(err, a.pool.Trim())
+		}
 		return err
 	}
 	// Awake: the chunks are where they were, and Len with them.
@@ -647,13 +694,12 @@ func (a *Arena) wakeLocked(ctx context.Context, note *BackingChange) error {
 	for _, s := range st.slots {
 		a.chunks = append(a.chunks, s.c)
 	}
-	a.maps += uint64(len(st.slots))
 	a.cap.Store(uint64(len(a.chunks)) * a.chunkSize)
 	a.sl.st = nil
+	a.member.Wake()
 	a.setLife(lifeOpen)
 	s := a.state.Load()
 	a.thaw(s, s&lenMask)
-	*note = a.changed(BackingWoke)
 	a.logSleep(EventWake, st.mode, len(st.slots))
 	a.wantHeadroom(s & lenMask)
 	sched.At(sched.WakeAsked, a)
@@ -721,7 +767,7 @@ func (a *Arena) trimSlots(st *sleepState) error {
 	keep := int(a.keepBytes(a.state.Load()&lenMask, math.MaxUint64) / a.chunkSize)
 	for i := len(st.slots) - 1; i >= keep; i-- {
 		switch st.slots[i].state {
-		case slotMapped, slotPending:
+		case slotMapped, slotLeft:
 			keep = i + 1
 		case slotHeld:
 			if err := a.lend.Free(st.slots[i].c); err != nil {
@@ -741,15 +787,22 @@ func (a *Arena) trimSlots(st *sleepState) error {
 // run of up to a step of adjacent slots at a time: held chunks as they
 // are, gone ones with chunks from have (what a relief found), then memory
 // free in the pool now (TakeFree: it never waits, since mu is held), a run
-// at a time. In Offload mode it copies each
-// run's bytes below st.len back from the host copy, on a goroutine of its
-// own, while the next run is mapped. With undo set (a failed Sleep putting
-// back what it took) nothing is queued on the streams. On failure it
-// unmaps what it mapped (gone slots' new chunks go back to the pool, held
-// ones stay held), so st is as it was, and returns the error; a chunk it
-// cannot unmap stays mapped, marked pending (its bytes not restored). Call
-// with mu held.
+// at a time. Slots an earlier failure left mapped are not trusted: it first
+// unmaps them (after the clears queued on them) and maps them as held ones.
+// In Offload mode it copies each run's bytes below st.len back from the
+// host copy, on a goroutine of its own while the next run is mapped (a held
+// chunk may be one a failed Wake left, whose bytes were never restored).
+// With undo set (a failed
+// Sleep putting back what it took) nothing is queued on the streams. On
+// failure it unmaps what it mapped (gone slots' new chunks go back to the
+// pool, held ones stay held), once the clears it queued have run, so st is
+// as it was, and returns the error; a chunk it cannot unmap, or must not
+// (the wait for its clears failed), stays mapped as a slotLeft. Call with
+// mu held.
 func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
+	if err := a.settleLeft(st); err != nil {
+		return err
+	}
 	cs := a.chunkSize
 	offload := st.mode == Offload
 	// Scrubs queued on a stream would race the host copy's synchronous
@@ -780,19 +833,14 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 	for i, s := range st.slots {
 		prev[i] = s.state
 	}
-	var mapped, touched []int // slots this call mapped; those and the pending ones it restores
+	var mapped []int // slots this call mapped (and, last, those a failed map left)
 	var unplaced []chunk.Chunk
 	scrubbed, copies := 0, 0
+	leftQueued := false
 	var err error
 	k := a.step()
 	for i := 0; i < len(st.slots) && err == nil; {
-		switch st.slots[i].state {
-		case slotMapped:
-			i++
-			continue
-		case slotPending: // mapped by an earlier try; its bytes still to restore
-			touched = append(touched, i)
-			copies += copyRun(i, i+1)
+		if st.slots[i].state == slotMapped {
 			i++
 			continue
 		}
@@ -823,29 +871,33 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 		sc, merr := a.lend.MapRange(a.at(i), run, streams)
 		if merr != nil {
 			err = merr
-			left := map[acl.DevicePtr]bool{}
+			left := map[acl.DevicePtr]chunk.LeftState{}
 			var lm *chunk.LeftMappedError
 			if errors.As(merr, &lm) {
 				for _, m := range lm.Left {
-					left[m.At] = true
+					left[m.At] = m.State
 				}
 			}
 			for x, c := range run {
-				switch {
-				case left[a.at(i+x)]:
-					st.slots[i+x] = slot{c: c, state: slotPending} // mapped, bytes not restored
+				if state, ok := left[a.at(i+x)]; ok {
+					// Mapped, and not to be trusted: the undo below
+					// tries to unmap it once more.
+					a.maps++
+					queued := state == chunk.LeftQueued
+					leftQueued = leftQueued || queued
+					st.slots[i+x] = slot{c: c, state: slotLeft, queued: queued}
 					mapped = append(mapped, i+x)
-				case prev[i+x] == slotGone:
+				} else if prev[i+x] == slotGone {
 					unplaced = append(unplaced, c)
 				}
 			}
 			break
 		}
+		a.maps += uint64(len(run))
 		scrubbed += sc
 		for x, c := range run {
-			st.slots[i+x] = slot{c: c, state: slotPending}
+			st.slots[i+x] = slot{c: c, state: slotLeft} // mapped; its bytes not yet restored
 			mapped = append(mapped, i+x)
-			touched = append(touched, i+x)
 		}
 		copies += copyRun(i, j)
 		i = j
@@ -857,33 +909,94 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 	if err == nil && scrubbed > 0 {
 		err = a.fence.record(a.drv, a.streams[0])
 	}
+	ms := make([]chunk.Mapped, len(mapped))
+	for x, i := range mapped {
+		ms[x] = chunk.Mapped{At: a.at(i), C: st.slots[i].c}
+	}
 	if err == nil {
-		for _, i := range touched {
+		cause := BackingWake
+		if undo {
+			cause = BackingUndo
+		}
+		err = a.announce(cause, ms) // mapped, access granted, bytes back: register now
+	}
+	if err == nil {
+		for _, i := range mapped {
 			st.slots[i].state = slotMapped
 		}
 		return nil
 	}
 	// Undo: unmap what this call mapped, after the clears it queued; the
-	// chunks it took from the pool go back there.
-	if scrubbed > 0 {
-		err = errors.Join(err, a.drv.SynchronizeStream(a.streams[0]))
+	// chunks it took from the pool go back there. Should the wait for the
+	// clears fail, they may still run: nothing is unmapped, and every slot
+	// this call mapped is left, queued.
+	synced := true
+	if scrubbed > 0 || leftQueued {
+		if werr := a.drv.SynchronizeStream(a.streams[0]); werr != nil {
+			err = errors.Join(err, fmt.Errorf("wait for the clears queued: %w", werr))
+			synced = false
+		}
 	}
-	for _, i := range slices.Backward(mapped) {
-		if uerr := a.lend.Unmap(a.at(i)); uerr != nil {
-			err = errors.Join(err, uerr) // stays mapped, pending
+	// A callback that took them and could not give them back keeps them
+	// mapped.
+	free, lerr := a.letGoHeld(BackingUndo, ms)
+	err = errors.Join(err, lerr)
+	for x, i := range slices.Backward(mapped) {
+		sl := &st.slots[i]
+		if !synced && (scrubbed > 0 || sl.queued) {
+			sl.state, sl.queued = slotLeft, true
 			continue
 		}
+		if !free[len(mapped)-1-x] {
+			sl.state = slotLeft
+			continue
+		}
+		if uerr := a.lend.Unmap(a.at(i)); uerr != nil {
+			err = errors.Join(err, uerr)
+			sl.state, sl.queued = slotLeft, false
+			continue
+		}
+		a.unmaps++
 		if prev[i] == slotGone {
-			err = errors.Join(err, a.lend.Put(st.slots[i].c))
-			st.slots[i] = slot{state: slotGone}
+			err = errors.Join(err, a.lend.Put(sl.c))
+			*sl = slot{state: slotGone}
 		} else {
-			st.slots[i].state = slotHeld
+			*sl = slot{c: sl.c, state: slotHeld}
 		}
 	}
 	for _, c := range unplaced {
 		err = errors.Join(err, a.lend.Put(c))
 	}
 	return err
+}
+
+// settleLeft unmaps the slots an earlier failure left mapped (slotLeft),
+// after the clears queued on them, so that restore maps them again as held
+// chunks: nothing is trusted that a failed map left. It stops at the first
+// failure, which restore returns (the Wake fails, changing nothing more).
+func (a *Arena) settleLeft(st *sleepState) error {
+	synced := false
+	for i := len(st.slots) - 1; i >= 0; i-- {
+		sl := &st.slots[i]
+		if sl.state != slotLeft {
+			continue
+		}
+		if sl.queued && !synced {
+			if err := a.drv.SynchronizeStream(a.streams[0]); err != nil {
+				return fmt.Errorf("wait for the clears queued on a chunk a failed wake left mapped: %w", err)
+			}
+			synced = true
+		}
+		if free, err := a.letGoHeld(BackingUndo, []chunk.Mapped{{At: a.at(i), C: sl.c}}); !free[0] {
+			return err
+		}
+		if err := a.lend.Unmap(a.at(i)); err != nil {
+			return fmt.Errorf("unmap a chunk a failed wake left mapped: %w", err)
+		}
+		a.unmaps++
+		sl.state, sl.queued = slotHeld, false
+	}
+	return nil
 }
 
 // closeAsleep gives back what a sleeping arena still holds, for Close: the
@@ -896,11 +1009,17 @@ func (a *Arena) closeAsleep() error {
 	for i := len(st.slots) - 1; i >= 0; i-- {
 		s := st.slots[i]
 		switch s.state {
-		case slotMapped, slotPending:
-			if err := a.lend.Unmap(a.at(i)); err != nil {
+		case slotMapped, slotLeft:
+			m := []chunk.Mapped{{At: a.at(i), C: s.c}}
+			if free, err := a.letGoHeld(BackingClose, m); !free[0] {
 				errs = append(errs, err)
 				continue
 			}
+			if err := a.lend.Unmap(a.at(i)); err != nil {
+				errs = append(errs, err, a.stillMapped(m))
+				continue
+			}
+			a.unmaps++
 			fallthrough
 		case slotHeld:
 			errs = append(errs, a.lend.Put(s.c))
@@ -944,8 +1063,7 @@ func SleepTag(ctx context.Context, pool *chunk.Pool, tag Tag, mode SleepMode) er
 }
 
 // WakeTag wakes every sleeping arena of tag on pool (every pool, when pool
-// is nil), concurrently, and returns when all are usable, or with their
-// errors joined.
+// is nil), as WakeAll does: all of them, or none.
 func WakeTag(ctx context.Context, pool *chunk.Pool, tag Tag) error {
 	return WakeAll(ctx, Tagged(pool, tag))
 }
@@ -957,10 +1075,53 @@ func SleepAll(ctx context.Context, as []*Arena, mode SleepMode) error {
 	return each(as, func(a *Arena) error { return a.Sleep(ctx, mode) })
 }
 
-// WakeAll wakes the arenas, each on a goroutine of its own, and returns
-// when all are usable, or with their errors joined.
+// WakeAll wakes the arenas, each on a goroutine of its own, each waiting
+// for memory as Wake does until ctx is done, and returns when all are
+// usable. It is all or nothing: when one fails, the arenas this call woke
+// are put back to sleep, in the mode each had slept in (their Offload
+// contents copied out again), so that none is left awake for the half of
+// a model that woke; the error joins the failures, and any arena that
+// could not be put back to sleep (it is then awake, as its Sleep says).
 func WakeAll(ctx context.Context, as []*Arena) error {
-	return each(as, func(a *Arena) error { return a.Wake(ctx) })
+	woke := make([]bool, len(as))
+	modes := make([]SleepMode, len(as))
+	errs := make([]error, len(as))
+	var wg sync.WaitGroup
+	for i, a := range as {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			woke[i], modes[i], errs[i] = a.wake(ctx)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("arena: wake: %w", errs[i])
+			}
+		}()
+	}
+	wg.Wait()
+	err := errors.Join(errs...)
+	if err == nil {
+		return nil
+	}
+	back := context.WithoutCancel(ctx) // ctx may be what ended the wake
+	var undo []*Arena
+	var undoModes []SleepMode
+	for i, a := range as {
+		if woke[i] {
+			undo, undoModes = append(undo, a), append(undoModes, modes[i])
+		}
+	}
+	uerrs := make([]error, len(undo))
+	for i, a := range undo {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if e := a.Sleep(back, undoModes[i]); e != nil {
+				uerrs[i] = fmt.Errorf("and an arena this call woke could not be put back to sleep: %w", e)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(err, errors.Join(uerrs...))
 }
 
 func each(as []*Arena, fn func(*Arena) error) error {

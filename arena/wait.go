@@ -8,6 +8,7 @@ import (
 	"runtime/trace"
 	"time"
 
+	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/sched"
 )
 
@@ -79,7 +80,24 @@ func (a *Arena) wait(ctx context.Context, asked uint64, try func() error) error 
 	if a == nil || a.drv == nil {
 		return try() // the error Grow and Alloc give
 	}
-	p := a.pool
+	return a.waitFor(ctx, &a.growth, func() (int, uint64, bool) {
+		if b := a.pool.Budget(); b > 0 && a.roundUp(a.state.Load()&lenMask+asked) > uint64(b) {
+			return 0, asked, true // more than the budget could ever give this arena
+		}
+		need := 1
+		if l, c := a.state.Load()&lenMask, a.cap.Load(); l+asked > c {
+			need = int((a.roundUp(l+asked) - c) / a.chunkSize)
+		}
+		return need, asked, false
+	}, try)
+}
+
+// waitFor is the wait of a growth g of the arena (GrowContext's, or a
+// Wake's) for memory: it tries until try succeeds, fails for another reason
+// than memory, or ctx is done, and between tries it waits in the pool's
+// queue as a growth that lacks the n chunks need says after its first try,
+// of asked bytes (never: it can never fit the budget, and fails at once).
+func (a *Arena) waitFor(ctx context.Context, g *chunk.Growth, need func() (n int, asked uint64, never bool), try func() error) error {
 	o := &a.obs
 	o.quiet.Add(1) // the tries' failures are this wait's, counted once
 	defer o.quiet.Add(-1)
@@ -88,15 +106,12 @@ func (a *Arena) wait(ctx context.Context, asked uint64, try func() error) error 
 	if !errors.Is(err, ErrOutOfMemory) {
 		return err
 	}
-	if b := p.Stats().Budget; b > 0 && a.roundUp(a.state.Load()&lenMask+asked) > uint64(b) {
+	n, asked, never := need()
+	if never {
 		o.oom(a, asked, err)
-		return err // more than the budget could ever give this arena
+		return err
 	}
-	need := 1
-	if l, c := a.state.Load()&lenMask, a.cap.Load(); l+asked > c {
-		need = int((a.roundUp(l+asked) - c) / a.chunkSize)
-	}
-	w, qerr := a.member.Enqueue(mark, &a.growth, need)
+	w, qerr := a.member.Enqueue(mark, g, n)
 	if qerr != nil {
 		return errors.Join(err, fmt.Errorf("arena: wait for memory: %w", qerr))
 	}
@@ -111,11 +126,19 @@ func (a *Arena) wait(ctx context.Context, asked uint64, try func() error) error 
 			return fmt.Errorf("%w (waited %v for memory: %w)", err, d.Round(time.Microsecond), werr)
 		}
 		tries++
+		last := err
 		err = try()
 		if err == nil {
 			sched.At(sched.WaitServed, a)
 			o.waited(a, start, asked, tries, "granted", nil)
 			return nil
+		}
+		if cerr := ctx.Err(); cerr != nil && errors.Is(err, cerr) && !errors.Is(err, ErrOutOfMemory) {
+			// The retry found ctx done before it tried: the wait gave up
+			// for want of memory, as the last try said.
+			d := o.waited(a, start, asked, tries, "gave up", last)
+			o.oom(a, asked, last)
+			return fmt.Errorf("%w (waited %v for memory: %w)", last, d.Round(time.Microsecond), err)
 		}
 		if !errors.Is(err, ErrOutOfMemory) {
 			o.waited(a, start, asked, tries, "failed", err)

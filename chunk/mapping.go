@@ -15,11 +15,51 @@ func (p Lender) Map(ptr acl.DevicePtr, c Chunk) error {
 	return err
 }
 
+// LeftState says what a chunk that a failed MapRange left mapped can be
+// trusted with: none of them can be trusted with a tenant's bytes. Its
+// caller keeps it out of use (a stray, or a sleeping arena's slot), and,
+// before unmapping it, orders the unmap after the work its state says may
+// still run.
+type LeftState uint8
+
+const (
+	// LeftNoAccess: mapped, and access not granted (or not known to be):
+	// the device faults on it. No work is queued on it.
+	LeftNoAccess LeftState = iota + 1
+	// LeftUnscrubbed: mapped with access, and not cleared for its tenant:
+	// it may hold another tenant's bytes. No work is queued on it.
+	LeftUnscrubbed
+	// LeftQueued: mapped with access, with clears queued on the tenant's
+	// stream that may still run (the wait for them failed): unmapping it
+	// before that stream has been waited for would make the device fault.
+	// Its bytes may be another tenant's too.
+	LeftQueued
+)
+
+var leftStates = [...]string{"", "no access", "unscrubbed", "clears queued"}
+
+// String describes the state.
+func (s LeftState) String() string {
+	if int(s) < len(leftStates) && s != 0 {
+		return leftStates[s]
+	}
+	return fmt.Sprintf("chunk.LeftState(%d)", uint8(s))
+}
+
+// A Leftover is a chunk a failed MapRange left mapped, and its state.
+type Leftover struct {
+	Mapped
+	State LeftState
+}
+
 // LeftMappedError is the error of a MapRange that failed and could not undo
 // all its mappings: the chunks in Left are still mapped where they were put,
-// and must be unmapped before they are Put back. It matches ErrMapped.
+// in the state each says, and must be unmapped (after the work a
+// LeftQueued chunk's state names) before they are Put back. Their leases
+// still name the bytes they held before: a later MapRange scrubs them. It
+// matches ErrMapped.
 type LeftMappedError struct {
-	Left []Mapped
+	Left []Leftover
 	Err  error // why the MapRange failed, and why the undo did
 }
 
@@ -50,9 +90,12 @@ func (e *LeftMappedError) Is(target error) bool { return target == ErrMapped }
 // behind them. With no stream the scrubs are synchronous Memsets, which wait
 // for the clear alone, not for the device.
 //
-// A failed MapRange unmaps what it mapped, top down; should some of those
-// unmaps fail too, the error is a *LeftMappedError (matching ErrMapped) that
-// lists the chunks still mapped.
+// A failed MapRange unmaps what it mapped, top down, once the clears it
+// queued have run; should some of those unmaps fail too, or the wait for the
+// clears (which then leaves every chunk mapped: unmapping memory that queued
+// work may still write would make the device fault), the error is a
+// *LeftMappedError (matching ErrMapped) that lists the chunks still mapped
+// and their states.
 func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (scrubbed int, err error) {
 	if len(cs) == 0 {
 		return 0, nil
@@ -69,11 +112,11 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 	for i, c := range cs {
 		at := p.at(ptr, i)
 		if err := p.drv.MapMem(at, p.size, 0, c.Handle, 0); err != nil {
-			return 0, p.unmapRange(ptr, cs[:i], fmt.Errorf("chunk: map at %v: %w", at, err))
+			return 0, p.unmapRange(ptr, cs[:i], LeftNoAccess, fmt.Errorf("chunk: map at %v: %w", at, err))
 		}
 	}
 	if err := p.grantAccess(ptr, len(cs)); err != nil {
-		return 0, p.unmapRange(ptr, cs, err)
+		return 0, p.unmapRange(ptr, cs, LeftNoAccess, err)
 	}
 	var stream acl.Stream
 	async := len(streams) > 0
@@ -104,12 +147,14 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 		if err != nil {
 			err = fmt.Errorf("chunk: scrub at %v: %w", at, err)
 			if queued > 0 {
-				// The clears already queued must run before the unmaps.
+				// The clears already queued must run before the unmaps;
+				// if the wait for them fails, they may still run, and
+				// nothing is unmapped.
 				if werr := p.drv.SynchronizeStream(stream); werr != nil {
-					err = errors.Join(err, werr)
+					return 0, p.leftAll(ptr, cs, LeftQueued, fmt.Errorf("%w (and the wait for the clears queued: %w)", err, werr))
 				}
 			}
-			return 0, p.unmapRange(ptr, cs, err)
+			return 0, p.unmapRange(ptr, cs, LeftUnscrubbed, err)
 		}
 		if isFresh {
 			fresh++
@@ -180,13 +225,13 @@ func (p *Pool) needsScrub(holder, t Tenant) (need, isFresh bool) {
 
 // unmapRange undoes a failed MapRange: it unmaps the chunks cs mapped from
 // ptr, top down, and returns err, or a *LeftMappedError listing the chunks
-// it could not unmap.
-func (p *Pool) unmapRange(ptr acl.DevicePtr, cs []Chunk, err error) error {
-	var left []Mapped
+// it could not unmap, in state (nothing is queued on them).
+func (p *Pool) unmapRange(ptr acl.DevicePtr, cs []Chunk, state LeftState, err error) error {
+	var left []Leftover
 	var uerrs []error
 	for i := len(cs) - 1; i >= 0; i-- {
 		if uerr := p.drv.UnmapMem(p.at(ptr, i)); uerr != nil {
-			left = append(left, Mapped{p.at(ptr, i), cs[i]})
+			left = append(left, Leftover{Mapped{p.at(ptr, i), cs[i]}, state})
 			uerrs = append(uerrs, uerr)
 		}
 	}
@@ -194,6 +239,16 @@ func (p *Pool) unmapRange(ptr acl.DevicePtr, cs []Chunk, err error) error {
 		return err
 	}
 	return &LeftMappedError{Left: left, Err: fmt.Errorf("%w (and unmap: %w)", err, errors.Join(uerrs...))}
+}
+
+// leftAll is the error of a MapRange that leaves every chunk of cs mapped
+// from ptr, in state.
+func (p *Pool) leftAll(ptr acl.DevicePtr, cs []Chunk, state LeftState, err error) error {
+	left := make([]Leftover, 0, len(cs))
+	for i := len(cs) - 1; i >= 0; i-- {
+		left = append(left, Leftover{Mapped{p.at(ptr, i), cs[i]}, state})
+	}
+	return &LeftMappedError{Left: left, Err: err}
 }
 
 // leaseOf returns the lease of c, which must be out of this pool.

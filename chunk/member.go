@@ -1,6 +1,7 @@
 package chunk
 
 import (
+	"context"
 	"slices"
 	"sync/atomic"
 
@@ -54,13 +55,32 @@ type Meter interface {
 	Used() int64
 }
 
+// An Unmapper is a Client that keeps books of the chunks mapped in its
+// range, as a client does that registers its memory with a library (see
+// acl.Registrar): the pool tells it before it unmaps chunks the client let
+// go of still mapped (Give, or Member.ReleaseAfter), so that it can take
+// them off its books (deregister them) while they are still mapped. The pool
+// calls it on the goroutine that unmaps (its worker, a relief, Close),
+// holding none of its own locks, never with the client's lock.
+type Unmapper interface {
+	// Unmapping is told that ms, chunks the client let go of, are about to
+	// be unmapped: the device is done with them. An error keeps them
+	// mapped, waiting, and the pool tries again later (its worker, or the
+	// client's own growth, which may take them back where they lie).
+	Unmapping(ms []Mapped) error
+	// StillMapped is told that the unmaps of ms failed after Unmapping:
+	// they stay mapped, waiting, and the pool tries again later.
+	StillMapped(ms []Mapped)
+}
+
 // A Member is a Client's membership of a pool.
 type Member struct {
-	p    *Pool
-	c    Client
-	w    *worker // the pool's worker, when the member asked for refills
-	last atomic.Uint64
-	want atomic.Bool
+	p      *Pool
+	c      Client
+	w      *worker // the pool's worker, when the member asked for refills
+	last   atomic.Uint64
+	want   atomic.Bool
+	asleep bool // under Pool.mu: see Sleep
 }
 
 // Join makes c a member of the pool: it may be asked to give chunks back
@@ -113,4 +133,51 @@ func (m *Member) WantRefill() {
 func (m *Member) AskRefill() {
 	m.want.Store(true)
 	m.p.wake()
+}
+
+// Sleep marks the member asleep: it holds no memory and asks for none until
+// Wake. A pool whose members are all asleep keeps no chunks ahead
+// (Config.Ahead): the worker makes none, and Sleep waits, holding nothing,
+// until ctx is done, for the allocations ahead already under way, so that a
+// Trim after it leaves such a pool holding nothing. (A pool with no member
+// keeps its chunks ahead, for the first.)
+func (m *Member) Sleep(ctx context.Context) error {
+	p := m.p
+	p.mu.Lock()
+	m.asleep = true
+	p.mu.Unlock()
+	return poll(ctx, nil, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.filling == 0 || !p.dormantLocked()
+	})
+}
+
+// Wake marks the member awake again, after Sleep: its pool keeps chunks
+// ahead again.
+func (m *Member) Wake() {
+	p := m.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !m.asleep {
+		return
+	}
+	m.asleep = false
+	if p.ahead > 0 {
+		p.wakeLocked() // the worker makes the chunks ahead again
+	}
+}
+
+// dormantLocked reports whether the pool has members and every one is
+// asleep: it then keeps nothing ahead. Call with mu held.
+func (p *Pool) dormantLocked() bool {
+	if len(p.members) == 0 {
+		return false
+	}
+	for _, m := range p.members {
+		if !m.asleep {
+			return false
+		}
+	}
+	return true
 }

@@ -227,6 +227,9 @@ type Pool struct {
 	// freeing counts the chunks on their way back to the driver: still
 	// held, no longer cached (see free).
 	freeing int
+	// filling counts the chunks the worker is allocating ahead
+	// (Config.Ahead, Warm): held, not yet cached (Member.Sleep waits).
+	filling int
 }
 
 // entry is a cached chunk and whose bytes it holds.
@@ -601,7 +604,7 @@ func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 	}
 	p.held += uintptr(room) * p.size
 	p.stats.Misses += int64(room)
-	if len(p.cache) < p.ahead {
+	if len(p.cache) < p.ahead && !p.dormantLocked() {
 		p.wakeLocked() // the cache ran below what the worker keeps ahead
 	}
 	p.mu.Unlock()

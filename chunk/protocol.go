@@ -505,7 +505,7 @@ func (p *Pool) choose(want int, g *Growth, budget bool) (claims []*batch, got, g
 			break
 		}
 		n, wait := c.m.c.Give(want-got, by, func(ms []Mapped, streams []acl.Stream) {
-			claims = append(claims, p.enqueue(ms, streams, true))
+			claims = append(claims, p.enqueue(c.m, ms, streams, true))
 		})
 		got += n
 		given += n

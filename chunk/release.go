@@ -1,6 +1,7 @@
 package chunk
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,11 +52,12 @@ type item struct {
 type batch struct {
 	evs      []acl.Event
 	items    []*item
-	left     int  // items still in the books
-	complete bool // the events were seen complete (or the device waited for): only unmaps remain
-	scrubbed bool // cleared before the events were recorded (ScrubOnRelease)
-	sync     bool // no events: ordered by a device-wide wait (a member without streams gave them)
-	claimed  bool // a relief waits for it and takes its chunks (chunkClaimed): the worker leaves it alone
+	left     int     // items still in the books
+	complete bool    // the events were seen complete (or the device waited for): only unmaps remain
+	scrubbed bool    // cleared before the events were recorded (ScrubOnRelease)
+	sync     bool    // no events: ordered by a device-wide wait (a member without streams gave them)
+	claimed  bool    // a relief waits for it and takes its chunks (chunkClaimed): the worker leaves it alone
+	owner    *Member // the member that let the chunks go, told before they are unmapped (Unmapper); nil: nobody
 }
 
 // pending is the pool's chunks waiting for the device.
@@ -91,6 +93,16 @@ var ErrNoOrder = errFallback
 // with Reclaim while it waits). If an event cannot be created or recorded, it
 // returns an error matching ErrNoOrder and nothing changed.
 func (p Lender) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
+	return p.releaseAfter(nil, ms, streams)
+}
+
+// ReleaseAfter is Lender.ReleaseAfter for the member's own chunks: when its
+// client is an Unmapper, it is told before they are unmapped.
+func (m *Member) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
+	return m.p.lend().releaseAfter(m, ms, streams)
+}
+
+func (p Lender) releaseAfter(owner *Member, ms []Mapped, streams []acl.Stream) error {
 	if len(ms) == 0 {
 		return nil
 	}
@@ -129,7 +141,7 @@ func (p Lender) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
 	p.stats.Scrubs += int64(scrubbed)
 	p.stats.ScrubsAsync += int64(scrubbed)
 	p.mu.Unlock()
-	p.enqueueEvents(ms, evs, false, scrubbed > 0)
+	p.enqueueEvents(owner, ms, evs, false, scrubbed > 0)
 	return nil
 }
 
@@ -143,11 +155,12 @@ func (p *Pool) fallback(evs []acl.Event, err error) error {
 	return fmt.Errorf("%w: %w", errFallback, err)
 }
 
-// enqueue hands chunks a member gave a relief (mapped, lowest address first)
-// to wait for the device: on events recorded now on streams, or, without
-// streams or when an event call fails, a device-wide wait. With claimed set
-// the relief waits for them itself and takes them; the worker leaves them.
-func (p *Pool) enqueue(ms []Mapped, streams []acl.Stream, claimed bool) *batch {
+// enqueue hands chunks a member (owner) gave a relief (mapped, lowest
+// address first) to wait for the device: on events recorded now on streams,
+// or, without streams or when an event call fails, a device-wide wait. With
+// claimed set the relief waits for them itself and takes them; the worker
+// leaves them.
+func (p *Pool) enqueue(owner *Member, ms []Mapped, streams []acl.Stream, claimed bool) *batch {
 	var evs []acl.Event
 	for _, s := range streams {
 		ev, err := p.event()
@@ -166,13 +179,14 @@ func (p *Pool) enqueue(ms []Mapped, streams []acl.Stream, claimed bool) *batch {
 			break
 		}
 	}
-	return p.enqueueEvents(ms, evs, claimed, false)
+	return p.enqueueEvents(owner, ms, evs, claimed, false)
 }
 
-// enqueueEvents registers a batch of chunks that wait for evs (none: for a
-// device-wide wait), cleared before the events if scrubbed, and returns it.
-func (p *Pool) enqueueEvents(ms []Mapped, evs []acl.Event, claimed, scrubbed bool) *batch {
-	b := &batch{evs: evs, left: len(ms), sync: len(evs) == 0, claimed: claimed, scrubbed: scrubbed}
+// enqueueEvents registers a batch of owner's chunks that wait for evs (none:
+// for a device-wide wait), cleared before the events if scrubbed, and
+// returns it.
+func (p *Pool) enqueueEvents(owner *Member, ms []Mapped, evs []acl.Event, claimed, scrubbed bool) *batch {
+	b := &batch{evs: evs, left: len(ms), sync: len(evs) == 0, claimed: claimed, scrubbed: scrubbed, owner: owner}
 	p.mu.Lock()
 	state := chunkWaiting
 	if claimed {
@@ -576,6 +590,9 @@ func (p *Pool) handBatch(b *batch, t Tenant) []Chunk {
 
 // unmapItems is unmapBatch, handing the chunks to t when out is set (a
 // relief's claimed batch; otherwise the batch is the worker's, or Close's).
+// It takes the items it will unmap (busy from then on), tells their owner
+// first (Unmapper: an error leaves them all waiting, for the next try), and
+// then unmaps them one by one.
 func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 	defer region(RegionRelease).End()
 	n, failed := 0, 0
@@ -584,6 +601,7 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 	if out != nil {
 		mine = chunkClaimed
 	}
+	var todo []*item
 	for _, it := range b.items {
 		p.mu.Lock()
 		for wait && it.state == chunkUnmapping {
@@ -598,19 +616,41 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 		}
 		it.state = chunkUnmapping
 		p.mu.Unlock()
+		todo = append(todo, it)
+	}
+	if len(todo) == 0 {
+		return 0
+	}
+	u, _ := b.unmapper()
+	if u != nil {
+		if err := u.Unmapping(mappedOf(todo)); err != nil {
+			// Nothing is unmapped: the owner keeps them (registered, say)
+			// until a later try.
+			p.mu.Lock()
+			for _, it := range todo {
+				p.failUnmapLocked(it)
+			}
+			p.mu.Unlock()
+			failed = len(todo)
+			return -failed
+		}
+	}
+	for _, it := range todo {
 		sched.At(sched.ReleaseUnmap, p)
 		err := p.drv.UnmapMem(it.At)
-		p.mu.Lock()
 		if err != nil {
-			it.state = chunkWaiting // the worker's, to try again
-			p.stats.ReleaseErrors++
-			done := it.done
-			it.done = make(chan struct{})
-			close(done) // wake whoever waits for the unmap: the chunk waits again
+			if u != nil {
+				// Told it would go; it stays. Told again while it is
+				// still busy, before anyone else may unmap it.
+				u.StillMapped([]Mapped{it.Mapped})
+			}
+			p.mu.Lock()
+			p.failUnmapLocked(it)
 			p.mu.Unlock()
 			failed++
 			continue
 		}
+		p.mu.Lock()
 		l, ok := p.out[it.C.Handle]
 		if ok && b.scrubbed {
 			l.holder = zeroed
@@ -637,6 +677,52 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 		return -failed
 	}
 	return n
+}
+
+// failUnmapLocked puts it, which was to be unmapped, back to waiting (the
+// worker's, to try again), and wakes whoever waits for its unmap. Call with
+// mu held.
+func (p *Pool) failUnmapLocked(it *item) {
+	it.state = chunkWaiting
+	p.stats.ReleaseErrors++
+	done := it.done
+	it.done = make(chan struct{})
+	close(done)
+}
+
+// mappedOf returns the chunks of items.
+func mappedOf(its []*item) []Mapped {
+	ms := make([]Mapped, len(its))
+	for i, it := range its {
+		ms[i] = it.Mapped
+	}
+	return ms
+}
+
+// unmapper returns the batch's owner's client as an Unmapper, if it is one.
+func (b *batch) unmapper() (Unmapper, bool) {
+	if b.owner == nil {
+		return nil, false
+	}
+	u, ok := b.owner.c.(Unmapper)
+	return u, ok
+}
+
+// PendingIn returns the chunks waiting for the device in [base, base+size)
+// that are not being unmapped: mapped there, the pool's until they are
+// unmapped or taken back. A client that keeps books of its mappings (an
+// Unmapper) reads them when it starts keeping them.
+func (p Lender) PendingIn(base acl.DevicePtr, size uintptr) []Mapped {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Mapped
+	for at, it := range p.pending.byAddr {
+		if at >= base && uintptr(at-base) < size && it.state != chunkUnmapping {
+			out = append(out, it.Mapped)
+		}
+	}
+	slices.SortFunc(out, func(a, b Mapped) int { return cmp.Compare(a.At, b.At) })
+	return out
 }
 
 // WaitStreams waits until the work queued now on streams has run, or ctx is

@@ -288,3 +288,64 @@ func BenchmarkScrub(b *testing.B) {
 		}
 	}
 }
+
+// A MapRange whose scrubs were queued on the tenant's stream, and whose wait
+// for them failed after another scrub failed, unmaps nothing: the queued
+// clears may still run (here they wait behind a kernel), and unmapping under
+// them would make the device fault. Every chunk is left mapped, in state
+// LeftQueued, for the caller to unmap once the stream is waited for.
+func TestMapRangeKeepsChunksUnderQueuedClears(t *testing.T) {
+	d := scrubDriver(t, 64<<20)
+	fd := faultdriver.New(d)
+	p, err := chunk.New(fd, chunk.Config{})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	lend := p.Lender()
+	base, err := d.ReserveMemAddress(4*chunkG, 0, 0, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.ReleaseMemAddress(base)) }()
+	s, err := d.CreateStream()
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.DestroyStream(s)) }()
+
+	// Three chunks that hold tenant x's bytes, in the cache.
+	x, v := chunk.NewTenant(), chunk.NewTenant()
+	xs, err := lend.Acquire(x, 3)
+	require.NoError(t, err)
+	_, err = lend.MapRange(base, xs, nil)
+	require.NoError(t, err)
+	for i, c := range xs {
+		require.NoError(t, lend.Unmap(base.Add(uintptr(i)*chunkG)))
+		require.NoError(t, lend.Put(c))
+	}
+	// A kernel in flight on the stream, on one of them.
+	k, err := lend.GetFor(x)
+	require.NoError(t, err)
+	kat := base.Add(3 * chunkG)
+	require.NoError(t, lend.Map(kat, k))
+	done := make(chan struct{})
+	require.NoError(t, d.Launch(s, kat, chunkG, done))
+
+	vs, err := lend.Acquire(v, 2)
+	require.NoError(t, err)
+	fd.FailNth(faultdriver.MemsetAsync, 2, 0)       // the second chunk's scrub
+	fd.FailNth(faultdriver.SynchronizeStream, 1, 0) // and the wait for the first's
+	_, err = lend.MapRange(base, vs, []acl.Stream{s})
+	var left *chunk.LeftMappedError
+	require.ErrorAs(t, err, &left)
+	require.Len(t, left.Left, 2, "nothing unmapped under the queued clear")
+	for _, l := range left.Left {
+		require.Equal(t, chunk.LeftQueued, l.State, "%v", l.At)
+	}
+	require.Zero(t, d.Faults(), "no unmap under queued work")
+
+	close(done)
+	require.NoError(t, d.SynchronizeStream(s))
+	for _, l := range left.Left {
+		require.NoError(t, lend.Unmap(l.At))
+		require.NoError(t, lend.Put(l.C))
+	}
+	require.NoError(t, lend.Unmap(kat))
+	require.NoError(t, lend.Put(k))
+	require.Zero(t, d.Faults())
+}

@@ -243,7 +243,7 @@ func (p Lender) MapImported(ptr acl.DevicePtr, cs []Chunk, readOnly bool) error 
 	for i, c := range cs {
 		at := p.at(ptr, i)
 		if err := p.drv.MapMem(at, p.size, 0, c.Handle, 0); err != nil {
-			return p.unmapRange(ptr, cs[:i], fmt.Errorf("chunk: map at %v: %w", at, err))
+			return p.unmapRange(ptr, cs[:i], LeftNoAccess, fmt.Errorf("chunk: map at %v: %w", at, err))
 		}
 	}
 	desc := p.access
@@ -252,7 +252,7 @@ func (p Lender) MapImported(ptr acl.DevicePtr, cs []Chunk, readOnly bool) error 
 		desc[0].Flags = acl.MemAccessRead
 	}
 	if err := p.grant(ptr, len(cs), desc); err != nil {
-		return p.unmapRange(ptr, cs, err)
+		return p.unmapRange(ptr, cs, LeftNoAccess, err)
 	}
 	return nil
 }

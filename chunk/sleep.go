@@ -32,17 +32,23 @@ func (p Lender) Free(c Chunk) error {
 	if l.shared != nil {
 		return p.putSharedLocked(c, l) // freed, never cached
 	}
+	// Off the books before the call that makes the handle's value free:
+	// the driver may hand the value to the next MallocPhysical at once, and
+	// that chunk's lease must not be the one deleted.
+	delete(p.out, c.Handle)
+	p.stats.InUse--
 	p.freeing++ // on its way back: a growth short of memory waits for it (roomNow)
 	p.mu.Unlock()
 	err := p.drv.FreePhysical(c.Handle)
 	p.mu.Lock()
 	p.freeing--
 	if err != nil {
+		// The driver kept it, so its value is still this chunk's.
+		p.out[c.Handle] = l
+		p.stats.InUse++
 		p.mu.Unlock()
 		return fmt.Errorf("chunk: free: %w", err)
 	}
-	delete(p.out, c.Handle)
-	p.stats.InUse--
 	p.stats.Frees++
 	p.held -= p.size
 	p.mu.Unlock()

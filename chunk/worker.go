@@ -259,14 +259,17 @@ func (p *Pool) fill(target, limit int) (int, error) {
 	added := 0
 	for limit < 0 || added < limit {
 		p.mu.Lock()
-		if b := p.budget.Load(); p.closed || len(p.cache) >= target || (b != 0 && b-min(p.held, b) < p.size) {
+		if b := p.budget.Load(); p.closed || len(p.cache) >= target || (b != 0 && b-min(p.held, b) < p.size) ||
+			(limit < 0 && p.dormantLocked()) {
 			p.mu.Unlock()
 			return added, nil
 		}
 		p.held += p.size
+		p.filling++ // Member.Sleep waits for it
 		p.mu.Unlock()
 		h, err := p.drv.MallocPhysical(p.size, &p.prop, 0)
 		p.mu.Lock()
+		p.filling--
 		if err != nil {
 			p.held -= p.size
 			p.mu.Unlock()

@@ -548,3 +548,34 @@ func lifecycle(d acl.Driver, g uintptr, w, rounds int) error {
 	}
 	return nil
 }
+
+// RequireHandleReuse asserts that d hands a freed physical handle's value
+// out again, the value freed last first, as a device runtime's heap does
+// with the record behind a handle. The simulated devices (the host driver,
+// the model, the C doubles) do, so that code keeping books by handle value
+// in the wrong order (a value dropped from its books after the free that
+// made it reusable) fails over them too. Real runtimes may or may not: this
+// is not part of the contract Run checks.
+func RequireHandleReuse(t testing.TB, d acl.Driver) {
+	t.Helper()
+	p := acl.DeviceProp(d.Device(), 0)
+	g, err := d.MemGetAllocationGranularity(&p, acl.GranularityMinimum)
+	require.NoError(t, err)
+	malloc := func() acl.PhysicalHandle {
+		t.Helper()
+		h, err := d.MallocPhysical(g, &p, 0)
+		require.NoError(t, err)
+		return h
+	}
+	h1, h2 := malloc(), malloc()
+	require.NotEqual(t, h1, h2)
+	require.NoError(t, d.FreePhysical(h1))
+	require.NoError(t, d.FreePhysical(h2))
+	h3 := malloc()
+	require.Equal(t, h2, h3, "the value freed last comes back first")
+	h4 := malloc()
+	require.Equal(t, h1, h4)
+	require.NoError(t, d.FreePhysical(h3))
+	require.NoError(t, d.FreePhysical(h4))
+	RequireCode(t, d.FreePhysical(h4), acl.ErrCodeRTInvalidHandle, "freed, and not handed out again since")
+}

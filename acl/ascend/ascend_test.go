@@ -663,3 +663,10 @@ func TestBind(t *testing.T) {
 	require.NoError(t, d2.Close())
 	acltest.RequireCode(t, d2.Bind(func() error { return nil }), acl.ErrCodeRTContextNull)
 }
+
+// The double hands a freed handle's value out again, as the runtime's heap
+// does with the record behind a handle.
+func TestDoubleReusesFreedHandles(t *testing.T) {
+	d, _ := openDouble(t, variantPath(t, "full"), 1<<30, ascend.Config{})
+	acltest.RequireHandleReuse(t, d)
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/internal/book"
+	"github.com/vmarena/vmarena/acl/internal/handles"
 	"github.com/vmarena/vmarena/acl/internal/hostmem"
 	"github.com/vmarena/vmarena/acl/internal/rules"
 	"github.com/vmarena/vmarena/acl/ipc"
@@ -68,7 +69,7 @@ type Driver struct {
 	space   offsets
 	handles map[acl.PhysicalHandle]*handle
 	imports map[ipc.FileID]*handle // imported memory, by its file, so that a second import finds the first
-	nextID  acl.PhysicalHandle
+	ids     handles.IDs            // handle values, freed ones handed out again as a runtime does
 	book    book.Book[resvX, *handle]
 	phys    uintptr // committed physical bytes, or being committed
 	vmas    int     // kernel VMAs our reservations occupy
@@ -144,7 +145,7 @@ func New(cfg Config) (*Driver, error) {
 		space:   newOffsets(offsetSpace),
 		handles: make(map[acl.PhysicalHandle]*handle),
 		imports: make(map[ipc.FileID]*handle),
-		nextID:  0x1000,
+		ids:     handles.NewIDs(0x1000),
 	}
 	d.ss.Start = d.startStream
 	d.ss.Init()
@@ -290,8 +291,7 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 		}
 		return 0, fail(op, acl.ErrCodeRTFailure, "fallocate: %v", err)
 	}
-	d.nextID++
-	h := &handle{id: d.nextID, fd: d.fd, off: off, size: size, page: page, refs: 1, share: share{owners: 1}}
+	h := &handle{id: d.ids.New(), fd: d.fd, off: off, size: size, page: page, refs: 1, share: share{owners: 1}}
 	d.handles[h.id] = h
 	d.live.Handles++
 	d.live.PhysicalBytes += size
@@ -340,6 +340,7 @@ func (d *Driver) unrefLocked(h *handle) *handle {
 		return nil
 	}
 	delete(d.handles, h.id)
+	d.ids.Free(h.id)
 	if h.imported && d.imports[h.file] == h {
 		delete(d.imports, h.file)
 	}

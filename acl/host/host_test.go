@@ -239,3 +239,10 @@ func TestConformanceAccessSpan(t *testing.T) {
 		ExactCodes: true,
 	})
 }
+
+// Freed handle values come back, as a device runtime's do.
+func TestReusesFreedHandles(t *testing.T) {
+	d := newHost(t, host.Config{Capacity: 64 << 20})
+	defer d.Close()
+	acltest.RequireHandleReuse(t, d)
+}

@@ -94,8 +94,7 @@ func (d *Driver) mallocOwn(size, page uintptr) (acl.PhysicalHandle, error) {
 		}
 		return 0, fail(op, acl.ErrCodeRTFailure, "memory file: %v", err)
 	}
-	d.nextID++
-	h := &handle{id: d.nextID, fd: fd, size: size, page: page, refs: 1, share: share{owners: 1, own: true, file: id}}
+	h := &handle{id: d.ids.New(), fd: fd, size: size, page: page, refs: 1, share: share{owners: 1, own: true, file: id}}
 	d.handles[h.id] = h
 	d.live.Handles++
 	d.live.PhysicalBytes += size
@@ -250,8 +249,7 @@ func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int3
 		_ = sysClose(dup)
 		return h.id, nil
 	}
-	d.nextID++
-	h := &handle{id: d.nextID, fd: dup, size: n, page: acl.HugePageSize, refs: 1,
+	h := &handle{id: d.ids.New(), fd: dup, size: n, page: acl.HugePageSize, refs: 1,
 		share: share{owners: 1, own: true, imported: true, readOnly: readOnly, file: file}}
 	d.handles[h.id] = h
 	d.imports[file] = h

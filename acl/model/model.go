@@ -8,6 +8,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/internal/book"
+	"github.com/vmarena/vmarena/acl/internal/handles"
 	"github.com/vmarena/vmarena/acl/internal/hostmem"
 	"github.com/vmarena/vmarena/acl/internal/queue"
 	"github.com/vmarena/vmarena/acl/internal/rules"
@@ -75,7 +76,7 @@ type Driver struct {
 	mu      sync.RWMutex // the books; copies and queries share it
 	closed  bool
 	handles map[acl.PhysicalHandle]*handle
-	nextID  acl.PhysicalHandle
+	ids     handles.IDs // handle values, freed ones handed out again as a runtime does
 	book    book.Book[struct{}, *handle]
 	nextVA  uintptr // where the next reservation may start
 	phys    uintptr // bytes of live physical allocations
@@ -150,7 +151,7 @@ func New(cfg Config) (*Driver, error) {
 		caps: acl.Caps{AccessSpan: p.Caps.AccessSpan.Value, Fresh: fresh, MaxReserve: cfg.MaxReserve,
 			Sharing: sharing, ReadOnly: true},
 		handles: make(map[acl.PhysicalHandle]*handle),
-		nextID:  0x1000,
+		ids:     handles.NewIDs(0x1000),
 		nextVA:  vaBase,
 	}
 	if !cfg.Untimed {
@@ -349,8 +350,7 @@ func (d *Driver) malloc(op string, size uintptr, prop *acl.PhysicalMemProp, flag
 		d.closeOwnLocked(h)
 		return 0, 0, fail(op, acl.ErrCodeRTMemoryAllocation, "out of memory: %d bytes asked, %d of %d free", size, d.capa-d.phys, d.capa)
 	}
-	d.nextID++
-	h.id = d.nextID
+	h.id = d.ids.New()
 	d.handles[h.id] = h
 	d.phys += size
 	d.live.Handles++
@@ -401,6 +401,7 @@ func (d *Driver) unrefLocked(h *handle) {
 		return
 	}
 	delete(d.handles, h.id)
+	d.ids.Free(h.id)
 	h.pages = nil // the host memory behind its bytes goes with it
 	d.closeOwnLocked(h)
 	d.phys -= h.size

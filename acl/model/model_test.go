@@ -163,3 +163,10 @@ func TestCloseReportsLeaks(t *testing.T) {
 	acltest.RequireCode(t, err, acl.ErrCodeRTContextNull)
 	close(done)
 }
+
+// Freed handle values come back, as a device runtime's do.
+func TestReusesFreedHandles(t *testing.T) {
+	d := open(t, Config{Untimed: true})
+	defer d.Close()
+	acltest.RequireHandleReuse(t, d)
+}

@@ -209,8 +209,7 @@ func (d *Driver) importFD(op string, s acl.ShareableHandle, device int32) (acl.P
 		d.closeOwnLocked(h)
 		return old.id, 0, nil
 	}
-	d.nextID++
-	h.id = d.nextID
+	h.id = d.ids.New()
 	d.handles[h.id] = h
 	if d.imports == nil {
 		d.imports = make(map[ipc.FileID]*handle)

@@ -32,6 +32,7 @@ const (
 	CloseLocked   Point = "close.locked"    // a Close holds its arena's lock, before it marks the arena closing
 	CloseWaiting  Point = "close.waiting"   // a Close marked its arena closing, released its lock, and is about to wait for the device
 	WakeAsked     Point = "wake.asked"      // a Wake asked the worker to refill the headroom, still holding its arena's lock
+	SleepCopied   Point = "sleep.copied"    // an Offload Sleep's copy of a step to the host is done, before that step's chunks are unmapped
 	WaitEnqueued  Point = "wait.enqueued"   // a growth joined the queue of waiters
 	WaitWoken     Point = "wait.woken"      // a waiter woke, before its retry
 	WaitServed    Point = "wait.served"     // a waiting growth succeeded, before it leaves the queue

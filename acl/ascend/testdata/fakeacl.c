@@ -311,6 +311,12 @@ static int nresv, capresv;
 static struct handle **handles;
 static int nhandles, caphandles;
 static uintptr_t next_handle = 0x7e0000000000ULL;
+// Handle values freed, the last freed on top: the runtime's handles are
+// pointers to its own records, whose memory its heap hands out again, so a
+// freed handle's value comes back with a later allocation. new_handle_id
+// hands out the last freed value first.
+static uintptr_t *freed_ids;
+static int nfreed_ids, capfreed_ids;
 static int cur_pid; // the process the calls come from
 static fakeacl_live_t live;
 
@@ -886,6 +892,23 @@ static struct handle *find_handle(aclrtDrvMemHandle h) {
     return NULL;
 }
 
+// new_handle_id returns a handle value no live handle has: the last one
+// freed, else a fresh one.
+static uintptr_t new_handle_id(void) {
+    if (nfreed_ids > 0) return freed_ids[--nfreed_ids];
+    next_handle += 0x40;
+    return next_handle;
+}
+
+static void free_handle_id(uintptr_t id) {
+    if (nfreed_ids == capfreed_ids) {
+        capfreed_ids = capfreed_ids ? 2 * capfreed_ids : 64;
+        freed_ids = realloc(freed_ids, (size_t)capfreed_ids * sizeof *freed_ids);
+        if (freed_ids == NULL) abort();
+    }
+    freed_ids[nfreed_ids++] = id;
+}
+
 static void unref(struct handle *h) {
     if (--h->refs > 0) return;
     for (int i = 0; i < nhandles; i++) {
@@ -894,6 +917,7 @@ static void unref(struct handle *h) {
             break;
         }
     }
+    free_handle_id(h->id);
     live.physical_bytes -= h->size;
     if (h->origin != NULL) { // an import: the memory is its origin's
         live.imported_bytes -= h->size;
@@ -989,8 +1013,7 @@ API aclError aclrtMallocPhysical(aclrtDrvMemHandle *handle, size_t size, const a
     for (size_t off = 0; off < size; off += PAGE_2M) memset(mem + off, 0xA5, 4096);
     struct handle *h = calloc(1, sizeof *h);
     if (h == NULL) abort();
-    next_handle += 0x40;
-    h->id = next_handle;
+    h->id = new_handle_id();
     h->size = size;
     h->page = page;
     h->dev = dev;
@@ -1479,8 +1502,7 @@ API aclError aclrtMemImportFromShareableHandle(uint64_t shareableHandle, int32_t
     }
     struct handle *h = calloc(1, sizeof *h);
     if (h == NULL) abort();
-    next_handle += 0x40;
-    h->id = next_handle;
+    h->id = new_handle_id();
     h->size = x->size;
     h->page = x->page;
     h->dev = x->dev;

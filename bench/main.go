@@ -44,6 +44,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/device"
+	"github.com/vmarena/vmarena/acl/model"
 	"github.com/vmarena/vmarena/bench/internal/counting"
 	"github.com/vmarena/vmarena/bench/internal/strategy"
 	"github.com/vmarena/vmarena/bench/internal/workload"
@@ -111,8 +112,8 @@ var quickValues = map[string]string{
 	"kv-requests":        "8",
 	"kv-prompt":          "32:1536", // a prefill over 20 MiB: caching-expandable maps several pages at once, as in the full run
 	"kv-gen":             "32:512",
-	"kv-compute":         "200us",
-	"scratch-steps":      "80", // enough trims and spikes that an arena shrinks and grows back
+	"kv-hidden":          "512", // a small model: roofline steps of about 0.1 ms
+	"scratch-steps":      "80",  // enough trims and spikes that an arena shrinks and grows back
 	"scratch-bufs":       "2:8",
 	"scratch-size":       "64KiB:2MiB",
 	"scratch-spike":      "0.05",
@@ -131,7 +132,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		strategies: append([]string(nil), strategy.Default...),
 		kv: workload.KV{Layers: 32, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 16, PrefetchSteps: 8,
 			Slots: 16, Requests: 24, PromptMin: 64, PromptMax: 1536, GenMin: 64, GenMax: 1536, BudgetFactor: 1.5,
-			StepCompute: time.Millisecond},
+			Roofline: true, Hidden: 4096},
 		scratch: workload.Scratch{Steps: 200, MinBufs: 4, MaxBufs: 16, MinSize: 128 << 10, MaxSize: 4 << 20,
 			SpikeProb: 0.03, SpikeMin: 16 << 20, SpikeMax: 64 << 20, Window: 8},
 		churn: workload.Churn{Tenants: 4, Steps: 160, Period: 40, Lo: 64 << 20, Hi: 512 << 20,
@@ -191,7 +192,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Var(rangeFlag{&o.kv.GenMin, &o.kv.GenMax}, "kv-gen", "kv: generated tokens, lo:hi")
 	fs.Var(sizeFlag{&o.kv.BudgetBytes}, "kv-budget", "kv: physical budget every strategy runs under (0: -kv-budget-factor × peak live + 2 chunks per slot)")
 	fs.Float64Var(&o.kv.BudgetFactor, "kv-budget-factor", o.kv.BudgetFactor, "kv: budget as a multiple of the peak of live KV bytes (0 with -kv-budget 0: no budget)")
-	fs.DurationVar(&o.kv.StepCompute, "kv-compute", o.kv.StepCompute, "kv: device compute per decode step, waited for between steps (not allocator time): what a background worker overlaps with")
+	fs.Var(computeFlag{&o.kv.StepCompute, &o.kv.Roofline}, "kv-compute", "kv: device compute per decode step, waited for between steps (not allocator time): roofline (the model's weights and live KV cache read at the device's bandwidth, -kv-hidden, -kv-bandwidth) or a duration, e.g. 1ms (the stress setting)")
+	fs.IntVar(&o.kv.Hidden, "kv-hidden", o.kv.Hidden, "kv: the model's hidden size, for its weights (Llama 3's shape: 4096 with 32 layers is 8B, 8192 with 80 layers 70B)")
+	fs.Float64Var(&o.kv.BandwidthGBps, "kv-bandwidth", 0, "kv: with -kv-compute roofline, the device's memory bandwidth in GB/s (0: the device model's local bandwidth, else 4000, the H200 profile's)")
 	fs.IntVar(&o.kv.Launches, "kv-launches", 0, "kv: kernel launches per decode step on a driver that can launch (the device model): 0 one per layer (eager), 1 a graph")
 	fs.BoolVar(&o.kv.Prefetch, "kv-prefetch", true, "kv: tell each slot the prompt size of its next request ahead of its prefill (the arena maps it in the background: Arena.Prefetch)")
 	fs.BoolVar(&o.kv.PerToken, "kv-per-token", false, "kv: one Alloc per token for every layer's K and V (a token-outermost layout) instead of one per layer's K and V")
@@ -392,6 +395,7 @@ type suite struct {
 	swap    *workload.SwapResult
 	started time.Time
 	elapsed time.Duration
+	child   bool // this process makes one run (-fresh): it started for it
 }
 
 // openSuite opens the driver the flags ask for and checks the flags that
@@ -421,11 +425,30 @@ func openSuite(o *options) (s *suite, close func() error, err error) {
 	if err == nil {
 		err = o.checkBudgets(s.gran)
 	}
+	if o.kv.Roofline && o.kv.BandwidthGBps == 0 {
+		o.kv.BandwidthGBps = bandwidthOf(choice.Driver)
+	}
 	if err != nil {
 		return nil, nil, errors.Join(err, choice.Driver.Close())
 	}
 	return s, choice.Driver.Close, nil
 }
+
+// bandwidthOf returns the device-local bandwidth the driver states, in
+// GB/s: the device model's profile's; elsewhere the H200 profile's figure
+// (workload.DefaultBandwidthGBps), since a real driver states none.
+func bandwidthOf(d acl.Driver) float64 {
+	if m, ok := d.(interface{ Profile() *model.Profile }); ok {
+		if p := m.Profile(); p != nil && p.Device.LocalGBps.Value > 0 {
+			return p.Device.LocalGBps.Value
+		}
+	}
+	return workload.DefaultBandwidthGBps
+}
+
+// processStart is when this program started (its package variables are
+// initialised before main runs): a fresh run times its first token from it.
+var processStart = time.Now()
 
 // reading is one pass of the suite: on the device model, under the
 // profile's readings of the unmeasured coefficients or their pessimistic
@@ -705,6 +728,9 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 		return nil, errors.Join(err, destroyStream(cd, stream))
 	}
 	env := workload.NewEnv(cd, st, w.Name())
+	if s.child {
+		env.Start = processStart // the whole process serves this one run
+	}
 	env.Touch, env.Verify, env.Progress = o.touch, o.verify, progress
 	env.Res.Rep = rep
 	runtime.GC()

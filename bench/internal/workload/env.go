@@ -103,6 +103,18 @@ type Result struct {
 	Preempted                             int64          // sequences preempted for want of memory and served again (KV)
 	WindowCalls                           counting.Calls // driver calls inside the workload's strategy calls
 	CPUNS                                 int64          // process CPU time (user + system) during the run: every goroutine's
+
+	// What a user of the server feels (KV): the first token, from
+	// Env.Start (the process's start, in a fresh run: setup included), to
+	// the end of the first step, whose prefills sample the first tokens;
+	// the serving time, from the first step's start to the last's end;
+	// the setup before serving (Prepare and the opening of the regions);
+	// the device compute the steps waited for; and the time between a
+	// sequence's tokens (a preempted sequence's gap included): how many,
+	// p50, p99 and the most.
+	FirstTokenNS, ServeNS, OpenNS, ComputeNS int64
+	TBTs                                     int
+	TBTP50NS, TBTP99NS, TBTMaxNS             int64
 }
 
 // SteadyTokens returns the tokens generated from SteadyFrom on.
@@ -119,6 +131,10 @@ func (r *Result) SteadyTokens() int64 {
 
 // Env is what a workload runs against, and where it records.
 type Env struct {
+	// Start is when the program started (the suite sets it in a fresh
+	// process; NewEnv sets the moment it is called): the first token is
+	// timed from it.
+	Start    time.Time
 	Drv      *counting.Driver
 	S        strategy.Strategy
 	Touch    bool            // write every tensor's bytes, as kernels would
@@ -136,7 +152,7 @@ const touchChunk = 4 << 20
 
 // NewEnv returns an environment recording into a fresh Result.
 func NewEnv(drv *counting.Driver, s strategy.Strategy, workload string) *Env {
-	return &Env{Drv: drv, S: s, Res: &Result{Workload: workload, Strategy: s.Name()}}
+	return &Env{Start: time.Now(), Drv: drv, S: s, Res: &Result{Workload: workload, Strategy: s.Name()}}
 }
 
 // start and stop bracket a strategy call: the caller's critical path.

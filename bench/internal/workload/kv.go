@@ -44,6 +44,16 @@ type KV struct {
 	// synchronisation by default: a sleep would add the timer slack of the
 	// machine, which other goroutines' timers change, to every step.
 	StepCompute time.Duration
+	// Roofline sets each decode step's compute from the model instead of
+	// StepCompute: the weights (estimated from the shape and Hidden, see
+	// Shape) and every running sequence's KV cache, read once over
+	// BandwidthGBps (Roofline.Step), as a memory-bound decode step takes.
+	Roofline bool
+	// Hidden is the model's hidden size, for its weights.
+	Hidden int
+	// BandwidthGBps is the roofline's bandwidth in GB/s; the suite sets it
+	// from the driver (the device model's local bandwidth) when it is 0.
+	BandwidthGBps float64
 	// Launches is the kernel launches of one decode step (0: one per
 	// layer, as an eager model launches; 1: one graph launch). On a driver
 	// that can queue timed stand-in work (the device model), the step's
@@ -99,13 +109,26 @@ func (c KV) Describe() string {
 		}
 	}
 	compute := ""
-	if c.StepCompute > 0 {
-		compute = fmt.Sprintf("; %v of device compute per step", c.StepCompute)
+	if c.StepCompute > 0 || c.Roofline {
+		compute = "; " + c.Steps().Describe()
 	}
 	return fmt.Sprintf("%d slots, %d requests, prompt %d–%d + gen %d–%d tokens, %s/token (%d layers × K,V × %d heads × %d × %dB), block %d tokens = %s; %s%s; prealloc maps %s",
 		c.Slots, c.Requests, c.PromptMin, c.PromptMax, c.GenMin, c.GenMax, HumanBytes(c.TokenBytes()),
 		c.Layers, c.KVHeads, c.HeadDim, c.DType, c.BlockTokens, HumanBytes(c.BlockBytes()), b, compute,
 		HumanBytes(int64(c.Slots)*c.MaxBytes()))
+}
+
+// Shape is the model's shape, for its weights.
+func (c KV) Shape() Shape {
+	return Shape{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: c.DType, Hidden: c.Hidden}
+}
+
+// Steps is how long a decode step's device compute takes.
+func (c KV) Steps() Roofline {
+	if !c.Roofline {
+		return Roofline{Fixed: c.StepCompute}
+	}
+	return Roofline{Read: c.Shape().ReadBytes(), GBps: c.BandwidthGBps}
 }
 
 // Budget is the physical memory budget every strategy runs under (0: none);
@@ -122,13 +145,16 @@ func (c KV) Budget(gran int64) int64 {
 
 // request is one sequence to serve: its prompt (with what it generated
 // before a preemption) and the tokens still to generate.
-type request struct{ prompt, gen int }
+type request struct {
+	prompt, gen int
+	last        time.Time // when its last token came, if it ran before (a preempted request)
+}
 
 func (c KV) requests() []request {
 	rng := rand.New(rand.NewPCG(c.Seed, 0x6b76))
 	reqs := make([]request, c.Requests)
 	for i := range reqs {
-		reqs[i] = request{c.PromptMin + rng.IntN(c.PromptMax-c.PromptMin+1), c.GenMin + rng.IntN(c.GenMax-c.GenMin+1)}
+		reqs[i] = request{prompt: c.PromptMin + rng.IntN(c.PromptMax-c.PromptMin+1), gen: c.GenMin + rng.IntN(c.GenMax-c.GenMin+1)}
 	}
 	return reqs
 }
@@ -191,7 +217,23 @@ func (c KV) Check() error {
 		atLeast("-kv-launches", c.Launches, 0),
 		c.checkPrefetch(),
 		cacheSize("-kv-layers, -kv-heads, -kv-headdim, -kv-dtype", c.TokenBytes(), c.Layers, c.KVHeads, c.HeadDim, c.DType),
+		c.checkRoofline(),
 	)
+}
+
+// checkRoofline checks the model's hidden size and the bandwidth when the
+// step time is the roofline's.
+func (c KV) checkRoofline() error {
+	if !c.Roofline {
+		return nil
+	}
+	if c.Hidden < 1 || c.Hidden > 1<<16 {
+		return fmt.Errorf("-kv-hidden %d: want a hidden size from 1 to 65536", c.Hidden)
+	}
+	if w := float64(c.Layers) * 13 * float64(c.Hidden) * float64(c.Hidden) * float64(c.DType); w > 1<<44 {
+		return fmt.Errorf("-kv-hidden %d, -kv-layers %d: the weights would be %.3g bytes; want at most 16 TiB", c.Hidden, c.Layers, w)
+	}
+	return notNegative("-kv-bandwidth", c.BandwidthGBps)
 }
 
 // checkPrefetch checks PrefetchSteps when Prefetch is on.
@@ -234,8 +276,9 @@ type kvSeq struct {
 	r         strategy.Region
 	active    bool
 	req       request
-	tokens    int // in the cache
-	gen, left int // tokens to generate, still to generate
+	tokens    int       // in the cache
+	gen, left int       // tokens to generate, still to generate
+	last      time.Time // when its last token came
 }
 
 // Run replays the workload on env's strategy.
@@ -327,7 +370,7 @@ func (c KV) Run(env *Env) (err error) {
 			return fmt.Errorf("kv: step %d: a sequence of %d tokens alone does not fit: %w", step, s.tokens, cause)
 		}
 		done := s.gen - s.left
-		q := request{prompt: s.req.prompt + done, gen: s.left}
+		q := request{prompt: s.req.prompt + done, gen: s.left, last: s.last}
 		env.Res.Preempted++
 		if err := release(s); err != nil {
 			return err
@@ -344,8 +387,12 @@ func (c KV) Run(env *Env) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, compute.close()) }()
+	steps := c.Steps()
+	tok0 := newTokenClock(env)
+	emitted := make([]int, 0, len(seqs)) // the sequences that sample a token at the end of this step
 	for step := 0; ; step++ {
 		busy := false
+		emitted = emitted[:0]
 		w0, t0 := env.Drv.WindowCalls(), env.Res.Tokens
 		stepStart := env.Res.MemNS
 		var decodeNS int64 // the step's decode work in the allocator: appends and block grows
@@ -359,7 +406,7 @@ func (c KV) Run(env *Env) (err error) {
 				// Prefill: the prompt's blocks at once.
 				q := queue[0]
 				queue = queue[1:]
-				*s = kvSeq{r: s.r, active: true, req: q, gen: q.gen, left: q.gen}
+				*s = kvSeq{r: s.r, active: true, req: q, gen: q.gen, left: q.gen, last: q.last}
 				err := env.grow(s.r, ceilDiv(int64(q.prompt), int64(c.BlockTokens))*block)
 				if err == nil {
 					err = appendTokens(s, q.prompt)
@@ -375,6 +422,7 @@ func (c KV) Run(env *Env) (err error) {
 					return fmt.Errorf("kv: step %d: prefill %d tokens: %w", step, q.prompt, err)
 				}
 				done += int64(q.prompt)
+				emitted = append(emitted, i) // the prefill samples its next token
 			case s.active:
 				var err error
 				m := env.Res.MemNS
@@ -398,6 +446,7 @@ func (c KV) Run(env *Env) (err error) {
 				done++
 				env.Res.Tokens++
 				s.left--
+				emitted = append(emitted, i)
 			default:
 				continue
 			}
@@ -430,9 +479,15 @@ func (c KV) Run(env *Env) (err error) {
 		env.Res.StepCalls = append(env.Res.StepCalls, n1-n0)
 		env.Res.StepTokens = append(env.Res.StepTokens, env.Res.Tokens-t0)
 		env.sample(step)
-		if c.StepCompute > 0 && busy {
-			if err := compute.run(); err != nil {
+		if d := steps.Step(env.live); d > 0 && busy {
+			if err := compute.run(d); err != nil {
 				return fmt.Errorf("kv: step %d: compute: %w", step, err)
+			}
+		}
+		if busy {
+			now := time.Now()
+			for _, i := range emitted {
+				seqs[i].last = tok0.token(seqs[i].last, now)
 			}
 		}
 		if step%64 == 0 {
@@ -442,6 +497,7 @@ func (c KV) Run(env *Env) (err error) {
 			break
 		}
 	}
+	tok0.end()
 	env.final()
 	return nil
 }
@@ -537,7 +593,7 @@ func newStepCompute(env *Env, c KV) (*stepCompute, error) {
 	sc := &stepCompute{env: env, c: c}
 	drv := env.Drv.Unwrap()
 	l, ok := drv.(timedLauncher)
-	if !ok || c.StepCompute <= 0 {
+	if !ok || !c.Roofline && c.StepCompute <= 0 {
 		return sc, nil
 	}
 	s, err := drv.CreateStream()
@@ -556,13 +612,15 @@ func newStepCompute(env *Env, c KV) (*stepCompute, error) {
 	return sc, nil
 }
 
-// run launches the step's kernels, timing each launch, and waits for them.
-func (sc *stepCompute) run() error {
+// run launches the step's kernels, d of device time in all, timing each
+// launch, and waits for them.
+func (sc *stepCompute) run(d time.Duration) error {
+	sc.env.Res.ComputeNS += int64(d)
 	if sc.l == nil {
-		waitCompute(sc.c.StepCompute)
+		waitCompute(d)
 		return nil
 	}
-	per := sc.c.StepCompute / time.Duration(sc.n)
+	per := d / time.Duration(sc.n)
 	res := sc.env.Res
 	w0 := sc.waited()
 	for range sc.n {

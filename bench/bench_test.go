@@ -30,7 +30,7 @@ func TestQuick(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	text := out.String()
-	for _, want := range []string{"== kv:", "== scratch:", "== churn:", "== swap:", "== micro:", "== targets", "waits and scrubs", "on path", "serving"} {
+	for _, want := range []string{"== kv:", "== models:", "serving models", "== scratch:", "== churn:", "== swap:", "== micro:", "== targets", "waits and scrubs", "on path", "serving"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q:\n%s", want, text)
 		}
@@ -87,7 +87,7 @@ func TestQuick(t *testing.T) {
 	want := 0
 	for _, w := range replayed {
 		for _, name := range strategy.Names {
-			if w == "kv" || !strategy.KVOnly(name) {
+			if runsOn(w, name) {
 				want++
 			}
 		}
@@ -179,6 +179,7 @@ var fullFeatures = map[string]string{
 	"kv/arena":                   "several,batch",
 	"kv/arena-eager":             "several,batch",
 	"kv/caching-expandable":      "several,batch",
+	"models/arena":               "several,batch,relief",
 	"scratch/arena":              "several,batch,regrowth",
 	"scratch/arena-eager":        "several,batch,regrowth",
 	"scratch/caching-expandable": "several,batch",

@@ -84,6 +84,7 @@ type options struct {
 	workerCPU float64 // arena: the pool worker's share of one CPU (0: no cap)
 
 	kv      workload.KV
+	models  workload.Models
 	scratch workload.Scratch
 	churn   workload.Churn
 	swap    workload.Swap
@@ -93,11 +94,24 @@ type options struct {
 	profileBase string // the profile -calibrate carries estimates over from
 }
 
-var workloadNames = []string{"kv", "scratch", "churn", "swap"}
+var workloadNames = []string{"kv", "models", "scratch", "churn", "swap"}
 
-// replayed are the workloads that replay on every strategy; swap runs on
-// the arena alone, once.
-var replayed = []string{"kv", "scratch", "churn"}
+// replayed are the workloads that replay on the strategies (runsOn says
+// which); swap runs on the arena alone, once.
+var replayed = []string{"kv", "models", "scratch", "churn"}
+
+// runsOn reports whether workload w runs on strategy name: kv on every
+// strategy, models on those made for several models (strategy.Splits), the
+// others on every strategy but the paged pool, which holds KV blocks only.
+func runsOn(w, name string) bool {
+	switch w {
+	case "kv":
+		return true
+	case "models":
+		return strategy.Splits(name)
+	}
+	return !strategy.KVOnly(name)
+}
 
 var scrubs = map[string]chunk.Scrub{"reuse": chunk.ScrubOnReuse, "release": chunk.ScrubOnRelease, "never": chunk.ScrubNever}
 
@@ -112,8 +126,9 @@ var quickValues = map[string]string{
 	"kv-requests":        "8",
 	"kv-prompt":          "32:1536", // a prefill over 20 MiB: caching-expandable maps several pages at once, as in the full run
 	"kv-gen":             "32:512",
-	"kv-hidden":          "512", // a small model: roofline steps of about 0.1 ms
-	"scratch-steps":      "80",  // enough trims and spikes that an arena shrinks and grows back
+	"kv-hidden":          "512", // a small model: 43 MiB of weights, roofline steps of about 10 µs
+	"kv-vocab":           "8192",
+	"scratch-steps":      "80", // enough trims and spikes that an arena shrinks and grows back
 	"scratch-bufs":       "2:8",
 	"scratch-size":       "64KiB:2MiB",
 	"scratch-spike":      "0.05",
@@ -123,6 +138,15 @@ var quickValues = map[string]string{
 	"churn-demand":       "8MiB:32MiB",
 	"micro-iters":        "20",
 	"swap-size":          "64MiB",
+	"mm-models":          "2",
+	"mm-slots":           "8",
+	"mm-prompt":          "32:512",
+	"mm-gen":             "16:256",
+	"mm-kv-budget":       "32MiB",
+	"mm-duration":        "600ms",
+	"mm-period":          "300ms",
+	"mm-burst-rate":      "200",
+	"mm-sleep-after":     "40ms",
 	"alloc-iters":        "1048576",
 }
 
@@ -133,6 +157,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		kv: workload.KV{Layers: 32, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 16, PrefetchSteps: 8,
 			Slots: 16, Requests: 24, PromptMin: 64, PromptMax: 1536, GenMin: 64, GenMax: 1536, BudgetFactor: 1.5,
 			Roofline: true, Hidden: 4096},
+		models: workload.Models{Models: 3, Slots: 128, PromptMin: 64, PromptMax: 1024, GenMin: 32, GenMax: 256,
+			KVBudget: 8 << 30, Duration: 12 * time.Second, Period: 6 * time.Second, BurstRate: 80, IdleRate: 0,
+			SleepAfter: 500 * time.Millisecond},
 		scratch: workload.Scratch{Steps: 200, MinBufs: 4, MaxBufs: 16, MinSize: 128 << 10, MaxSize: 4 << 20,
 			SpikeProb: 0.03, SpikeMin: 16 << 20, SpikeMax: 64 << 20, Window: 8},
 		churn: workload.Churn{Tenants: 4, Steps: 160, Period: 40, Lo: 64 << 20, Hi: 512 << 20,
@@ -194,12 +221,24 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.kv.BudgetFactor, "kv-budget-factor", o.kv.BudgetFactor, "kv: budget as a multiple of the peak of live KV bytes (0 with -kv-budget 0: no budget)")
 	fs.Var(computeFlag{&o.kv.StepCompute, &o.kv.Roofline}, "kv-compute", "kv: device compute per decode step, waited for between steps (not allocator time): roofline (the model's weights and live KV cache read at the device's bandwidth, -kv-hidden, -kv-bandwidth) or a duration, e.g. 1ms (the stress setting)")
 	fs.IntVar(&o.kv.Hidden, "kv-hidden", o.kv.Hidden, "kv: the model's hidden size, for its weights (Llama 3's shape: 4096 with 32 layers is 8B, 8192 with 80 layers 70B)")
+	fs.IntVar(&o.kv.Vocab, "kv-vocab", 0, "kv: the model's vocabulary, for its weights (0: Llama 3's, 128256)")
 	fs.Float64Var(&o.kv.BandwidthGBps, "kv-bandwidth", 0, "kv: with -kv-compute roofline, the device's memory bandwidth in GB/s (0: the device model's local bandwidth, else 4000, the H200 profile's)")
 	fs.IntVar(&o.kv.Launches, "kv-launches", 0, "kv: kernel launches per decode step on a driver that can launch (the device model): 0 one per layer (eager), 1 a graph")
 	fs.BoolVar(&o.kv.Prefetch, "kv-prefetch", true, "kv: tell each slot the prompt size of its next request ahead of its prefill (the arena maps it in the background: Arena.Prefetch)")
 	fs.BoolVar(&o.kv.PerToken, "kv-per-token", false, "kv: one Alloc per token for every layer's K and V (a token-outermost layout) instead of one per layer's K and V")
 	fs.BoolVar(&o.kv.PrefetchBlocks, "kv-prefetch-blocks", false, "kv: with -kv-prefetch, also tell each running sequence the KV block it will grow into, -kv-prefetch-steps tokens ahead")
 	fs.IntVar(&o.kv.PrefetchSteps, "kv-prefetch-steps", 8, "kv: with -kv-prefetch, how many steps ahead of the prefill, at most")
+
+	fs.IntVar(&o.models.Models, "mm-models", o.models.Models, "models: models on the device (their shape is kv's: -kv-layers, -kv-heads, -kv-headdim, -kv-dtype, -kv-hidden, -kv-block)")
+	fs.IntVar(&o.models.Slots, "mm-slots", o.models.Slots, "models: sequences each model decodes at once, at most")
+	fs.Var(rangeFlag{&o.models.PromptMin, &o.models.PromptMax}, "mm-prompt", "models: prompt tokens, lo:hi")
+	fs.Var(rangeFlag{&o.models.GenMin, &o.models.GenMax}, "mm-gen", "models: generated tokens, lo:hi")
+	fs.Var(sizeFlag{&o.models.KVBudget}, "mm-kv-budget", "models: device memory for KV caches beyond every model's weights (the budget is both; the paged pools split it evenly)")
+	fs.DurationVar(&o.models.Duration, "mm-duration", o.models.Duration, "models: how long the run serves")
+	fs.DurationVar(&o.models.Period, "mm-period", o.models.Period, "models: a load cycle: each model bursts for its share of it, out of phase with the others")
+	fs.Float64Var(&o.models.BurstRate, "mm-burst-rate", o.models.BurstRate, "models: requests a second to a model during its burst (Poisson)")
+	fs.Float64Var(&o.models.IdleRate, "mm-idle-rate", o.models.IdleRate, "models: requests a second to a model outside its burst")
+	fs.DurationVar(&o.models.SleepAfter, "mm-sleep-after", o.models.SleepAfter, "models: the arena puts a model idle this long to sleep (0: never)")
 
 	fs.IntVar(&o.scratch.Steps, "scratch-steps", o.scratch.Steps, "scratch: steps")
 	fs.Var(rangeFlag{&o.scratch.MinBufs, &o.scratch.MaxBufs}, "scratch-bufs", "scratch: buffers per step, lo:hi")
@@ -250,9 +289,18 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.img == "" {
 		o.img = o.out
 	}
-	o.kv.Seed, o.scratch.Seed, o.churn.Seed = o.seed, o.seed, o.seed
+	o.kv.Seed, o.scratch.Seed, o.churn.Seed, o.models.Seed = o.seed, o.seed, o.seed, o.seed
+	o.syncModels()
 	o.swap.Chunk = o.chunk
 	return o, nil
+}
+
+// syncModels gives the models workload kv's model shape: the models are
+// shaped as -kv-layers, -kv-heads, -kv-headdim, -kv-dtype, -kv-hidden and
+// -kv-block say.
+func (o *options) syncModels() {
+	k, m := o.kv, &o.models
+	m.Layers, m.KVHeads, m.HeadDim, m.DType, m.Hidden, m.Vocab, m.BlockTokens = k.Layers, k.KVHeads, k.HeadDim, k.DType, k.Hidden, k.Vocab, k.BlockTokens
 }
 
 // check checks every flag that needs no driver, before anything runs: each
@@ -302,6 +350,9 @@ func (o *options) check() error {
 		switch w {
 		case "kv":
 			err = o.kv.Check()
+		case "models":
+			o.syncModels()
+			err = o.models.Check()
 		case "scratch":
 			err = o.scratch.Check()
 		case "churn":
@@ -338,12 +389,17 @@ func checkDirs(flags ...string) error {
 // checkBudgets checks the budgets the workloads were given against what
 // their longest requests need on a driver of granularity gran.
 func (o *options) checkBudgets(gran int64) error {
+	chunk := gran
+	if o.chunk > 0 {
+		chunk = o.chunk
+	}
 	if slices.Contains(o.workloads, "kv") {
-		chunk := gran
-		if o.chunk > 0 {
-			chunk = o.chunk
+		if err := o.kv.CheckBudget(chunk); err != nil {
+			return err
 		}
-		return o.kv.CheckBudget(chunk)
+	}
+	if slices.Contains(o.workloads, "models") {
+		return o.models.CheckBudget(chunk)
 	}
 	return nil
 }
@@ -352,6 +408,8 @@ func (o *options) workload(name string) workload.Workload {
 	switch name {
 	case "kv":
 		return o.kv
+	case "models":
+		return o.models
 	case "scratch":
 		return o.scratch
 	case "swap":
@@ -427,6 +485,10 @@ func openSuite(o *options) (s *suite, close func() error, err error) {
 	}
 	if o.kv.Roofline && o.kv.BandwidthGBps == 0 {
 		o.kv.BandwidthGBps = bandwidthOf(choice.Driver)
+	}
+	o.syncModels()
+	if o.models.BandwidthGBps == 0 {
+		o.models.BandwidthGBps = bandwidthOf(choice.Driver)
 	}
 	if err != nil {
 		return nil, nil, errors.Join(err, choice.Driver.Close())
@@ -575,7 +637,7 @@ func runReading(o *options, stdout io.Writer) error {
 			continue
 		}
 		for _, name := range o.strategies {
-			if w == "kv" || !strategy.KVOnly(name) {
+			if runsOn(w, name) {
 				units += o.count
 			}
 		}
@@ -601,8 +663,8 @@ func runReading(o *options, stdout io.Writer) error {
 			// always runs first (or right after the most memory-hungry one).
 			for k := range o.strategies {
 				name := o.strategies[(k+rep+wi)%len(o.strategies)]
-				if wname != "kv" && strategy.KVOnly(name) {
-					continue // a paged pool holds KV blocks only
+				if !runsOn(wname, name) {
+					continue // a paged pool holds KV blocks only; models runs on the strategies Split makes
 				}
 				label := fmt.Sprintf("%s/%s", wname, name)
 				if o.count > 1 {
@@ -706,8 +768,11 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize,
 		MaxHeadroom: int64(o.maxHead) * chunkSize, Ahead: o.ahead,
 		WorkerCPU: o.workerCPU, Warm: o.warm}
-	if kv, ok := w.(workload.KV); ok {
-		cfg.Block = kv.BlockBytes() // the paged pool's block: one KV block
+	switch w := w.(type) {
+	case workload.KV:
+		cfg.Block = w.BlockBytes() // the paged pool's block: one KV block
+	case workload.Models:
+		cfg.Block = w.BlockBytes()
 	}
 	if budget == 0 && cfg.Warm < 0 {
 		cfg.Warm = 0 // no budget to warm to
@@ -736,7 +801,9 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	runtime.GC()
 	cpu0 := cpuTime()
 	start := time.Now()
-	err = env.Prepare()
+	if _, ok := w.(workload.Models); !ok {
+		err = env.Prepare() // Models prepares each model's part itself
+	}
 	if err == nil {
 		err = w.Run(env)
 	}

@@ -19,6 +19,7 @@ type arenaStrategy struct {
 	eager  bool
 	tenant chunk.Tenant
 	cfg    Config
+	part   bool // one model's share of another's pool (Split): the pool is not its own
 }
 
 func newArena(cfg Config, eager bool) (*arenaStrategy, error) {
@@ -81,7 +82,13 @@ func (s *arenaStrategy) Open(max int64) (Region, error) {
 	return &arenaRegion{a: a, eager: s.eager}, nil
 }
 
-func (s *arenaStrategy) Close() error { return s.pool.Close() }
+// Close closes the pool, unless the strategy is a model's part of another's.
+func (s *arenaStrategy) Close() error {
+	if s.part {
+		return nil
+	}
+	return s.pool.Close()
+}
 
 // Prepare warms the pool: Config.Warm fresh chunks (-1: up to the budget),
 // allocated before any request, as a server with a memory budget does at
@@ -89,7 +96,7 @@ func (s *arenaStrategy) Close() error { return s.pool.Close() }
 func (s *arenaStrategy) Prepare() error {
 	n := s.cfg.Warm
 	switch {
-	case s.eager || n == 0:
+	case s.eager || s.part || n == 0:
 		return nil
 	case n < 0:
 		n = 1 << 30 // up to the budget and the cache's bound

@@ -208,13 +208,15 @@ type segment struct {
 // behind.
 func (d *dev) alloc(size int64) (segment, error) {
 	size = d.roundUp(max(size, 1))
-	base, err := d.drv.ReserveMemAddress(uintptr(size), 0, 0, 0)
+	// The memory first: when the device (or the budget) has none, the
+	// allocation fails in one call, as cudaMalloc does.
+	h, err := d.drv.MallocPhysical(uintptr(size), &d.prop, 0)
 	if err != nil {
 		return segment{}, err
 	}
-	h, err := d.drv.MallocPhysical(uintptr(size), &d.prop, 0)
+	base, err := d.drv.ReserveMemAddress(uintptr(size), 0, 0, 0)
 	if err != nil {
-		return segment{}, errors.Join(err, d.drv.ReleaseMemAddress(base))
+		return segment{}, errors.Join(err, d.drv.FreePhysical(h))
 	}
 	if err := d.drv.MapMem(base, uintptr(size), 0, h, 0); err != nil {
 		return segment{}, errors.Join(err, d.drv.FreePhysical(h), d.drv.ReleaseMemAddress(base))

@@ -113,8 +113,20 @@ type Result struct {
 	// sequence's tokens (a preempted sequence's gap included): how many,
 	// p50, p99 and the most.
 	FirstTokenNS, ServeNS, OpenNS, ComputeNS int64
-	TBTs                                     int
-	TBTP50NS, TBTP99NS, TBTMaxNS             int64
+	// SkewNS is what the device waits took beyond their modelled length
+	// (the host descheduled mid-wait): the serving times leave it out, and
+	// WallNS − SkewNS is the run with every wait as long as modelled.
+	SkewNS                       int64
+	TBTs                         int
+	TBTP50NS, TBTP99NS, TBTMaxNS int64
+	// Several models (Models): the time from a request's arrival to its
+	// first token (how many, p50, p99), the requests finished, the models'
+	// sleeps and wakes and the path time they took (a wake's copy of the
+	// weights included).
+	TTFTs                   int
+	TTFTP50NS, TTFTP99NS    int64
+	Finished, Sleeps, Wakes int64
+	SleepNS                 int64
 }
 
 // SteadyTokens returns the tokens generated from SteadyFrom on.
@@ -144,7 +156,8 @@ type Env struct {
 
 	src     []byte
 	checked int
-	live    int64 // bytes of live tensors now
+	skew    time.Duration // the device waits' time beyond their modelled length (stepCompute.run)
+	live    int64         // bytes of live tensors now
 	regions map[strategy.Region]bool
 }
 
@@ -179,9 +192,13 @@ func (e *Env) Prepare() error {
 	return e.S.Prepare()
 }
 
-func (e *Env) open(max int64) (strategy.Region, error) {
+func (e *Env) open(max int64) (strategy.Region, error) { return e.openIn(e.S, max) }
+
+// openIn opens a region of strategy s (one model's, where the workload
+// splits the device's strategy), timed as setup.
+func (e *Env) openIn(s strategy.Strategy, max int64) (strategy.Region, error) {
 	defer e.setup(time.Now())
-	r, err := e.S.Open(max)
+	r, err := s.Open(max)
 	if err == nil {
 		e.Res.Regions++
 		if e.regions == nil {
@@ -305,6 +322,15 @@ func (e *Env) verify(r strategy.Region, off, n int64) error {
 	}
 	e.checked++
 	return nil
+}
+
+// skewBy adds d (when positive) to the time the device waits took beyond
+// their modelled length.
+func (e *Env) skewBy(d time.Duration) {
+	if d > 0 {
+		e.skew += d
+		e.Res.SkewNS += int64(d)
+	}
 }
 
 // Checked returns how many ranges verify compared.

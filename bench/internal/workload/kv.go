@@ -49,8 +49,9 @@ type KV struct {
 	// Shape) and every running sequence's KV cache, read once over
 	// BandwidthGBps (Roofline.Step), as a memory-bound decode step takes.
 	Roofline bool
-	// Hidden is the model's hidden size, for its weights.
-	Hidden int
+	// Hidden is the model's hidden size, and Vocab its vocabulary (0:
+	// DefaultVocab), for its weights.
+	Hidden, Vocab int
 	// BandwidthGBps is the roofline's bandwidth in GB/s; the suite sets it
 	// from the driver (the device model's local bandwidth) when it is 0.
 	BandwidthGBps float64
@@ -120,7 +121,7 @@ func (c KV) Describe() string {
 
 // Shape is the model's shape, for its weights.
 func (c KV) Shape() Shape {
-	return Shape{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: c.DType, Hidden: c.Hidden}
+	return Shape{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: c.DType, Hidden: c.Hidden, Vocab: c.Vocab}
 }
 
 // Steps is how long a decode step's device compute takes.
@@ -229,6 +230,9 @@ func (c KV) checkRoofline() error {
 	}
 	if c.Hidden < 1 || c.Hidden > 1<<16 {
 		return fmt.Errorf("-kv-hidden %d: want a hidden size from 1 to 65536", c.Hidden)
+	}
+	if c.Vocab < 0 || c.Vocab > 1<<24 {
+		return fmt.Errorf("-kv-vocab %d: want 0 (Llama 3's, %d) or a vocabulary of at most 16777216", c.Vocab, DefaultVocab)
 	}
 	if w := float64(c.Layers) * 13 * float64(c.Hidden) * float64(c.Hidden) * float64(c.DType); w > 1<<44 {
 		return fmt.Errorf("-kv-hidden %d, -kv-layers %d: the weights would be %.3g bytes; want at most 16 TiB", c.Hidden, c.Layers, w)
@@ -485,7 +489,7 @@ func (c KV) Run(env *Env) (err error) {
 			}
 		}
 		if busy {
-			now := time.Now()
+			now := tok0.now()
 			for _, i := range emitted {
 				seqs[i].last = tok0.token(seqs[i].last, now)
 			}
@@ -614,10 +618,20 @@ func newStepCompute(env *Env, c KV) (*stepCompute, error) {
 
 // run launches the step's kernels, d of device time in all, timing each
 // launch, and waits for them.
+//
+// The wait is the device's time, which the model computes; the host's
+// share of the machine is not in it. So the time the wait took beyond the
+// step's modelled length (the longer of d and the launches, which are host
+// work) is added to Env's skew: the serving clock (tokenClock) leaves it
+// out, so that another process taking the host's CPU mid-wait does not
+// move the figures, while the strategy's own calls, on the caller's path
+// or competing with it, still do.
 func (sc *stepCompute) run(d time.Duration) error {
 	sc.env.Res.ComputeNS += int64(d)
+	start := time.Now()
 	if sc.l == nil {
 		waitCompute(d)
+		sc.env.skewBy(time.Since(start) - d)
 		return nil
 	}
 	per := d / time.Duration(sc.n)
@@ -631,14 +645,19 @@ func (sc *stepCompute) run(d time.Duration) error {
 		res.LaunchNS += int64(time.Since(t))
 		res.Launches++
 	}
+	launched := time.Since(start)
 	res.LaunchWaitNS += sc.waited() - w0
 	if err := sc.drv.RecordEvent(sc.ev, sc.stream); err != nil {
 		return err
 	}
 	for {
 		done, err := sc.drv.QueryEvent(sc.ev)
-		if err != nil || done {
+		if err != nil {
 			return err
+		}
+		if done {
+			sc.env.skewBy(time.Since(start) - max(d, launched+per))
+			return nil
 		}
 	}
 }

@@ -11,9 +11,9 @@ import (
 // the device's memory bandwidth, not by its arithmetic. So a step takes
 // (weights read + live KV bytes) ÷ bandwidth.
 
-// Vocab is the vocabulary of the model shape the weights are estimated
-// from (Llama 3's).
-const Vocab = 128256
+// DefaultVocab is the vocabulary of the model shape the weights are
+// estimated from (Llama 3's).
+const DefaultVocab = 128256
 
 // DefaultBandwidthGBps is the bandwidth the roofline uses on a driver that
 // states none (the host driver, a real device): the H200 profile's local
@@ -25,18 +25,26 @@ const DefaultBandwidthGBps = 4000
 // times the hidden size wide.
 type Shape struct {
 	Layers, KVHeads, HeadDim, DType, Hidden int
+	Vocab                                   int // 0: DefaultVocab
+}
+
+func (s Shape) vocab() int64 {
+	if s.Vocab > 0 {
+		return int64(s.Vocab)
+	}
+	return DefaultVocab
 }
 
 // Params estimates the parameters: per layer the query and output
 // projections (2·d²), the key and value projections (2·d·kv, kv = KV heads ×
 // head dimension) and the MLP's three matrices (3·d·3.5d = 10.5·d²); and
-// the input embedding and output head, Vocab·d each. For the shapes of
+// the input embedding and output head, vocabulary × d each. For the shapes of
 // Llama 3 8B (32 layers, d 4096) and 70B (80 layers, d 8192) it gives 8.0
 // and 70.6 billion.
 func (s Shape) Params() int64 {
 	d, kv := int64(s.Hidden), int64(s.KVHeads*s.HeadDim)
 	perLayer := 2*d*d + 2*d*kv + 21*d*d/2
-	return int64(s.Layers)*perLayer + 2*Vocab*d
+	return int64(s.Layers)*perLayer + 2*s.vocab()*d
 }
 
 // WeightBytes is the weights' size: Params × DType.
@@ -44,7 +52,7 @@ func (s Shape) WeightBytes() int64 { return s.Params() * int64(s.DType) }
 
 // ReadBytes is what one decode step reads of the weights: all but the
 // input embedding, whose rows are looked up, one per sequence.
-func (s Shape) ReadBytes() int64 { return s.WeightBytes() - Vocab*int64(s.Hidden)*int64(s.DType) }
+func (s Shape) ReadBytes() int64 { return s.WeightBytes() - s.vocab()*int64(s.Hidden)*int64(s.DType) }
 
 // Roofline is a decode step's time: weights read and KV bytes over a
 // bandwidth in GB/s (10⁹ bytes a second, a byte a nanosecond per GB/s).

@@ -9,7 +9,8 @@ import (
 // comes (from Env.Start: the process's start in a fresh run, so the
 // strategy's setup is in it), the time between a sequence's tokens, and how
 // long the serving took. A token comes when its step's device compute ends,
-// as a server samples it then.
+// as a server samples it then. Its clock is the wall clock less Env's skew:
+// every device wait counts as long as it was modelled (stepCompute.run).
 type tokenClock struct {
 	env   *Env
 	start time.Time // serving began: after the setup
@@ -21,6 +22,9 @@ func newTokenClock(env *Env) *tokenClock {
 	env.Res.OpenNS = env.Res.SetupNS
 	return &tokenClock{env: env, start: time.Now()}
 }
+
+// now returns the serving clock's time.
+func (t *tokenClock) now() time.Time { return time.Now().Add(-t.env.skew) }
 
 // token records a token that came at now in a sequence whose previous token
 // came at last (zero: none, its first), and returns now.
@@ -39,7 +43,7 @@ func (t *tokenClock) token(last, now time.Time) time.Time {
 // tokens.
 func (t *tokenClock) end() {
 	r := t.env.Res
-	r.ServeNS = int64(time.Since(t.start))
+	r.ServeNS = int64(t.now().Sub(t.start))
 	r.TBTs = len(t.tbt)
 	r.TBTP50NS, r.TBTP99NS, r.TBTMaxNS = percentiles(t.tbt)
 }

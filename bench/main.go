@@ -225,6 +225,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.kv.BandwidthGBps, "kv-bandwidth", 0, "kv: with -kv-compute roofline, the device's memory bandwidth in GB/s (0: the device model's local bandwidth, else 4000, the H200 profile's)")
 	fs.IntVar(&o.kv.Launches, "kv-launches", 0, "kv: kernel launches per decode step on a driver that can launch (the device model): 0 one per layer (eager), 1 a graph")
 	fs.BoolVar(&o.kv.Prefetch, "kv-prefetch", true, "kv: tell each slot the prompt size of its next request ahead of its prefill (the arena maps it in the background: Arena.Prefetch)")
+	fs.BoolVar(&o.kv.Load, "kv-load", true, "kv: copy the model's weights (-kv-hidden, -kv-vocab) into device memory before serving, from pinned host memory, as a server loads its model (the first prompts are prefetched first, so an arena maps them meanwhile); skipped where the device lacks room for them beside the budget")
 	fs.BoolVar(&o.kv.PerToken, "kv-per-token", false, "kv: one Alloc per token for every layer's K and V (a token-outermost layout) instead of one per layer's K and V")
 	fs.BoolVar(&o.kv.PrefetchBlocks, "kv-prefetch-blocks", false, "kv: with -kv-prefetch, also tell each running sequence the KV block it will grow into, -kv-prefetch-steps tokens ahead")
 	fs.IntVar(&o.kv.PrefetchSteps, "kv-prefetch-steps", 8, "kv: with -kv-prefetch, how many steps ahead of the prefill, at most")

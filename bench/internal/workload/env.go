@@ -113,6 +113,10 @@ type Result struct {
 	// sequence's tokens (a preempted sequence's gap included): how many,
 	// p50, p99 and the most.
 	FirstTokenNS, ServeNS, OpenNS, ComputeNS int64
+	// Loaded says the model's weights were loaded before serving (KV.Load),
+	// in LoadNS (part of the setup).
+	Loaded bool
+	LoadNS int64
 	// SkewNS is what the device waits took beyond their modelled length
 	// (the host descheduled mid-wait): the serving times leave it out, and
 	// WallNS − SkewNS is the run with every wait as long as modelled.

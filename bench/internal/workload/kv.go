@@ -74,6 +74,14 @@ type KV struct {
 	// PrefetchBlocks also tells each running sequence, PrefetchSteps tokens
 	// ahead, the KV block it will grow into (with Prefetch).
 	PrefetchBlocks bool
+	// Load copies the model's weights (Shape's) into device memory before
+	// serving, as a server loads its model: from pinned host memory, into
+	// one allocation outside the strategy and its budget, timed as setup.
+	// The first prompts are known at start, so they are prefetched (with
+	// Prefetch) before the load: an arena maps them meanwhile. A device
+	// without room for the weights beside the budget skips the load
+	// (Result.Loaded says).
+	Load bool
 	// PerToken cuts one tensor per token (every layer's K and V together,
 	// as a layout with the token outermost would) instead of one per
 	// layer's K and V: an Alloc per token instead of 2·Layers.
@@ -112,6 +120,9 @@ func (c KV) Describe() string {
 	compute := ""
 	if c.StepCompute > 0 || c.Roofline {
 		compute = "; " + c.Steps().Describe()
+	}
+	if c.Load {
+		compute += fmt.Sprintf("; %s of weights loaded before serving", HumanBytes(c.Shape().WeightBytes()))
 	}
 	return fmt.Sprintf("%d slots, %d requests, prompt %d–%d + gen %d–%d tokens, %s/token (%d layers × K,V × %d heads × %d × %dB), block %d tokens = %s; %s%s; prealloc maps %s",
 		c.Slots, c.Requests, c.PromptMin, c.PromptMax, c.GenMin, c.GenMax, HumanBytes(c.TokenBytes()),
@@ -321,6 +332,19 @@ func (c KV) Run(env *Env) (err error) {
 	if open == 0 {
 		return fmt.Errorf("kv: no slot fits the budget of %s", HumanBytes(c.Budget(block)))
 	}
+	if c.Prefetch {
+		// The queue is known at start: every slot's first prompt.
+		if err := c.prefetch(env, seqs, queue, block); err != nil {
+			return fmt.Errorf("kv: prefetch the first prompts: %w", err)
+		}
+	}
+	if c.Load {
+		unload, lerr := c.load(env, block)
+		if lerr != nil {
+			return fmt.Errorf("kv: load the weights: %w", lerr)
+		}
+		defer func() { err = errors.Join(err, unload()) }()
+	}
 
 	// appendTokens appends n tokens to s: per token, K and V for every layer.
 	// Per token, K and V of every layer as a tensor each, or, with
@@ -504,6 +528,42 @@ func (c KV) Run(env *Env) (err error) {
 	tok0.end()
 	env.final()
 	return nil
+}
+
+// load copies the model's weights into one allocation of the driver under
+// the counting wrapper (they are neither the strategy's memory nor in its
+// budget), from a pinned host buffer, timed as setup, and returns what
+// frees them. It loads nothing when the device lacks room for the weights
+// beside the budget.
+func (c KV) load(env *Env, gran int64) (func() error, error) {
+	t := time.Now()
+	defer env.setup(t)
+	drv := env.Drv.Unwrap()
+	w := c.Shape().WeightBytes()
+	free, _, err := drv.GetMemInfo(acl.HBMMem)
+	if err != nil {
+		return nil, err
+	}
+	if uint64(free) < uint64(w+c.Budget(gran)) {
+		return func() error { return nil }, nil // no room: serve without
+	}
+	blob, err := strategy.NewBlob(drv, w)
+	if err != nil {
+		return nil, err
+	}
+	host, err := drv.MallocHost(uintptr(min(w, 64<<20)))
+	if err != nil {
+		return nil, errors.Join(err, blob.Close())
+	}
+	for off := int64(0); off < w && err == nil; off += int64(len(host)) {
+		err = drv.MemcpyHtoD(blob.Ptr().Add(uintptr(off)), host[:min(int64(len(host)), w-off)])
+	}
+	err = errors.Join(err, drv.FreeHost(host))
+	if err != nil {
+		return nil, errors.Join(err, blob.Close())
+	}
+	env.Res.Loaded, env.Res.LoadNS = true, int64(time.Since(t))
+	return blob.Close, nil
 }
 
 // prefetch tells the slots whose next request is known, and due within

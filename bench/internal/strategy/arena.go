@@ -79,7 +79,7 @@ func (s *arenaStrategy) Open(max int64) (Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &arenaRegion{a: a, eager: s.eager}, nil
+	return &arenaRegion{a: a, eager: s.eager, warmed: s.cfg.Warm != 0}, nil
 }
 
 // Close closes the pool, unless the strategy is a model's part of another's.
@@ -106,8 +106,9 @@ func (s *arenaStrategy) Prepare() error {
 }
 
 type arenaRegion struct {
-	a     *arena.Arena
-	eager bool
+	a      *arena.Arena
+	eager  bool
+	warmed bool // the pool was warmed at start (Config.Warm)
 }
 
 func (r *arenaRegion) Grow(n int64) error { return r.a.Grow(int(n)) }
@@ -135,6 +136,17 @@ func (r *arenaRegion) Prefetch(n int64) error {
 		return nil
 	}
 	return r.a.Prefetch(int(n))
+}
+
+// Keep keeps n bytes mapped for the region's next use and gives the rest
+// back (Arena.ShrinkTo), where the pool was not warmed: memory one slot keeps
+// past its next request is memory another slot allocates afresh. A warmed
+// pool holds its budget whatever the arenas keep, so there it keeps all.
+func (r *arenaRegion) Keep(n int64) error {
+	if r.eager || r.warmed {
+		return nil
+	}
+	return r.a.ShrinkTo(int(n))
 }
 
 func (r *arenaRegion) Len() int64             { return int64(r.a.Len()) }

@@ -97,6 +97,14 @@ type Prefetcher interface {
 	Prefetch(n int64) error
 }
 
+// A Keeper is a region that can be told, while it is empty, how much its
+// next use needs: it keeps that and gives the rest back to be used
+// elsewhere, where keeping it costs memory (the arena, its pool not warmed:
+// Arena.ShrinkTo).
+type Keeper interface {
+	Keep(n int64) error
+}
+
 // Align is the largest alignment the workloads ask for.
 const Align = 256
 

@@ -257,6 +257,12 @@ func (e *Env) prefetch(p strategy.Prefetcher, n int64) error {
 	return p.Prefetch(n)
 }
 
+// keep calls k.Keep(n) on the caller's path, timed as a release.
+func (e *Env) keep(k strategy.Keeper, n int64) error {
+	defer e.stopAs(&e.Res.ReleaseNS, e.start())
+	return k.Keep(n)
+}
+
 // stopAs is stop, also adding the call's time to *kind.
 func (e *Env) stopAs(kind *int64, t time.Time) {
 	ns := int64(time.Since(t))

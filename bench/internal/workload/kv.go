@@ -588,15 +588,22 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 	}
 	slices.SortStableFunc(next, func(a, b due) int { return a.steps - b.steps })
 	for k, d := range next {
-		if k >= len(queue) {
-			break
-		}
 		s := &seqs[d.slot]
+		prompt := int64(0) // no request left for it: it needs nothing more
+		if k < len(queue) {
+			prompt = ceilDiv(int64(queue[k].prompt), int64(c.BlockTokens)) * block
+		}
+		if kp, ok := s.r.(strategy.Keeper); ok && !s.active && s.r.Len() == 0 {
+			// An empty slot keeps what its next prompt needs, no more.
+			if err := env.keep(kp, prompt); err != nil {
+				return err
+			}
+		}
 		p, ok := s.r.(strategy.Prefetcher)
-		if !ok {
+		if !ok || k >= len(queue) {
 			continue
 		}
-		need := ceilDiv(int64(queue[k].prompt), int64(c.BlockTokens))*block - s.r.Len()
+		need := prompt - s.r.Len()
 		if need <= 0 {
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"time"
 
@@ -726,6 +727,11 @@ func (sc *stepCompute) run(d time.Duration) error {
 			sc.env.skewBy(time.Since(start) - max(d, launched+per))
 			return nil
 		}
+		// Between polls the thread lets other goroutines run, as CUDA's
+		// default synchronisation yields its thread when the host has fewer
+		// cores than it needs: on one CPU the pool's worker maps during the
+		// device's work, not only when the scheduler preempts this loop.
+		runtime.Gosched()
 	}
 }
 
@@ -745,8 +751,10 @@ func (sc *stepCompute) close() error {
 	return errors.Join(sc.drv.SynchronizeStream(sc.stream), sc.drv.DestroyEvent(sc.ev), sc.drv.DestroyStream(sc.stream))
 }
 
-// waitCompute spins for d on the monotonic clock.
+// waitCompute spins for d on the monotonic clock, yielding to other
+// goroutines as it goes (see stepCompute.run).
 func waitCompute(d time.Duration) {
 	for t := time.Now(); time.Since(t) < d; {
+		runtime.Gosched()
 	}
 }

@@ -55,6 +55,7 @@ import (
 type options struct {
 	quick      bool
 	workloads  []string
+	chosen     bool // -workloads was given: a workload the device cannot hold is an error, not skipped
 	strategies []string
 	count      int
 	out, img   string
@@ -88,6 +89,8 @@ type options struct {
 	scratch workload.Scratch
 	churn   workload.Churn
 	swap    workload.Swap
+
+	skipped []string // workloads left out of a default run, and why
 
 	calibrate   bool   // measure the driver and write a model profile instead (calibrate.go)
 	profileOut  string // where -calibrate writes the profile
@@ -181,7 +184,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		fs.PrintDefaults()
 	}
 	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole suite in seconds")
-	fs.Var(listFlag{&o.workloads, workloadNames}, "workloads", "workloads to run: kv, scratch, churn, swap, or all")
+	fs.Var(listFlag{&o.workloads, workloadNames}, "workloads", "workloads to run: kv, models, scratch, churn, swap, or all (by default all, less models where the device cannot hold its budget)")
 	fs.Var(listFlag{&o.strategies, strategy.Names}, "strategies", "strategies to compare: arena, arena-eager, realloc, prealloc, pertensor, or all")
 	fs.IntVar(&o.count, "count", 1, "repetitions; each runs the strategies in a rotated order")
 	fs.StringVar(&o.out, "out", filepath.Join("bench", "out"), "directory for results.json, bench.txt and the plots")
@@ -273,6 +276,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	o.args = append([]string(nil), args...)
+	fs.Visit(func(f *flag.Flag) { o.chosen = o.chosen || f.Name == "workloads" })
 	if o.quick {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -482,6 +486,9 @@ func openSuite(o *options) (s *suite, close func() error, err error) {
 		err = fmt.Errorf("granularity: %w", err)
 	}
 	if err == nil {
+		err = o.fitModels(choice.Driver, s.gran)
+	}
+	if err == nil {
 		err = o.checkBudgets(s.gran)
 	}
 	if o.kv.Roofline && o.kv.BandwidthGBps == 0 {
@@ -495,6 +502,36 @@ func openSuite(o *options) (s *suite, close func() error, err error) {
 		return nil, nil, errors.Join(err, choice.Driver.Close())
 	}
 	return s, choice.Driver.Close, nil
+}
+
+// fitModels checks that the device can hold the models workload's budget
+// (every model's weights and the KV budget): where it cannot, the workload is
+// left out of a default run with a note in s.skipped, and is an error when
+// -workloads asked for it.
+func (o *options) fitModels(d acl.Driver, gran int64) error {
+	if !slices.Contains(o.workloads, "models") {
+		return nil
+	}
+	chunk := gran
+	if o.chunk > 0 {
+		chunk = o.chunk
+	}
+	_, total, err := d.GetMemInfo(acl.HBMMem)
+	if err != nil {
+		return fmt.Errorf("device memory: %w", err)
+	}
+	need := o.models.Budget(chunk)
+	if uint64(need) <= uint64(total) {
+		return nil
+	}
+	msg := fmt.Sprintf("models: its budget, %s (the weights of %d models and -mm-kv-budget), exceeds the device's %s; scale it down with -mm-models, -mm-kv-budget, -kv-hidden, -kv-layers",
+		workload.HumanBytes(need), o.models.Models, workload.HumanBytes(int64(total)))
+	if o.chosen {
+		return errors.New(msg)
+	}
+	o.workloads = slices.DeleteFunc(o.workloads, func(w string) bool { return w == "models" })
+	o.skipped = append(o.skipped, msg)
+	return nil
 }
 
 // bandwidthOf returns the device-local bandwidth the driver states, in
@@ -613,6 +650,9 @@ func runReading(o *options, stdout io.Writer) error {
 		fmt.Fprintln(stdout, "NOTE:", m.Modelled())
 	}
 	fmt.Fprintf(stdout, "%s, %s/%s, GOMAXPROCS=%d, %s\n", cpuModel(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), runtime.Version())
+	for _, m := range o.skipped {
+		fmt.Fprintln(stdout, "NOTE: skipped", m)
+	}
 	for _, w := range o.workloads {
 		fmt.Fprintf(stdout, "  %-8s %s\n", w+":", o.workload(w).Describe())
 	}

@@ -946,6 +946,9 @@ func (r *report) printServing(w io.Writer, rows []*row) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "  (tokens/s over the serving time; wall*: the run's wall time; both with every device wait as long as modelled, whatever else ran on the host)")
+	if r.s.opts.kv.Load && wname == "kv" && !rows[0].med.Loaded {
+		fmt.Fprintln(w, "  (the weights were not loaded: the device lacks room for them beside the budget)")
+	}
 }
 
 // printModels prints what the users of several models on one device feel:

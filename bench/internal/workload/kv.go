@@ -123,7 +123,7 @@ func (c KV) Describe() string {
 		compute = "; " + c.Steps().Describe()
 	}
 	if c.Load {
-		compute += fmt.Sprintf("; %s of weights loaded before serving", HumanBytes(c.Shape().WeightBytes()))
+		compute += fmt.Sprintf("; %s of weights loaded before serving, where the device has room", HumanBytes(c.Shape().WeightBytes()))
 	}
 	return fmt.Sprintf("%d slots, %d requests, prompt %d–%d + gen %d–%d tokens, %s/token (%d layers × K,V × %d heads × %d × %dB), block %d tokens = %s; %s%s; prealloc maps %s",
 		c.Slots, c.Requests, c.PromptMin, c.PromptMax, c.GenMin, c.GenMax, HumanBytes(c.TokenBytes()),

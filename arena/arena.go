@@ -1268,7 +1268,24 @@ func (a *Arena) Reset() error { return a.Truncate(0) }
 // Without streams it waits for the device, then unmaps; if an unmap fails,
 // the chunks already unmapped are mapped back (their physical memory was
 // kept, so no data is lost) and the arena is as it was.
-func (a *Arena) Shrink() error {
+func (a *Arena) Shrink() error { return a.shrinkTo(0) }
+
+// ShrinkTo is Shrink keeping n bytes: it gives back the chunks wholly above
+// max(Len, n), so that Cap is that rounded up to the chunk size, or less if
+// Cap was less. What it keeps above Len is kept mapped for the arena's next
+// use (a slot's next request, whose size the caller knows), not promised:
+// a pool under pressure may still take it back, as it may take any memory
+// mapped above Len. The rest goes back as Shrink's does. It fails with
+// ErrInvalid for a negative n, and as Shrink does otherwise.
+func (a *Arena) ShrinkTo(n int) error {
+	if n < 0 {
+		return fmt.Errorf("arena: shrink to %d: %w: negative size", n, ErrInvalid)
+	}
+	return a.shrinkTo(uint64(n))
+}
+
+// shrinkTo is Shrink keeping keep bytes.
+func (a *Arena) shrinkTo(keep uint64) error {
 	if err := a.lock(); err != nil {
 		return err
 	}
@@ -1281,7 +1298,8 @@ func (a *Arena) Shrink() error {
 	if err := a.unstray(false); err != nil {
 		return fmt.Errorf("arena: shrink: %w", err)
 	}
-	if err := a.dropTop(int(a.roundUp(s&lenMask)/a.chunkSize), false, BackingShrink); err != nil {
+	top := min(max(s&lenMask, keep), a.reserved)
+	if err := a.dropTop(int(a.roundUp(top)/a.chunkSize), false, BackingShrink); err != nil {
 		return fmt.Errorf("arena: shrink: %w", err)
 	}
 	a.floor.Store(s & lenMask)

@@ -25,7 +25,7 @@
 //
 //	reserved ──Grow / Alloc / the worker's refill (map chunks)──▶ mapped ──Alloc──▶ in use
 //	in use ──Truncate/Reset──▶ mapped (kept: reusing it costs no driver call)
-//	mapped ──Shrink──▶ waiting ──events done──▶ reserved
+//	mapped ──Shrink, ShrinkTo──▶ waiting ──events done──▶ reserved
 //	       (no streams: wait for the device, unmap) ──▶ reserved
 //	mapped ──given to another arena's growth under pressure──▶ claimed ──its events done, unmapped──▶ reserved
 //	waiting ──Grow into it again──▶ mapped (taken back where it lies)
@@ -52,7 +52,10 @@
 // # Deferred reclamation and headroom
 //
 // Memory a Truncate or Reset drops stays mapped, so the next Alloc uses it
-// with no driver call. Shrink gives the chunks above Len back at once; a pool
+// with no driver call. Shrink gives the chunks above Len back at once, and
+// ShrinkTo those above what the arena's next use needs (a slot whose next
+// request the caller knows keeps that much mapped, and the rest goes where
+// another arena can use it without allocating afresh); a pool
 // under pressure takes them back when another arena's growth needs them (see
 // package chunk), from idle arenas first, and never below Len or what Grow
 // promised. With Config.Headroom the pool's background worker keeps that much

@@ -112,6 +112,34 @@ func ExampleArena_Shrink() {
 
 // Arenas of several tenants share one pool and its budget: one tenant
 // running into the budget gets ErrOutOfMemory and disturbs nobody.
+// A slot of a server serves one request after another. Between two, it
+// keeps what its next request needs mapped and gives the rest back, where
+// another slot's growth finds it without allocating afresh.
+func ExampleArena_ShrinkTo() {
+	drv, err := host.New(host.Config{Capacity: 64 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer drv.Close()
+	a, err := arena.New(arena.Config{Driver: drv, Reserve: 32 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+
+	_, _ = a.Alloc(20<<20, 1) // a long request's cache
+	_ = a.Reset()             // it finished
+	_ = a.ShrinkTo(6 << 20)   // the next one's prompt needs 6 MiB
+	fmt.Println("mapped MiB:", a.Cap()>>20, "cached chunks:", a.Pool().Stats().Cached)
+
+	allocs := a.Pool().Stats().Allocs
+	_ = a.Grow(6 << 20)
+	fmt.Println("new physical allocations for the next prompt:", a.Pool().Stats().Allocs-allocs)
+	// Output:
+	// mapped MiB: 6 cached chunks: 7
+	// new physical allocations for the next prompt: 0
+}
+
 func Example_sharedPool() {
 	drv, err := host.New(host.Config{Capacity: 256 << 20})
 	if err != nil {

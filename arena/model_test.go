@@ -1024,6 +1024,17 @@ func (m *marena) forgetAbove(n int) {
 
 func (w *world) shrink() {
 	m := w.pickArena()
+	if w.c.intn(2) == 0 {
+		// ShrinkTo keeps up to keep bytes, which may lie past Cap.
+		keep := w.c.intn(m.cap + 2*w.cs + 1)
+		if !w.settle(fmt.Sprintf("a%d.ShrinkTo(%d) len %d cap %d", m.id, keep, m.len, m.cap), m.a.ShrinkTo(keep), nil) {
+			w.afterFailure(m)
+			return
+		}
+		m.cap = min(m.cap, w.roundUp(max(m.len, keep)))
+		m.floor = m.len
+		return
+	}
 	if !w.settle(fmt.Sprintf("a%d.Shrink() len %d cap %d", m.id, m.len, m.cap), m.a.Shrink(), nil) {
 		w.afterFailure(m)
 		return
@@ -1125,6 +1136,7 @@ func (w *world) useDropped() {
 		w.settle("closed.Grow", m.a.Grow(1), arena.ErrClosed)
 		w.settle("closed.Truncate", m.a.Truncate(0), arena.ErrClosed)
 		w.settle("closed.Shrink", m.a.Shrink(), arena.ErrClosed)
+		w.settle("closed.ShrinkTo", m.a.ShrinkTo(w.cs), arena.ErrClosed)
 		_, err = m.a.Slice(0, 0)
 		w.settle("closed.Slice", err, arena.ErrClosed)
 		w.settle("closed.Close", m.a.Close(), nil)
@@ -1290,6 +1302,7 @@ func (w *world) asleepOps() {
 	w.settle(fmt.Sprintf("asleep a%d.Grow", m.id), m.a.Grow(1), arena.ErrAsleep)
 	w.settle(fmt.Sprintf("asleep a%d.Truncate", m.id), m.a.Truncate(0), arena.ErrAsleep)
 	w.settle(fmt.Sprintf("asleep a%d.Shrink", m.id), m.a.Shrink(), arena.ErrAsleep)
+	w.settle(fmt.Sprintf("asleep a%d.ShrinkTo", m.id), m.a.ShrinkTo(w.cs), arena.ErrAsleep)
 	if len(m.bufs) > 0 {
 		b := m.bufs[w.c.intn(len(m.bufs))]
 		w.settle(fmt.Sprintf("asleep a%d CopyIn", m.id), arena.CopyIn(b.b, []byte{m.tag}), arena.ErrAsleep)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vmarena/vmarena/bench/internal/strategy"
 	"github.com/vmarena/vmarena/internal/skip"
@@ -20,8 +21,7 @@ import (
 func TestQuick(t *testing.T) {
 	skip.IfShort(t, "the quick suite takes a few seconds")
 	dir := t.TempDir()
-	o, err := parseFlags([]string{"-quick", "-verify", "-device", "host", "-progress", "off", "-out", dir, "-strategies", "all",
-		"-kv-compute", "200us"}, os.Stderr)
+	o, err := parseFlags([]string{"-quick", "-verify", "-device", "host", "-progress", "off", "-out", dir, "-strategies", "all"}, os.Stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func TestQuick(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out.String())
 	}
 	text := out.String()
-	for _, want := range []string{"== kv:", "== scratch:", "== churn:", "== swap:", "== micro:", "== targets", "waits and scrubs", "on path"} {
+	for _, want := range []string{"== kv:", "== models:", "serving models", "== scratch:", "== churn:", "== swap:", "== micro:", "== targets", "waits and scrubs", "on path", "serving"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q:\n%s", want, text)
 		}
@@ -87,7 +87,7 @@ func TestQuick(t *testing.T) {
 	want := 0
 	for _, w := range replayed {
 		for _, name := range strategy.Names {
-			if w == "kv" || !strategy.KVOnly(name) {
+			if runsOn(w, name) {
 				want++
 			}
 		}
@@ -179,6 +179,7 @@ var fullFeatures = map[string]string{
 	"kv/arena":                   "several,batch",
 	"kv/arena-eager":             "several,batch",
 	"kv/caching-expandable":      "several,batch",
+	"models/arena":               "several,batch,relief",
 	"scratch/arena":              "several,batch,regrowth",
 	"scratch/arena-eager":        "several,batch,regrowth",
 	"scratch/caching-expandable": "several,batch",
@@ -210,6 +211,13 @@ func TestFlags(t *testing.T) {
 	o, err := parseFlags([]string{"-quick", "-kv-slots", "3", "-strategies", "arena,realloc", "-scratch-size", "1MiB:2MiB"}, os.Stderr)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if !o.kv.Roofline || o.kv.Hidden != 512 {
+		t.Errorf("quick: the step time is the roofline of a small model; got roofline %v, hidden %d", o.kv.Roofline, o.kv.Hidden)
+	}
+	o2, err := parseFlags([]string{"-kv-compute", "1ms"}, os.Stderr)
+	if err != nil || o2.kv.Roofline || o2.kv.StepCompute != time.Millisecond {
+		t.Errorf("-kv-compute 1ms: roofline %v, %v, %v", o2.kv.Roofline, o2.kv.StepCompute, err)
 	}
 	if o.kv.Slots != 3 || o.kv.Requests != 8 {
 		t.Errorf("quick must not override an explicit flag: slots %d, requests %d", o.kv.Slots, o.kv.Requests)

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/vmarena/vmarena/bench/internal/workload"
 )
 
 // flagError is a flag the flag package could not parse, with the help of
@@ -202,5 +205,31 @@ func (f listFlag) Set(s string) error {
 		return fmt.Errorf("empty list")
 	}
 	*f.p = out
+	return nil
+}
+
+// computeFlag is the KV step's device compute: "roofline" or a duration.
+type computeFlag struct {
+	fixed    *time.Duration
+	roofline *bool
+}
+
+func (f computeFlag) String() string {
+	if f.fixed == nil {
+		return ""
+	}
+	return workload.StepTime{Fixed: *f.fixed, Roofline: *f.roofline}.String()
+}
+
+func (f computeFlag) Set(s string) error {
+	if strings.EqualFold(strings.TrimSpace(s), "roofline") {
+		*f.roofline, *f.fixed = true, 0
+		return nil
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil || d < 0 {
+		return fmt.Errorf("want roofline or a duration of 0 or more (e.g. 1ms), got %q", s)
+	}
+	*f.roofline, *f.fixed = false, d
 	return nil
 }

@@ -63,6 +63,7 @@ func runChild(spec, out string, args []string) error {
 		return err
 	}
 	defer closeDrv()
+	s.child = true
 	res, err := s.runOne(o.workload(parts[0]), parts[1], rep, func(float64) {})
 	if err != nil {
 		return err

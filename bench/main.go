@@ -44,6 +44,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/device"
+	"github.com/vmarena/vmarena/acl/model"
 	"github.com/vmarena/vmarena/bench/internal/counting"
 	"github.com/vmarena/vmarena/bench/internal/strategy"
 	"github.com/vmarena/vmarena/bench/internal/workload"
@@ -54,6 +55,7 @@ import (
 type options struct {
 	quick      bool
 	workloads  []string
+	chosen     bool // -workloads was given: a workload the device cannot hold is an error, not skipped
 	strategies []string
 	count      int
 	out, img   string
@@ -83,20 +85,36 @@ type options struct {
 	workerCPU float64 // arena: the pool worker's share of one CPU (0: no cap)
 
 	kv      workload.KV
+	models  workload.Models
 	scratch workload.Scratch
 	churn   workload.Churn
 	swap    workload.Swap
+
+	skipped []string // workloads left out of a default run, and why
 
 	calibrate   bool   // measure the driver and write a model profile instead (calibrate.go)
 	profileOut  string // where -calibrate writes the profile
 	profileBase string // the profile -calibrate carries estimates over from
 }
 
-var workloadNames = []string{"kv", "scratch", "churn", "swap"}
+var workloadNames = []string{"kv", "models", "scratch", "churn", "swap"}
 
-// replayed are the workloads that replay on every strategy; swap runs on
-// the arena alone, once.
-var replayed = []string{"kv", "scratch", "churn"}
+// replayed are the workloads that replay on the strategies (runsOn says
+// which); swap runs on the arena alone, once.
+var replayed = []string{"kv", "models", "scratch", "churn"}
+
+// runsOn reports whether workload w runs on strategy name: kv on every
+// strategy, models on those made for several models (strategy.Splits), the
+// others on every strategy but the paged pool, which holds KV blocks only.
+func runsOn(w, name string) bool {
+	switch w {
+	case "kv":
+		return true
+	case "models":
+		return strategy.Splits(name)
+	}
+	return !strategy.KVOnly(name)
+}
 
 var scrubs = map[string]chunk.Scrub{"reuse": chunk.ScrubOnReuse, "release": chunk.ScrubOnRelease, "never": chunk.ScrubNever}
 
@@ -111,7 +129,8 @@ var quickValues = map[string]string{
 	"kv-requests":        "8",
 	"kv-prompt":          "32:1536", // a prefill over 20 MiB: caching-expandable maps several pages at once, as in the full run
 	"kv-gen":             "32:512",
-	"kv-compute":         "200us",
+	"kv-hidden":          "512", // a small model: 43 MiB of weights, roofline steps of about 10 µs
+	"kv-vocab":           "8192",
 	"scratch-steps":      "80", // enough trims and spikes that an arena shrinks and grows back
 	"scratch-bufs":       "2:8",
 	"scratch-size":       "64KiB:2MiB",
@@ -122,6 +141,15 @@ var quickValues = map[string]string{
 	"churn-demand":       "8MiB:32MiB",
 	"micro-iters":        "20",
 	"swap-size":          "64MiB",
+	"mm-models":          "2",
+	"mm-slots":           "8",
+	"mm-prompt":          "32:512",
+	"mm-gen":             "16:256",
+	"mm-kv-budget":       "32MiB",
+	"mm-duration":        "600ms",
+	"mm-period":          "300ms",
+	"mm-burst-rate":      "200",
+	"mm-sleep-after":     "40ms",
 	"alloc-iters":        "1048576",
 }
 
@@ -131,7 +159,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		strategies: append([]string(nil), strategy.Default...),
 		kv: workload.KV{Layers: 32, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 16, PrefetchSteps: 8,
 			Slots: 16, Requests: 24, PromptMin: 64, PromptMax: 1536, GenMin: 64, GenMax: 1536, BudgetFactor: 1.5,
-			StepCompute: time.Millisecond},
+			Roofline: true, Hidden: 4096},
+		models: workload.Models{Models: 3, Slots: 128, PromptMin: 64, PromptMax: 1024, GenMin: 32, GenMax: 256,
+			KVBudget: 8 << 30, Duration: 12 * time.Second, Period: 6 * time.Second, BurstRate: 80, IdleRate: 0,
+			SleepAfter: 500 * time.Millisecond},
 		scratch: workload.Scratch{Steps: 200, MinBufs: 4, MaxBufs: 16, MinSize: 128 << 10, MaxSize: 4 << 20,
 			SpikeProb: 0.03, SpikeMin: 16 << 20, SpikeMax: 64 << 20, Window: 8},
 		churn: workload.Churn{Tenants: 4, Steps: 160, Period: 40, Lo: 64 << 20, Hi: 512 << 20,
@@ -153,7 +184,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		fs.PrintDefaults()
 	}
 	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole suite in seconds")
-	fs.Var(listFlag{&o.workloads, workloadNames}, "workloads", "workloads to run: kv, scratch, churn, swap, or all")
+	fs.Var(listFlag{&o.workloads, workloadNames}, "workloads", "workloads to run: kv, models, scratch, churn, swap, or all (by default all, less models where the device cannot hold its budget)")
 	fs.Var(listFlag{&o.strategies, strategy.Names}, "strategies", "strategies to compare: arena, arena-eager, realloc, prealloc, pertensor, or all")
 	fs.IntVar(&o.count, "count", 1, "repetitions; each runs the strategies in a rotated order")
 	fs.StringVar(&o.out, "out", filepath.Join("bench", "out"), "directory for results.json, bench.txt and the plots")
@@ -177,7 +208,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxHead, "max-headroom", 0, "arena: chunks the headroom each region learns may grow to (0: the arena's default, 8 × -headroom; equal to -headroom: fixed)")
 	fs.IntVar(&o.ahead, "ahead", 4, "arena: fresh chunks the pool's worker keeps allocated ahead, within the budget (0: none)")
 	fs.Float64Var(&o.workerCPU, "worker-cpu", 0, "arena: cap the pool's worker at this share of one CPU, e.g. 0.25 (0: no cap; else 0.01 to 1)")
-	fs.IntVar(&o.warm, "warm", -1, "arena: fresh chunks the pool allocates at start, timed as setup (-1: as many as a budgeted workload's budget allows; 0: none)")
+	fs.IntVar(&o.warm, "warm", 0, "arena: fresh chunks the pool allocates at start, timed as setup (-1: as many as a budgeted workload's budget allows; 0, the default: none, the arenas allocate as they grow and an empty slot keeps only what its next request needs)")
 	fs.BoolVar(&o.stream, "stream", true, "arena: give the arenas the workload's stream, so unmaps wait for it alone (false: a device-wide wait before each unmap)")
 
 	fs.IntVar(&o.kv.Layers, "kv-layers", o.kv.Layers, "kv: layers")
@@ -191,12 +222,27 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Var(rangeFlag{&o.kv.GenMin, &o.kv.GenMax}, "kv-gen", "kv: generated tokens, lo:hi")
 	fs.Var(sizeFlag{&o.kv.BudgetBytes}, "kv-budget", "kv: physical budget every strategy runs under (0: -kv-budget-factor × peak live + 2 chunks per slot)")
 	fs.Float64Var(&o.kv.BudgetFactor, "kv-budget-factor", o.kv.BudgetFactor, "kv: budget as a multiple of the peak of live KV bytes (0 with -kv-budget 0: no budget)")
-	fs.DurationVar(&o.kv.StepCompute, "kv-compute", o.kv.StepCompute, "kv: device compute per decode step, waited for between steps (not allocator time): what a background worker overlaps with")
+	fs.Var(computeFlag{&o.kv.StepCompute, &o.kv.Roofline}, "kv-compute", "kv: device compute per decode step, waited for between steps (not allocator time): roofline (the model's weights and live KV cache read at the device's bandwidth, -kv-hidden, -kv-bandwidth) or a duration, e.g. 1ms (the stress setting)")
+	fs.IntVar(&o.kv.Hidden, "kv-hidden", o.kv.Hidden, "kv: the model's hidden size, for its weights (Llama 3's shape: 4096 with 32 layers is 8B, 8192 with 80 layers 70B)")
+	fs.IntVar(&o.kv.Vocab, "kv-vocab", 0, "kv: the model's vocabulary, for its weights (0: Llama 3's, 128256)")
+	fs.Float64Var(&o.kv.BandwidthGBps, "kv-bandwidth", 0, "kv: with -kv-compute roofline, the device's memory bandwidth in GB/s (0: the device model's local bandwidth, else 4000, the H200 profile's)")
 	fs.IntVar(&o.kv.Launches, "kv-launches", 0, "kv: kernel launches per decode step on a driver that can launch (the device model): 0 one per layer (eager), 1 a graph")
 	fs.BoolVar(&o.kv.Prefetch, "kv-prefetch", true, "kv: tell each slot the prompt size of its next request ahead of its prefill (the arena maps it in the background: Arena.Prefetch)")
+	fs.BoolVar(&o.kv.Load, "kv-load", true, "kv: copy the model's weights (-kv-hidden, -kv-vocab) into device memory before serving, from pinned host memory, as a server loads its model (the first prompts are prefetched first, so an arena maps them meanwhile); skipped where the device lacks room for them beside the budget")
 	fs.BoolVar(&o.kv.PerToken, "kv-per-token", false, "kv: one Alloc per token for every layer's K and V (a token-outermost layout) instead of one per layer's K and V")
 	fs.BoolVar(&o.kv.PrefetchBlocks, "kv-prefetch-blocks", false, "kv: with -kv-prefetch, also tell each running sequence the KV block it will grow into, -kv-prefetch-steps tokens ahead")
 	fs.IntVar(&o.kv.PrefetchSteps, "kv-prefetch-steps", 8, "kv: with -kv-prefetch, how many steps ahead of the prefill, at most")
+
+	fs.IntVar(&o.models.Models, "mm-models", o.models.Models, "models: models on the device (their shape is kv's: -kv-layers, -kv-heads, -kv-headdim, -kv-dtype, -kv-hidden, -kv-block)")
+	fs.IntVar(&o.models.Slots, "mm-slots", o.models.Slots, "models: sequences each model decodes at once, at most")
+	fs.Var(rangeFlag{&o.models.PromptMin, &o.models.PromptMax}, "mm-prompt", "models: prompt tokens, lo:hi")
+	fs.Var(rangeFlag{&o.models.GenMin, &o.models.GenMax}, "mm-gen", "models: generated tokens, lo:hi")
+	fs.Var(sizeFlag{&o.models.KVBudget}, "mm-kv-budget", "models: device memory for KV caches beyond every model's weights (the budget is both; the paged pools split it evenly)")
+	fs.DurationVar(&o.models.Duration, "mm-duration", o.models.Duration, "models: how long the run serves")
+	fs.DurationVar(&o.models.Period, "mm-period", o.models.Period, "models: a load cycle: each model bursts for its share of it, out of phase with the others")
+	fs.Float64Var(&o.models.BurstRate, "mm-burst-rate", o.models.BurstRate, "models: requests a second to a model during its burst (Poisson)")
+	fs.Float64Var(&o.models.IdleRate, "mm-idle-rate", o.models.IdleRate, "models: requests a second to a model outside its burst")
+	fs.DurationVar(&o.models.SleepAfter, "mm-sleep-after", o.models.SleepAfter, "models: the arena puts a model idle this long to sleep (0: never)")
 
 	fs.IntVar(&o.scratch.Steps, "scratch-steps", o.scratch.Steps, "scratch: steps")
 	fs.Var(rangeFlag{&o.scratch.MinBufs, &o.scratch.MaxBufs}, "scratch-bufs", "scratch: buffers per step, lo:hi")
@@ -230,6 +276,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	o.args = append([]string(nil), args...)
+	fs.Visit(func(f *flag.Flag) { o.chosen = o.chosen || f.Name == "workloads" })
 	if o.quick {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -247,9 +294,18 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if o.img == "" {
 		o.img = o.out
 	}
-	o.kv.Seed, o.scratch.Seed, o.churn.Seed = o.seed, o.seed, o.seed
+	o.kv.Seed, o.scratch.Seed, o.churn.Seed, o.models.Seed = o.seed, o.seed, o.seed, o.seed
+	o.syncModels()
 	o.swap.Chunk = o.chunk
 	return o, nil
+}
+
+// syncModels gives the models workload kv's model shape: the models are
+// shaped as -kv-layers, -kv-heads, -kv-headdim, -kv-dtype, -kv-hidden and
+// -kv-block say.
+func (o *options) syncModels() {
+	k, m := o.kv, &o.models
+	m.Layers, m.KVHeads, m.HeadDim, m.DType, m.Hidden, m.Vocab, m.BlockTokens = k.Layers, k.KVHeads, k.HeadDim, k.DType, k.Hidden, k.Vocab, k.BlockTokens
 }
 
 // check checks every flag that needs no driver, before anything runs: each
@@ -299,6 +355,9 @@ func (o *options) check() error {
 		switch w {
 		case "kv":
 			err = o.kv.Check()
+		case "models":
+			o.syncModels()
+			err = o.models.Check()
 		case "scratch":
 			err = o.scratch.Check()
 		case "churn":
@@ -335,12 +394,17 @@ func checkDirs(flags ...string) error {
 // checkBudgets checks the budgets the workloads were given against what
 // their longest requests need on a driver of granularity gran.
 func (o *options) checkBudgets(gran int64) error {
+	chunk := gran
+	if o.chunk > 0 {
+		chunk = o.chunk
+	}
 	if slices.Contains(o.workloads, "kv") {
-		chunk := gran
-		if o.chunk > 0 {
-			chunk = o.chunk
+		if err := o.kv.CheckBudget(chunk); err != nil {
+			return err
 		}
-		return o.kv.CheckBudget(chunk)
+	}
+	if slices.Contains(o.workloads, "models") {
+		return o.models.CheckBudget(chunk)
 	}
 	return nil
 }
@@ -349,6 +413,8 @@ func (o *options) workload(name string) workload.Workload {
 	switch name {
 	case "kv":
 		return o.kv
+	case "models":
+		return o.models
 	case "scratch":
 		return o.scratch
 	case "swap":
@@ -392,6 +458,7 @@ type suite struct {
 	swap    *workload.SwapResult
 	started time.Time
 	elapsed time.Duration
+	child   bool // this process makes one run (-fresh): it started for it
 }
 
 // openSuite opens the driver the flags ask for and checks the flags that
@@ -419,13 +486,69 @@ func openSuite(o *options) (s *suite, close func() error, err error) {
 		err = fmt.Errorf("granularity: %w", err)
 	}
 	if err == nil {
+		err = o.fitModels(choice.Driver, s.gran)
+	}
+	if err == nil {
 		err = o.checkBudgets(s.gran)
+	}
+	if o.kv.Roofline && o.kv.BandwidthGBps == 0 {
+		o.kv.BandwidthGBps = bandwidthOf(choice.Driver)
+	}
+	o.syncModels()
+	if o.models.BandwidthGBps == 0 {
+		o.models.BandwidthGBps = bandwidthOf(choice.Driver)
 	}
 	if err != nil {
 		return nil, nil, errors.Join(err, choice.Driver.Close())
 	}
 	return s, choice.Driver.Close, nil
 }
+
+// fitModels checks that the device can hold the models workload's budget
+// (every model's weights and the KV budget): where it cannot, the workload is
+// left out of a default run with a note in s.skipped, and is an error when
+// -workloads asked for it.
+func (o *options) fitModels(d acl.Driver, gran int64) error {
+	if !slices.Contains(o.workloads, "models") {
+		return nil
+	}
+	chunk := gran
+	if o.chunk > 0 {
+		chunk = o.chunk
+	}
+	_, total, err := d.GetMemInfo(acl.HBMMem)
+	if err != nil {
+		return fmt.Errorf("device memory: %w", err)
+	}
+	need := o.models.Budget(chunk)
+	if uint64(need) <= uint64(total) {
+		return nil
+	}
+	msg := fmt.Sprintf("models: its budget, %s (the weights of %d models and -mm-kv-budget), exceeds the device's %s; scale it down with -mm-models, -mm-kv-budget, -kv-hidden, -kv-layers",
+		workload.HumanBytes(need), o.models.Models, workload.HumanBytes(int64(total)))
+	if o.chosen {
+		return errors.New(msg)
+	}
+	o.workloads = slices.DeleteFunc(o.workloads, func(w string) bool { return w == "models" })
+	o.skipped = append(o.skipped, msg)
+	return nil
+}
+
+// bandwidthOf returns the device-local bandwidth the driver states, in
+// GB/s: the device model's profile's; elsewhere the H200 profile's figure
+// (workload.DefaultBandwidthGBps), since a real driver states none.
+func bandwidthOf(d acl.Driver) float64 {
+	if m, ok := d.(interface{ Profile() *model.Profile }); ok {
+		if p := m.Profile(); p != nil && p.Device.LocalGBps.Value > 0 {
+			return p.Device.LocalGBps.Value
+		}
+	}
+	return workload.DefaultBandwidthGBps
+}
+
+// processStart is when this program started (its package variables are
+// initialised before main runs): a fresh run times its first token from it.
+var processStart = time.Now()
 
 // reading is one pass of the suite: on the device model, under the
 // profile's readings of the unmeasured coefficients or their pessimistic
@@ -527,6 +650,9 @@ func runReading(o *options, stdout io.Writer) error {
 		fmt.Fprintln(stdout, "NOTE:", m.Modelled())
 	}
 	fmt.Fprintf(stdout, "%s, %s/%s, GOMAXPROCS=%d, %s\n", cpuModel(), runtime.GOOS, runtime.GOARCH, runtime.GOMAXPROCS(0), runtime.Version())
+	for _, m := range o.skipped {
+		fmt.Fprintln(stdout, "NOTE: skipped", m)
+	}
 	for _, w := range o.workloads {
 		fmt.Fprintf(stdout, "  %-8s %s\n", w+":", o.workload(w).Describe())
 	}
@@ -552,7 +678,7 @@ func runReading(o *options, stdout io.Writer) error {
 			continue
 		}
 		for _, name := range o.strategies {
-			if w == "kv" || !strategy.KVOnly(name) {
+			if runsOn(w, name) {
 				units += o.count
 			}
 		}
@@ -578,8 +704,8 @@ func runReading(o *options, stdout io.Writer) error {
 			// always runs first (or right after the most memory-hungry one).
 			for k := range o.strategies {
 				name := o.strategies[(k+rep+wi)%len(o.strategies)]
-				if wname != "kv" && strategy.KVOnly(name) {
-					continue // a paged pool holds KV blocks only
+				if !runsOn(wname, name) {
+					continue // a paged pool holds KV blocks only; models runs on the strategies Split makes
 				}
 				label := fmt.Sprintf("%s/%s", wname, name)
 				if o.count > 1 {
@@ -683,8 +809,11 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize,
 		MaxHeadroom: int64(o.maxHead) * chunkSize, Ahead: o.ahead,
 		WorkerCPU: o.workerCPU, Warm: o.warm}
-	if kv, ok := w.(workload.KV); ok {
-		cfg.Block = kv.BlockBytes() // the paged pool's block: one KV block
+	switch w := w.(type) {
+	case workload.KV:
+		cfg.Block = w.BlockBytes() // the paged pool's block: one KV block
+	case workload.Models:
+		cfg.Block = w.BlockBytes()
 	}
 	if budget == 0 && cfg.Warm < 0 {
 		cfg.Warm = 0 // no budget to warm to
@@ -705,12 +834,17 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 		return nil, errors.Join(err, destroyStream(cd, stream))
 	}
 	env := workload.NewEnv(cd, st, w.Name())
+	if s.child {
+		env.Start = processStart // the whole process serves this one run
+	}
 	env.Touch, env.Verify, env.Progress = o.touch, o.verify, progress
 	env.Res.Rep = rep
 	runtime.GC()
 	cpu0 := cpuTime()
 	start := time.Now()
-	err = env.Prepare()
+	if _, ok := w.(workload.Models); !ok {
+		err = env.Prepare() // Models prepares each model's part itself
+	}
 	if err == nil {
 		err = w.Run(env)
 	}

@@ -93,6 +93,34 @@ type row struct {
 	Remaps      int64   `json:"remaps"`        // maps where a shrink had unmapped: regrowth
 	Served      float64 `json:"served"`        // fraction of the demand held (budgeted workloads)
 
+	// What a user of the server feels (KV; medians over the runs, but for
+	// the times between tokens, from the median run): tokens generated per
+	// second of serving, the first token from the process's start, the
+	// setup before serving and the teardown after it, and the time between
+	// a sequence's tokens.
+	TokensPerS   float64 `json:"tokens_per_s,omitempty"`
+	FirstTokenNS float64 `json:"first_token_ns,omitempty"`
+	ServeNS      float64 `json:"serve_ns,omitempty"`
+	OpenNS       int64   `json:"open_ns,omitempty"`
+	TeardownNS   int64   `json:"teardown_ns,omitempty"`
+	ComputeNS    int64   `json:"compute_ns,omitempty"`
+	TBTP50NS     int64   `json:"tbt_p50_ns,omitempty"`
+	TBTP99NS     int64   `json:"tbt_p99_ns,omitempty"`
+	TBTMaxNS     int64   `json:"tbt_max_ns,omitempty"`
+	// ClockNS is the run's wall time with every device wait as long as
+	// modelled: WallNS less what other processes took from the host mid-wait
+	// (median over the runs).
+	ClockNS float64 `json:"clock_ns,omitempty"`
+	// Several models: the time from a request's arrival to its first token,
+	// the requests finished, the models' sleeps and wakes (the arena) and
+	// the time they took on the serving loop.
+	TTFTP50NS int64 `json:"ttft_p50_ns,omitempty"`
+	TTFTP99NS int64 `json:"ttft_p99_ns,omitempty"`
+	Finished  int64 `json:"finished,omitempty"`
+	Sleeps    int64 `json:"sleeps,omitempty"`
+	Wakes     int64 `json:"wakes,omitempty"`
+	SleepNS   int64 `json:"sleep_ns,omitempty"`
+
 	Calls     map[string][2]int64 `json:"driver_calls"`         // kind → [calls, ns]
 	PathCalls map[string][2]int64 `json:"driver_calls_on_path"` // the same, inside the caller's strategy calls (an upper bound)
 	Pool      *chunk.Stats        `json:"pool,omitempty"`
@@ -258,8 +286,15 @@ func summarise(runs []*workload.Result) *row {
 	walls := make([]float64, len(runs))
 	mems := make([]float64, len(runs))
 	paths := make([]float64, len(runs))
+	var tps, first, serve, clock []float64
 	for i, x := range runs {
 		walls[i], mems[i], paths[i] = float64(x.WallNS), float64(x.MemNS), pathNS(x)
+		clock = append(clock, clockOf(x))
+		if x.ServeNS > 0 {
+			tps = append(tps, tokensPerS(x))
+			first = append(first, float64(x.FirstTokenNS))
+			serve = append(serve, float64(x.ServeNS))
+		}
 	}
 	// The run whose wall time is the median gives the other figures.
 	byWall := slices.Clone(runs)
@@ -268,6 +303,11 @@ func summarise(runs []*workload.Result) *row {
 	x := &row{Workload: med.Workload, Strategy: med.Strategy, Runs: len(runs), WallNS: median(walls), MemNS: median(mems), med: med,
 		PathNS: median(paths), LaunchStallNS: float64(launchStall(med))}
 	x.WarmPathNS, x.RestPathNS, x.StepP999NS, x.StepMaxNS = stepPath(med)
+	x.TokensPerS, x.FirstTokenNS, x.ServeNS, x.ClockNS = median(tps), median(first), median(serve), median(clock)
+	x.OpenNS, x.TeardownNS, x.ComputeNS = med.OpenNS, med.SetupNS-med.OpenNS, med.ComputeNS
+	x.TBTP50NS, x.TBTP99NS, x.TBTMaxNS = med.TBTP50NS, med.TBTP99NS, med.TBTMaxNS
+	x.TTFTP50NS, x.TTFTP99NS, x.Finished = med.TTFTP50NS, med.TTFTP99NS, med.Finished
+	x.Sleeps, x.Wakes, x.SleepNS = med.Sleeps, med.Wakes, med.SleepNS
 	x.PathGrowNS, x.PathReleaseNS, x.PathTrimNS, x.PathPrefetchNS = med.GrowNS, med.ReleaseNS, med.TrimNS, med.PrefetchNS
 	x.PathAllocNS = med.MemNS - med.GrowNS - med.ReleaseNS - med.TrimNS - med.PrefetchNS
 	for _, r := range runs {
@@ -323,6 +363,14 @@ func summarise(runs []*workload.Result) *row {
 		}
 	}
 	return x
+}
+
+// tokensPerS is a run's tokens generated per second of serving.
+func tokensPerS(r *workload.Result) float64 {
+	if r.ServeNS <= 0 {
+		return 0
+	}
+	return float64(r.Tokens) / (float64(r.ServeNS) / 1e9)
 }
 
 // launchStall is what a run's step-compute launches waited for the
@@ -438,6 +486,101 @@ func (r *report) perRunLater(w, num, den string) (later, total []float64) {
 	return later, total
 }
 
+// perRunOf returns, for each repetition, f of strategy num's run over f of
+// strategy den's, on workload w.
+func (r *report) perRunOf(w, num, den string, f func(*workload.Result) float64) []float64 {
+	var v []float64
+	for _, p := range r.pairs(w, num, den) {
+		if d := f(p[1]); d > 0 {
+			v = append(v, f(p[0])/d)
+		}
+	}
+	return v
+}
+
+func wallOf(x *workload.Result) float64  { return float64(x.WallNS) }
+func clockOf(x *workload.Result) float64 { return float64(x.WallNS - x.SkewNS) }
+func cpuOf(x *workload.Result) float64   { return float64(x.CPUNS) }
+func firstOf(x *workload.Result) float64 { return float64(x.FirstTokenNS) }
+
+// servingTargets checks what a user of a server feels, the arena against the
+// paged pool in the same run (per-run ratios, their median): with realistic
+// (roofline) step times, tokens per second and process CPU; with a fixed
+// stress step time, wall time, also against the caching allocator and
+// realloc-and-copy; the first token from the start; and, when the arena is
+// not told to warm the whole budget, its peak physical memory against the
+// caching allocator's.
+func (r *report) servingTargets() []target {
+	a, p := r.row("kv", "arena"), r.row("kv", "paged")
+	if a == nil || p == nil || a.ServeNS == 0 {
+		return nil
+	}
+	o := r.s.opts
+	var ts []target
+	if o.kv.Roofline {
+		v := r.perRunOf("kv", "arena", "paged", tokensPerS)
+		ts = append(ts, target{"kv, realistic step times: arena's tokens per second of serving ÷ the paged pool's", "≥ 0.99",
+			fmt.Sprintf("%.3f (%.0f vs %.0f tokens/s)%s", median(v), a.TokensPerS, p.TokensPerS, runs3(v)), median(v) >= 0.99})
+		v = r.perRunOf("kv", "arena", "paged", cpuOf)
+		ts = append(ts, target{"kv, realistic step times: arena's process CPU ÷ the paged pool's", "≤ 1.02",
+			fmt.Sprintf("%.3f (%s vs %s)%s", median(v), workload.HumanNS(float64(a.CPUNS)), workload.HumanNS(float64(p.CPUNS)), runs3(v)),
+			median(v) <= 1.02})
+	} else {
+		v := r.perRunOf("kv", "arena", "paged", clockOf)
+		got := fmt.Sprintf("%.3f (%s vs %s)%s", median(v), workload.HumanNS(a.ClockNS), workload.HumanNS(p.ClockNS), runs3(v))
+		ok := median(v) <= 1.03
+		for _, other := range []string{"caching", "realloc"} {
+			if r.row("kv", other) == nil {
+				continue
+			}
+			w := r.perRunOf("kv", "arena", other, clockOf)
+			got += fmt.Sprintf("; ÷ %s %.3f%s", other, median(w), runs3(w))
+			ok = ok && median(w) <= 1
+		}
+		ts = append(ts, target{"kv, stress step times: arena's wall time (device waits as modelled) ÷ the paged pool's (and ÷ caching's and realloc-and-copy's)", "≤ 1.03 (≤ 1)", got, ok})
+	}
+	v := r.perRunOf("kv", "arena", "paged", firstOf)
+	ts = append(ts, target{"kv: first token from the process's start (setup included), arena ÷ the paged pool", "≤ 1",
+		fmt.Sprintf("%.3f (%s vs %s)%s", median(v), workload.HumanNS(a.FirstTokenNS), workload.HumanNS(p.FirstTokenNS), runs3(v)), median(v) <= 1})
+	if c := r.row("kv", "caching"); c != nil && o.warm == 0 {
+		ts = append(ts, target{"kv, the pool not warmed to the budget: arena's peak physical memory ÷ the caching allocator's", "≤ 1",
+			fmt.Sprintf("%.3f (%s vs %s)", float64(a.PeakPhysical)/float64(c.PeakPhysical), workload.HumanBytes(a.PeakPhysical),
+				workload.HumanBytes(c.PeakPhysical)), a.PeakPhysical <= c.PeakPhysical})
+	}
+	return ts
+}
+
+// modelsTargets checks several models on one device: the arena's shared
+// pool against the paged pools' static partition, at equal budget, in
+// goodput and in the p99 time between tokens.
+func (r *report) modelsTargets() []target {
+	a, p := r.row("models", "arena"), r.row("models", "paged")
+	if a == nil || p == nil {
+		return nil
+	}
+	v := r.perRunOf("models", "arena", "paged", tokensPerS)
+	t := r.perRunOf("models", "arena", "paged", func(x *workload.Result) float64 { return float64(x.TBTP99NS) })
+	return []target{
+		{"models: arena's goodput ÷ the paged pools' static partition, at equal budget", "≥ 1.5",
+			fmt.Sprintf("%.2f (%.0f vs %.0f tokens/s)%s", median(v), a.TokensPerS, p.TokensPerS, runs3(v)), median(v) >= 1.5},
+		{"models: arena's p99 time between tokens ÷ the static partition's", "≤ 1",
+			fmt.Sprintf("%.2f (%s vs %s)%s", median(t), workload.HumanNS(float64(a.TBTP99NS)), workload.HumanNS(float64(p.TBTP99NS)), runs3(t)),
+			median(t) <= 1},
+	}
+}
+
+// runs3 lists per-run ratios, to three places, when there is more than one.
+func runs3(v []float64) string {
+	if len(v) < 2 {
+		return ""
+	}
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = fmt.Sprintf("%.3f", x)
+	}
+	return "; per run " + strings.Join(s, ", ")
+}
+
 // runs lists per-run ratios when there is more than one.
 func runs(v []float64) string {
 	if len(v) < 2 {
@@ -485,7 +628,7 @@ func (r *report) host() bool { return r.Device == "host" }
 // whatever this run measured: on the host driver, the host's; elsewhere
 // (a device, or the device model), the device's.
 func (r *report) targets() []target {
-	var ts []target
+	ts := append(r.servingTargets(), r.modelsTargets()...)
 	o := r.s.opts
 	chunkSize := r.Gran
 	if o.chunk > 0 {
@@ -553,6 +696,9 @@ func (r *report) targets() []target {
 		if o.stream {
 			ts = append(ts, target{w + ": device-wide synchronisations by the arena (streams given)", "0",
 				fmt.Sprintf("%d", a.DeviceSyncs), a.DeviceSyncs == 0})
+		}
+		if w == "models" {
+			continue // the slots of models that do not run hold memory other models reclaim on demand
 		}
 		// The headroom is mapped and unused by design: it is what the
 		// caller asked to keep ready, on top of the one chunk of slack.
@@ -661,6 +807,11 @@ func (r *report) printTable(w io.Writer) {
 				workload.HumanNS(float64(x.CPUNS)))
 		}
 		tw.Flush()
+		if wname == "models" {
+			r.printModels(w, rows)
+		} else {
+			r.printServing(w, rows)
+		}
 		// Driver calls by kind: count and time.
 		kinds := []counting.Op{counting.MallocPhysical, counting.FreePhysical, counting.Reserve, counting.Release,
 			counting.Map, counting.Unmap, counting.SetAccess, counting.Memset, counting.MemsetAsync, counting.DtoD,
@@ -749,6 +900,79 @@ func (r *report) printTable(w io.Writer) {
 	}
 }
 
+// printServing prints what a user of the server feels, for a workload whose
+// runs served tokens: tokens per second of serving, the first token from the
+// process's start, the setup and teardown, the times between tokens, and
+// the wall and CPU time, each against the paged pool's where it ran.
+func (r *report) printServing(w io.Writer, rows []*row) {
+	if rows[0].ServeNS <= 0 {
+		return
+	}
+	wname := rows[0].Workload
+	var p *row
+	for _, x := range rows {
+		if x.Strategy == "paged" {
+			p = x
+		}
+	}
+	vs := func(num, den *workload.Result, f func(*workload.Result) float64) float64 {
+		if d := f(den); d > 0 {
+			return f(num) / d
+		}
+		return 0
+	}
+	ratio := func(x *row, f func(*workload.Result) float64) string {
+		switch {
+		case p == nil:
+			return "—"
+		case x == p:
+			return "1"
+		}
+		var v []float64
+		for _, pr := range r.pairs(wname, x.Strategy, "paged") {
+			v = append(v, vs(pr[0], pr[1], f))
+		}
+		return fmt.Sprintf("%.3f", median(v))
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "serving\ttokens/s\t÷paged\tfirst token\t÷paged\tsetup\tteardown\tcompute\ttbt p50\ttbt p99\ttbt max\twall*\t÷paged\tcpu\t÷paged\t")
+	for _, x := range rows {
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", x.Strategy, x.TokensPerS, ratio(x, tokensPerS),
+			workload.HumanNS(x.FirstTokenNS), ratio(x, func(r *workload.Result) float64 { return float64(r.FirstTokenNS) }),
+			workload.HumanNS(float64(x.OpenNS)), workload.HumanNS(float64(x.TeardownNS)), workload.HumanNS(float64(x.ComputeNS)),
+			workload.HumanNS(float64(x.TBTP50NS)), workload.HumanNS(float64(x.TBTP99NS)), workload.HumanNS(float64(x.TBTMaxNS)),
+			workload.HumanNS(x.ClockNS), ratio(x, clockOf),
+			workload.HumanNS(float64(x.CPUNS)), ratio(x, func(r *workload.Result) float64 { return float64(r.CPUNS) }))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "  (tokens/s over the serving time; wall*: the run's wall time; both with every device wait as long as modelled, whatever else ran on the host)")
+	if r.s.opts.kv.Load && wname == "kv" && !rows[0].med.Loaded {
+		fmt.Fprintln(w, "  (the weights were not loaded: the device lacks room for them beside the budget)")
+	}
+}
+
+// printModels prints what the users of several models on one device feel:
+// goodput (tokens a second), against the paged pools' static partition in
+// the same run, preemptions and refused admissions, the time to the first
+// token and between tokens, and the models' sleeps and wakes.
+func (r *report) printModels(w io.Writer, rows []*row) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "serving models\tgoodput tokens/s\t÷paged\tfinished\tpreempted\tadmissions refused\tttft p50\tttft p99\ttbt p50\ttbt p99\ttbt max\tsleeps\twakes\tsleep+wake\tcpu\t")
+	for _, x := range rows {
+		vs := "—"
+		if x.Strategy == "paged" {
+			vs = "1"
+		} else if v := r.perRunOf("models", x.Strategy, "paged", tokensPerS); len(v) > 0 {
+			vs = fmt.Sprintf("%.2f", median(v))
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t\n", x.Strategy, x.TokensPerS, vs, x.Finished,
+			x.Preempted, x.Denied, workload.HumanNS(float64(x.TTFTP50NS)), workload.HumanNS(float64(x.TTFTP99NS)),
+			workload.HumanNS(float64(x.TBTP50NS)), workload.HumanNS(float64(x.TBTP99NS)), workload.HumanNS(float64(x.TBTMaxNS)),
+			x.Sleeps, x.Wakes, workload.HumanNS(float64(x.SleepNS)), workload.HumanNS(float64(x.CPUNS)))
+	}
+	tw.Flush()
+}
+
 // signedNS formats a duration that may be negative.
 func signedNS(ns float64) string {
 	if ns < 0 {
@@ -832,10 +1056,10 @@ func (r *report) writeBench(w io.Writer) error {
 		if res.Pool != nil {
 			workerNS, throttledNS = res.Pool.WorkerNS, res.Pool.WorkerThrottledNS
 		}
-		fmt.Fprintf(w, "Benchmark%s/strategy=%s-%d\t1\t%d ns/op\t%d alloc-ns/op\t%d setup-ns/op\t%d worker-ns/op\t%d worker-throttled-ns/op\t%d driver-ns/op\t%d cpu-ns/op\t%.0f grow-p50-ns\t%.0f grow-p99-ns\t%.4f grow/driver\t%d peak-phys-B\t%d committed-B\t%d final-phys-B\t%d peak-mapped-B\t%.4f frag\t%d copied-B\t%d driver-calls\t%d device-syncs\t%d launch-stall-ns\t%d first-step-ns\t%d later-steps-ns\n",
+		fmt.Fprintf(w, "Benchmark%s/strategy=%s-%d\t1\t%d ns/op\t%d alloc-ns/op\t%d setup-ns/op\t%d worker-ns/op\t%d worker-throttled-ns/op\t%d driver-ns/op\t%d cpu-ns/op\t%.0f grow-p50-ns\t%.0f grow-p99-ns\t%.4f grow/driver\t%d peak-phys-B\t%d committed-B\t%d final-phys-B\t%d peak-mapped-B\t%.4f frag\t%d copied-B\t%d driver-calls\t%d device-syncs\t%d launch-stall-ns\t%d first-step-ns\t%d later-steps-ns\t%.1f tokens/s\t%d first-token-ns\t%d tbt-p50-ns\t%d tbt-p99-ns\n",
 			benchNames[res.Workload], res.Strategy, procs, res.WallNS, res.MemNS, res.SetupNS, workerNS, throttledNS, drvNS, res.CPUNS, p50, p99, ovh,
 			res.Mem.PeakPhysical, committedPhys, res.Final.Physical, res.Mem.PeakMapped, frag, res.Mem.Copied, memCalls,
-			res.Calls.N[counting.SyncDevice], launchStall(res), first, later)
+			res.Calls.N[counting.SyncDevice], launchStall(res), first, later, tokensPerS(res), res.FirstTokenNS, res.TBTP50NS, res.TBTP99NS)
 	}
 	if m := r.Micro; m != nil {
 		fmt.Fprintf(w, "BenchmarkAlloc-%d\t%d\t%.2f ns/op\t%.3g allocs/op\n", procs, m.AllocIters, m.AllocNS, m.AllocAllocs)

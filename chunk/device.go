@@ -20,12 +20,19 @@ type device struct {
 }
 
 // history records the tenants that have held memory of a device in this
-// process: whether more than one ever has. It outlives the pools (the bytes
-// a tenant freed may still be in the device's memory), and is kept per
-// device name, which is the same for every driver of one device.
+// process: whether more than one ever has; and whether a pool of this
+// process has given memory of the device back to the driver. It outlives
+// the pools (the bytes a tenant freed may still be in the device's memory),
+// and is kept per device name, which is the same for every driver of one
+// device.
 type history struct {
 	first atomic.Uint64 // the first Tenant; 0 before any
 	multi atomic.Bool
+	// freed is set before a pool's first FreePhysical on the device.
+	// Where the device clears memory between processes (FreshProcess),
+	// fresh memory can hold only bytes this process freed; until then it
+	// holds none, whatever the tenants (Pool.freshHolder).
+	freed atomic.Bool
 }
 
 var registry = struct {

@@ -52,8 +52,10 @@
 // depends on the device (acl.Caps.Fresh): nothing on the host driver, whose
 // memory is zeroed; only this process's bytes on a device that clears memory
 // between processes (CUDA's kernel driver does), so that a fresh chunk needs
-// clearing only once the device has had more than one tenant in this process;
-// anything where nobody says (ACL today), so it is always cleared.
+// clearing only once the device has had more than one tenant in this process,
+// and only if it was allocated after a pool of the process first freed some
+// of the device's memory (before, it holds nobody's bytes); anything where
+// nobody says (ACL today), so it is always cleared.
 // Config.FreshZeroed promises zeroed memory for a driver that does not say so.
 //
 // A clear is a memset queued on the tenant's stream (the first of the streams

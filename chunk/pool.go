@@ -311,7 +311,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		}
 	}
 	p := &Pool{
-		drv:       traced{drv}, // trace.go
+		drv:       traced{Driver: drv}, // trace.go; hist once it joins its device
 		log:       cfg.Logger,
 		size:      size,
 		prop:      prop,
@@ -333,6 +333,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	p.stats.ChunkSize = int(size)
 	p.stats.Budget = cfg.Budget
 	p.dev = join(p)
+	p.drv = traced{Driver: drv, hist: p.dev.hist}
 	if p.ahead > 0 {
 		p.wake()
 	}
@@ -643,9 +644,16 @@ func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 	return nil, nil
 }
 
-// freshHolder is the holder of a chunk fresh from the driver.
+// freshHolder is the holder of a chunk fresh from the driver: zeroed where
+// the driver zeroes fresh memory, and where the device clears memory between
+// processes (acl.FreshProcess) while no pool of this process has freed any
+// of the device's memory yet, since only this process's frees could then
+// have put bytes in it; else fresh (needsScrub decides). Call it after
+// MallocPhysical returned: a free that could have given this memory back
+// marked the history before its FreePhysical began (traced), so the mark is
+// seen here.
 func (p *Pool) freshHolder() Tenant {
-	if p.fresh == acl.FreshZeroed {
+	if p.fresh == acl.FreshZeroed || p.fresh == acl.FreshProcess && !p.dev.hist.freed.Load() {
 		return zeroed
 	}
 	return fresh

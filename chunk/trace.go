@@ -29,7 +29,11 @@ func region(name string) *trace.Region { return trace.StartRegion(context.Backgr
 
 // traced wraps the pool's driver: each call that can take time runs in a
 // trace region named after it. Unwrap lets root find the device's driver.
-type traced struct{ acl.Driver }
+// A free is recorded in the device's history first (see history.freed).
+type traced struct {
+	acl.Driver
+	hist *history // nil until the pool has joined its device
+}
 
 // Unwrap returns the wrapped driver.
 func (t traced) Unwrap() acl.Driver { return t.Driver }
@@ -41,6 +45,9 @@ func (t traced) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags ui
 
 func (t traced) FreePhysical(h acl.PhysicalHandle) error {
 	defer region("acl.FreePhysical").End()
+	if t.hist != nil {
+		t.hist.freed.Store(true) // before the memory can go to anyone else
+	}
 	return t.Driver.FreePhysical(h)
 }
 

@@ -19,6 +19,7 @@ type arenaStrategy struct {
 	eager  bool
 	tenant chunk.Tenant
 	cfg    Config
+	part   bool // one model's share of another's pool (Split): the pool is not its own
 }
 
 func newArena(cfg Config, eager bool) (*arenaStrategy, error) {
@@ -78,10 +79,16 @@ func (s *arenaStrategy) Open(max int64) (Region, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &arenaRegion{a: a, eager: s.eager}, nil
+	return &arenaRegion{a: a, eager: s.eager, warmed: s.cfg.Warm != 0}, nil
 }
 
-func (s *arenaStrategy) Close() error { return s.pool.Close() }
+// Close closes the pool, unless the strategy is a model's part of another's.
+func (s *arenaStrategy) Close() error {
+	if s.part {
+		return nil
+	}
+	return s.pool.Close()
+}
 
 // Prepare warms the pool: Config.Warm fresh chunks (-1: up to the budget),
 // allocated before any request, as a server with a memory budget does at
@@ -89,7 +96,7 @@ func (s *arenaStrategy) Close() error { return s.pool.Close() }
 func (s *arenaStrategy) Prepare() error {
 	n := s.cfg.Warm
 	switch {
-	case s.eager || n == 0:
+	case s.eager || s.part || n == 0:
 		return nil
 	case n < 0:
 		n = 1 << 30 // up to the budget and the cache's bound
@@ -99,8 +106,9 @@ func (s *arenaStrategy) Prepare() error {
 }
 
 type arenaRegion struct {
-	a     *arena.Arena
-	eager bool
+	a      *arena.Arena
+	eager  bool
+	warmed bool // the pool was warmed at start (Config.Warm)
 }
 
 func (r *arenaRegion) Grow(n int64) error { return r.a.Grow(int(n)) }
@@ -128,6 +136,17 @@ func (r *arenaRegion) Prefetch(n int64) error {
 		return nil
 	}
 	return r.a.Prefetch(int(n))
+}
+
+// Keep keeps n bytes mapped for the region's next use and gives the rest
+// back (Arena.ShrinkTo), where the pool was not warmed: memory one slot keeps
+// past its next request is memory another slot allocates afresh. A warmed
+// pool holds its budget whatever the arenas keep, so there it keeps all.
+func (r *arenaRegion) Keep(n int64) error {
+	if r.eager || r.warmed {
+		return nil
+	}
+	return r.a.ShrinkTo(int(n))
 }
 
 func (r *arenaRegion) Len() int64             { return int64(r.a.Len()) }

@@ -97,6 +97,14 @@ type Prefetcher interface {
 	Prefetch(n int64) error
 }
 
+// A Keeper is a region that can be told, while it is empty, how much its
+// next use needs: it keeps that and gives the rest back to be used
+// elsewhere, where keeping it costs memory (the arena, its pool not warmed:
+// Arena.ShrinkTo).
+type Keeper interface {
+	Keep(n int64) error
+}
+
 // Align is the largest alignment the workloads ask for.
 const Align = 256
 
@@ -208,13 +216,15 @@ type segment struct {
 // behind.
 func (d *dev) alloc(size int64) (segment, error) {
 	size = d.roundUp(max(size, 1))
-	base, err := d.drv.ReserveMemAddress(uintptr(size), 0, 0, 0)
+	// The memory first: when the device (or the budget) has none, the
+	// allocation fails in one call, as cudaMalloc does.
+	h, err := d.drv.MallocPhysical(uintptr(size), &d.prop, 0)
 	if err != nil {
 		return segment{}, err
 	}
-	h, err := d.drv.MallocPhysical(uintptr(size), &d.prop, 0)
+	base, err := d.drv.ReserveMemAddress(uintptr(size), 0, 0, 0)
 	if err != nil {
-		return segment{}, errors.Join(err, d.drv.ReleaseMemAddress(base))
+		return segment{}, errors.Join(err, d.drv.FreePhysical(h))
 	}
 	if err := d.drv.MapMem(base, uintptr(size), 0, h, 0); err != nil {
 		return segment{}, errors.Join(err, d.drv.FreePhysical(h), d.drv.ReleaseMemAddress(base))

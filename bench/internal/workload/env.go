@@ -103,6 +103,34 @@ type Result struct {
 	Preempted                             int64          // sequences preempted for want of memory and served again (KV)
 	WindowCalls                           counting.Calls // driver calls inside the workload's strategy calls
 	CPUNS                                 int64          // process CPU time (user + system) during the run: every goroutine's
+
+	// What a user of the server feels (KV): the first token, from
+	// Env.Start (the process's start, in a fresh run: setup included), to
+	// the end of the first step, whose prefills sample the first tokens;
+	// the serving time, from the first step's start to the last's end;
+	// the setup before serving (Prepare and the opening of the regions);
+	// the device compute the steps waited for; and the time between a
+	// sequence's tokens (a preempted sequence's gap included): how many,
+	// p50, p99 and the most.
+	FirstTokenNS, ServeNS, OpenNS, ComputeNS int64
+	// Loaded says the model's weights were loaded before serving (KV.Load),
+	// in LoadNS (part of the setup).
+	Loaded bool
+	LoadNS int64
+	// SkewNS is what the device waits took beyond their modelled length
+	// (the host descheduled mid-wait): the serving times leave it out, and
+	// WallNS − SkewNS is the run with every wait as long as modelled.
+	SkewNS                       int64
+	TBTs                         int
+	TBTP50NS, TBTP99NS, TBTMaxNS int64
+	// Several models (Models): the time from a request's arrival to its
+	// first token (how many, p50, p99), the requests finished, the models'
+	// sleeps and wakes and the path time they took (a wake's copy of the
+	// weights included).
+	TTFTs                   int
+	TTFTP50NS, TTFTP99NS    int64
+	Finished, Sleeps, Wakes int64
+	SleepNS                 int64
 }
 
 // SteadyTokens returns the tokens generated from SteadyFrom on.
@@ -119,6 +147,10 @@ func (r *Result) SteadyTokens() int64 {
 
 // Env is what a workload runs against, and where it records.
 type Env struct {
+	// Start is when the program started (the suite sets it in a fresh
+	// process; NewEnv sets the moment it is called): the first token is
+	// timed from it.
+	Start    time.Time
 	Drv      *counting.Driver
 	S        strategy.Strategy
 	Touch    bool            // write every tensor's bytes, as kernels would
@@ -128,7 +160,8 @@ type Env struct {
 
 	src     []byte
 	checked int
-	live    int64 // bytes of live tensors now
+	skew    time.Duration // the device waits' time beyond their modelled length (stepCompute.run)
+	live    int64         // bytes of live tensors now
 	regions map[strategy.Region]bool
 }
 
@@ -136,7 +169,7 @@ const touchChunk = 4 << 20
 
 // NewEnv returns an environment recording into a fresh Result.
 func NewEnv(drv *counting.Driver, s strategy.Strategy, workload string) *Env {
-	return &Env{Drv: drv, S: s, Res: &Result{Workload: workload, Strategy: s.Name()}}
+	return &Env{Start: time.Now(), Drv: drv, S: s, Res: &Result{Workload: workload, Strategy: s.Name()}}
 }
 
 // start and stop bracket a strategy call: the caller's critical path.
@@ -163,9 +196,13 @@ func (e *Env) Prepare() error {
 	return e.S.Prepare()
 }
 
-func (e *Env) open(max int64) (strategy.Region, error) {
+func (e *Env) open(max int64) (strategy.Region, error) { return e.openIn(e.S, max) }
+
+// openIn opens a region of strategy s (one model's, where the workload
+// splits the device's strategy), timed as setup.
+func (e *Env) openIn(s strategy.Strategy, max int64) (strategy.Region, error) {
 	defer e.setup(time.Now())
-	r, err := e.S.Open(max)
+	r, err := s.Open(max)
 	if err == nil {
 		e.Res.Regions++
 		if e.regions == nil {
@@ -218,6 +255,12 @@ func (e *Env) idle(r strategy.Region) error {
 func (e *Env) prefetch(p strategy.Prefetcher, n int64) error {
 	defer e.stopAs(&e.Res.PrefetchNS, e.start())
 	return p.Prefetch(n)
+}
+
+// keep calls k.Keep(n) on the caller's path, timed as a release.
+func (e *Env) keep(k strategy.Keeper, n int64) error {
+	defer e.stopAs(&e.Res.ReleaseNS, e.start())
+	return k.Keep(n)
 }
 
 // stopAs is stop, also adding the call's time to *kind.
@@ -289,6 +332,15 @@ func (e *Env) verify(r strategy.Region, off, n int64) error {
 	}
 	e.checked++
 	return nil
+}
+
+// skewBy adds d (when positive) to the time the device waits took beyond
+// their modelled length.
+func (e *Env) skewBy(d time.Duration) {
+	if d > 0 {
+		e.skew += d
+		e.Res.SkewNS += int64(d)
+	}
 }
 
 // Checked returns how many ranges verify compared.

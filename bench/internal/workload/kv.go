@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"time"
 
@@ -44,6 +45,17 @@ type KV struct {
 	// synchronisation by default: a sleep would add the timer slack of the
 	// machine, which other goroutines' timers change, to every step.
 	StepCompute time.Duration
+	// Roofline sets each decode step's compute from the model instead of
+	// StepCompute: the weights (estimated from the shape and Hidden, see
+	// Shape) and every running sequence's KV cache, read once over
+	// BandwidthGBps (Roofline.Step), as a memory-bound decode step takes.
+	Roofline bool
+	// Hidden is the model's hidden size, and Vocab its vocabulary (0:
+	// DefaultVocab), for its weights.
+	Hidden, Vocab int
+	// BandwidthGBps is the roofline's bandwidth in GB/s; the suite sets it
+	// from the driver (the device model's local bandwidth) when it is 0.
+	BandwidthGBps float64
 	// Launches is the kernel launches of one decode step (0: one per
 	// layer, as an eager model launches; 1: one graph launch). On a driver
 	// that can queue timed stand-in work (the device model), the step's
@@ -63,6 +75,14 @@ type KV struct {
 	// PrefetchBlocks also tells each running sequence, PrefetchSteps tokens
 	// ahead, the KV block it will grow into (with Prefetch).
 	PrefetchBlocks bool
+	// Load copies the model's weights (Shape's) into device memory before
+	// serving, as a server loads its model: from pinned host memory, into
+	// one allocation outside the strategy and its budget, timed as setup.
+	// The first prompts are known at start, so they are prefetched (with
+	// Prefetch) before the load: an arena maps them meanwhile. A device
+	// without room for the weights beside the budget skips the load
+	// (Result.Loaded says).
+	Load bool
 	// PerToken cuts one tensor per token (every layer's K and V together,
 	// as a layout with the token outermost would) instead of one per
 	// layer's K and V: an Alloc per token instead of 2·Layers.
@@ -99,13 +119,29 @@ func (c KV) Describe() string {
 		}
 	}
 	compute := ""
-	if c.StepCompute > 0 {
-		compute = fmt.Sprintf("; %v of device compute per step", c.StepCompute)
+	if c.StepCompute > 0 || c.Roofline {
+		compute = "; " + c.Steps().Describe()
+	}
+	if c.Load {
+		compute += fmt.Sprintf("; %s of weights loaded before serving, where the device has room", HumanBytes(c.Shape().WeightBytes()))
 	}
 	return fmt.Sprintf("%d slots, %d requests, prompt %d–%d + gen %d–%d tokens, %s/token (%d layers × K,V × %d heads × %d × %dB), block %d tokens = %s; %s%s; prealloc maps %s",
 		c.Slots, c.Requests, c.PromptMin, c.PromptMax, c.GenMin, c.GenMax, HumanBytes(c.TokenBytes()),
 		c.Layers, c.KVHeads, c.HeadDim, c.DType, c.BlockTokens, HumanBytes(c.BlockBytes()), b, compute,
 		HumanBytes(int64(c.Slots)*c.MaxBytes()))
+}
+
+// Shape is the model's shape, for its weights.
+func (c KV) Shape() Shape {
+	return Shape{Layers: c.Layers, KVHeads: c.KVHeads, HeadDim: c.HeadDim, DType: c.DType, Hidden: c.Hidden, Vocab: c.Vocab}
+}
+
+// Steps is how long a decode step's device compute takes.
+func (c KV) Steps() Roofline {
+	if !c.Roofline {
+		return Roofline{Fixed: c.StepCompute}
+	}
+	return Roofline{Read: c.Shape().ReadBytes(), GBps: c.BandwidthGBps}
 }
 
 // Budget is the physical memory budget every strategy runs under (0: none);
@@ -122,13 +158,16 @@ func (c KV) Budget(gran int64) int64 {
 
 // request is one sequence to serve: its prompt (with what it generated
 // before a preemption) and the tokens still to generate.
-type request struct{ prompt, gen int }
+type request struct {
+	prompt, gen int
+	last        time.Time // when its last token came, if it ran before (a preempted request)
+}
 
 func (c KV) requests() []request {
 	rng := rand.New(rand.NewPCG(c.Seed, 0x6b76))
 	reqs := make([]request, c.Requests)
 	for i := range reqs {
-		reqs[i] = request{c.PromptMin + rng.IntN(c.PromptMax-c.PromptMin+1), c.GenMin + rng.IntN(c.GenMax-c.GenMin+1)}
+		reqs[i] = request{prompt: c.PromptMin + rng.IntN(c.PromptMax-c.PromptMin+1), gen: c.GenMin + rng.IntN(c.GenMax-c.GenMin+1)}
 	}
 	return reqs
 }
@@ -191,7 +230,26 @@ func (c KV) Check() error {
 		atLeast("-kv-launches", c.Launches, 0),
 		c.checkPrefetch(),
 		cacheSize("-kv-layers, -kv-heads, -kv-headdim, -kv-dtype", c.TokenBytes(), c.Layers, c.KVHeads, c.HeadDim, c.DType),
+		c.checkRoofline(),
 	)
+}
+
+// checkRoofline checks the model's hidden size and the bandwidth when the
+// step time is the roofline's.
+func (c KV) checkRoofline() error {
+	if !c.Roofline {
+		return nil
+	}
+	if c.Hidden < 1 || c.Hidden > 1<<16 {
+		return fmt.Errorf("-kv-hidden %d: want a hidden size from 1 to 65536", c.Hidden)
+	}
+	if c.Vocab < 0 || c.Vocab > 1<<24 {
+		return fmt.Errorf("-kv-vocab %d: want 0 (Llama 3's, %d) or a vocabulary of at most 16777216", c.Vocab, DefaultVocab)
+	}
+	if w := float64(c.Layers) * 13 * float64(c.Hidden) * float64(c.Hidden) * float64(c.DType); w > 1<<44 {
+		return fmt.Errorf("-kv-hidden %d, -kv-layers %d: the weights would be %.3g bytes; want at most 16 TiB", c.Hidden, c.Layers, w)
+	}
+	return notNegative("-kv-bandwidth", c.BandwidthGBps)
 }
 
 // checkPrefetch checks PrefetchSteps when Prefetch is on.
@@ -234,8 +292,9 @@ type kvSeq struct {
 	r         strategy.Region
 	active    bool
 	req       request
-	tokens    int // in the cache
-	gen, left int // tokens to generate, still to generate
+	tokens    int       // in the cache
+	gen, left int       // tokens to generate, still to generate
+	last      time.Time // when its last token came
 }
 
 // Run replays the workload on env's strategy.
@@ -273,6 +332,19 @@ func (c KV) Run(env *Env) (err error) {
 	}
 	if open == 0 {
 		return fmt.Errorf("kv: no slot fits the budget of %s", HumanBytes(c.Budget(block)))
+	}
+	if c.Prefetch {
+		// The queue is known at start: every slot's first prompt.
+		if err := c.prefetch(env, seqs, queue, block); err != nil {
+			return fmt.Errorf("kv: prefetch the first prompts: %w", err)
+		}
+	}
+	if c.Load {
+		unload, lerr := c.load(env, block)
+		if lerr != nil {
+			return fmt.Errorf("kv: load the weights: %w", lerr)
+		}
+		defer func() { err = errors.Join(err, unload()) }()
 	}
 
 	// appendTokens appends n tokens to s: per token, K and V for every layer.
@@ -327,7 +399,7 @@ func (c KV) Run(env *Env) (err error) {
 			return fmt.Errorf("kv: step %d: a sequence of %d tokens alone does not fit: %w", step, s.tokens, cause)
 		}
 		done := s.gen - s.left
-		q := request{prompt: s.req.prompt + done, gen: s.left}
+		q := request{prompt: s.req.prompt + done, gen: s.left, last: s.last}
 		env.Res.Preempted++
 		if err := release(s); err != nil {
 			return err
@@ -344,8 +416,12 @@ func (c KV) Run(env *Env) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, compute.close()) }()
+	steps := c.Steps()
+	tok0 := newTokenClock(env)
+	emitted := make([]int, 0, len(seqs)) // the sequences that sample a token at the end of this step
 	for step := 0; ; step++ {
 		busy := false
+		emitted = emitted[:0]
 		w0, t0 := env.Drv.WindowCalls(), env.Res.Tokens
 		stepStart := env.Res.MemNS
 		var decodeNS int64 // the step's decode work in the allocator: appends and block grows
@@ -359,7 +435,7 @@ func (c KV) Run(env *Env) (err error) {
 				// Prefill: the prompt's blocks at once.
 				q := queue[0]
 				queue = queue[1:]
-				*s = kvSeq{r: s.r, active: true, req: q, gen: q.gen, left: q.gen}
+				*s = kvSeq{r: s.r, active: true, req: q, gen: q.gen, left: q.gen, last: q.last}
 				err := env.grow(s.r, ceilDiv(int64(q.prompt), int64(c.BlockTokens))*block)
 				if err == nil {
 					err = appendTokens(s, q.prompt)
@@ -375,6 +451,7 @@ func (c KV) Run(env *Env) (err error) {
 					return fmt.Errorf("kv: step %d: prefill %d tokens: %w", step, q.prompt, err)
 				}
 				done += int64(q.prompt)
+				emitted = append(emitted, i) // the prefill samples its next token
 			case s.active:
 				var err error
 				m := env.Res.MemNS
@@ -398,6 +475,7 @@ func (c KV) Run(env *Env) (err error) {
 				done++
 				env.Res.Tokens++
 				s.left--
+				emitted = append(emitted, i)
 			default:
 				continue
 			}
@@ -430,9 +508,15 @@ func (c KV) Run(env *Env) (err error) {
 		env.Res.StepCalls = append(env.Res.StepCalls, n1-n0)
 		env.Res.StepTokens = append(env.Res.StepTokens, env.Res.Tokens-t0)
 		env.sample(step)
-		if c.StepCompute > 0 && busy {
-			if err := compute.run(); err != nil {
+		if d := steps.Step(env.live); d > 0 && busy {
+			if err := compute.run(d); err != nil {
 				return fmt.Errorf("kv: step %d: compute: %w", step, err)
+			}
+		}
+		if busy {
+			now := tok0.now()
+			for _, i := range emitted {
+				seqs[i].last = tok0.token(seqs[i].last, now)
 			}
 		}
 		if step%64 == 0 {
@@ -442,8 +526,45 @@ func (c KV) Run(env *Env) (err error) {
 			break
 		}
 	}
+	tok0.end()
 	env.final()
 	return nil
+}
+
+// load copies the model's weights into one allocation of the driver under
+// the counting wrapper (they are neither the strategy's memory nor in its
+// budget), from a pinned host buffer, timed as setup, and returns what
+// frees them. It loads nothing when the device lacks room for the weights
+// beside the budget.
+func (c KV) load(env *Env, gran int64) (func() error, error) {
+	t := time.Now()
+	defer env.setup(t)
+	drv := env.Drv.Unwrap()
+	w := c.Shape().WeightBytes()
+	free, _, err := drv.GetMemInfo(acl.HBMMem)
+	if err != nil {
+		return nil, err
+	}
+	if uint64(free) < uint64(w+c.Budget(gran)) {
+		return func() error { return nil }, nil // no room: serve without
+	}
+	blob, err := strategy.NewBlob(drv, w)
+	if err != nil {
+		return nil, err
+	}
+	host, err := drv.MallocHost(uintptr(min(w, 64<<20)))
+	if err != nil {
+		return nil, errors.Join(err, blob.Close())
+	}
+	for off := int64(0); off < w && err == nil; off += int64(len(host)) {
+		err = drv.MemcpyHtoD(blob.Ptr().Add(uintptr(off)), host[:min(int64(len(host)), w-off)])
+	}
+	err = errors.Join(err, drv.FreeHost(host))
+	if err != nil {
+		return nil, errors.Join(err, blob.Close())
+	}
+	env.Res.Loaded, env.Res.LoadNS = true, int64(time.Since(t))
+	return blob.Close, nil
 }
 
 // prefetch tells the slots whose next request is known, and due within
@@ -468,15 +589,22 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 	}
 	slices.SortStableFunc(next, func(a, b due) int { return a.steps - b.steps })
 	for k, d := range next {
-		if k >= len(queue) {
-			break
-		}
 		s := &seqs[d.slot]
+		prompt := int64(0) // no request left for it: it needs nothing more
+		if k < len(queue) {
+			prompt = ceilDiv(int64(queue[k].prompt), int64(c.BlockTokens)) * block
+		}
+		if kp, ok := s.r.(strategy.Keeper); ok && !s.active && s.r.Len() == 0 {
+			// An empty slot keeps what its next prompt needs, no more.
+			if err := env.keep(kp, prompt); err != nil {
+				return err
+			}
+		}
 		p, ok := s.r.(strategy.Prefetcher)
-		if !ok {
+		if !ok || k >= len(queue) {
 			continue
 		}
-		need := ceilDiv(int64(queue[k].prompt), int64(c.BlockTokens))*block - s.r.Len()
+		need := prompt - s.r.Len()
 		if need <= 0 {
 			continue
 		}
@@ -537,7 +665,7 @@ func newStepCompute(env *Env, c KV) (*stepCompute, error) {
 	sc := &stepCompute{env: env, c: c}
 	drv := env.Drv.Unwrap()
 	l, ok := drv.(timedLauncher)
-	if !ok || c.StepCompute <= 0 {
+	if !ok || !c.Roofline && c.StepCompute <= 0 {
 		return sc, nil
 	}
 	s, err := drv.CreateStream()
@@ -556,13 +684,25 @@ func newStepCompute(env *Env, c KV) (*stepCompute, error) {
 	return sc, nil
 }
 
-// run launches the step's kernels, timing each launch, and waits for them.
-func (sc *stepCompute) run() error {
+// run launches the step's kernels, d of device time in all, timing each
+// launch, and waits for them.
+//
+// The wait is the device's time, which the model computes; the host's
+// share of the machine is not in it. So the time the wait took beyond the
+// step's modelled length (the longer of d and the launches, which are host
+// work) is added to Env's skew: the serving clock (tokenClock) leaves it
+// out, so that another process taking the host's CPU mid-wait does not
+// move the figures, while the strategy's own calls, on the caller's path
+// or competing with it, still do.
+func (sc *stepCompute) run(d time.Duration) error {
+	sc.env.Res.ComputeNS += int64(d)
+	start := time.Now()
 	if sc.l == nil {
-		waitCompute(sc.c.StepCompute)
+		waitCompute(d)
+		sc.env.skewBy(time.Since(start) - d)
 		return nil
 	}
-	per := sc.c.StepCompute / time.Duration(sc.n)
+	per := d / time.Duration(sc.n)
 	res := sc.env.Res
 	w0 := sc.waited()
 	for range sc.n {
@@ -573,15 +713,25 @@ func (sc *stepCompute) run() error {
 		res.LaunchNS += int64(time.Since(t))
 		res.Launches++
 	}
+	launched := time.Since(start)
 	res.LaunchWaitNS += sc.waited() - w0
 	if err := sc.drv.RecordEvent(sc.ev, sc.stream); err != nil {
 		return err
 	}
 	for {
 		done, err := sc.drv.QueryEvent(sc.ev)
-		if err != nil || done {
+		if err != nil {
 			return err
 		}
+		if done {
+			sc.env.skewBy(time.Since(start) - max(d, launched+per))
+			return nil
+		}
+		// Between polls the thread lets other goroutines run, as CUDA's
+		// default synchronisation yields its thread when the host has fewer
+		// cores than it needs: on one CPU the pool's worker maps during the
+		// device's work, not only when the scheduler preempts this loop.
+		runtime.Gosched()
 	}
 }
 
@@ -601,8 +751,10 @@ func (sc *stepCompute) close() error {
 	return errors.Join(sc.drv.SynchronizeStream(sc.stream), sc.drv.DestroyEvent(sc.ev), sc.drv.DestroyStream(sc.stream))
 }
 
-// waitCompute spins for d on the monotonic clock.
+// waitCompute spins for d on the monotonic clock, yielding to other
+// goroutines as it goes (see stepCompute.run).
 func waitCompute(d time.Duration) {
 	for t := time.Now(); time.Since(t) < d; {
+		runtime.Gosched()
 	}
 }

@@ -1,6 +1,10 @@
 package acl
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
 
 // Registering device memory with the libraries that move it between devices
 // and machines (HCCL on Ascend, NCCL on NVIDIA, RDMA engines).
@@ -56,6 +60,66 @@ type Registrar interface {
 	// no work of the library's that uses m is pending, and UnmapMem follows
 	// once Deregister has succeeded. m is the Mapping that was registered.
 	Deregister(m Mapping) error
+}
+
+// BatchRegistrar is a Registrar that can take several mappings in one call,
+// all or nothing: the mappings one change of an owner's backing maps or
+// unmaps together (a growth of several chunks, a shrink). A registrar whose
+// library registers a run of adjacent mappings as one buffer (NCCL, with
+// package acl/nccl's Coalesce) implements it, so that a growth of k chunks
+// costs it one re-registration of the run rather than k. Use RegisterAll
+// and DeregisterAll to call any Registrar this way.
+type BatchRegistrar interface {
+	Registrar
+	// RegisterBatch is Register of each of ms (each mapped with access,
+	// none overlapping another or a registered mapping), as one call: when
+	// it fails, none of ms is registered and the library is as it was.
+	RegisterBatch(ms []Mapping) error
+	// DeregisterBatch is Deregister of each of ms, as one call: when it
+	// fails, every one of ms is still registered.
+	DeregisterBatch(ms []Mapping) error
+}
+
+// RegisterAll registers ms with r, all or nothing: in one call where r is a
+// BatchRegistrar, else one Register each, the ones made before a failure
+// deregistered again (when that fails too, both errors are returned, and
+// what could not be undone stays registered with r).
+func RegisterAll(r Registrar, ms []Mapping) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	if b, ok := r.(BatchRegistrar); ok {
+		return b.RegisterBatch(ms)
+	}
+	return each(ms, r.Register, r.Deregister)
+}
+
+// DeregisterAll deregisters ms from r, all or nothing, as RegisterAll
+// registers them: when it fails, the ones deregistered before the failure
+// are registered again.
+func DeregisterAll(r Registrar, ms []Mapping) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	if b, ok := r.(BatchRegistrar); ok {
+		return b.DeregisterBatch(ms)
+	}
+	return each(ms, r.Deregister, r.Register)
+}
+
+// each calls do on every mapping of ms in order, and, when one fails, undo
+// on those before it, last first.
+func each(ms []Mapping, do, undo func(Mapping) error) error {
+	for i, m := range ms {
+		if err := do(m); err != nil {
+			var errs []error
+			for _, done := range slices.Backward(ms[:i]) {
+				errs = append(errs, undo(done))
+			}
+			return errors.Join(err, errors.Join(errs...))
+		}
+	}
+	return nil
 }
 
 // Mapping is one mapping of a whole physical allocation: [Ptr, Ptr+Size)

@@ -556,9 +556,11 @@ func (c client) StillMapped(ms []chunk.Mapped) { _ = c.a.stillMapped(ms) }
 // true to the arena's memory: it sets r's memory range to the reservation
 // (SetMemoryRange), registers each mapping as it comes (Register) and
 // deregisters it before it goes (Deregister), and unsets the range before it
-// is released (UnsetMemoryRange). An event is all or nothing: when a call
-// fails, the calls the event made before it are undone, and the error
-// refuses the change (see OnBackingChange).
+// is released (UnsetMemoryRange). An event is all or nothing
+// (acl.RegisterAll, acl.DeregisterAll): a BatchRegistrar takes the event's
+// mappings in one call; for another, when a call fails, the calls the event
+// made before it are undone; the error refuses the change (see
+// OnBackingChange).
 //
 //	r := hccl.NewRegistrar(…)                // or nccl, or an RDMA NIC's
 //	err := a.OnBackingChange(arena.RegisterWith(r))
@@ -570,25 +572,9 @@ func RegisterWith(r acl.Registrar) func(BackingChange) error {
 		case BackingReleasing:
 			return r.UnsetMemoryRange(ch.Base)
 		case BackingMapped:
-			for i, m := range ch.Mappings {
-				if err := r.Register(m); err != nil {
-					var errs []error
-					for _, done := range slices.Backward(ch.Mappings[:i]) {
-						errs = append(errs, r.Deregister(done))
-					}
-					return errors.Join(err, errors.Join(errs...))
-				}
-			}
+			return acl.RegisterAll(r, ch.Mappings)
 		case BackingUnmapping:
-			for i, m := range ch.Mappings {
-				if err := r.Deregister(m); err != nil {
-					var errs []error
-					for _, done := range slices.Backward(ch.Mappings[:i]) {
-						errs = append(errs, r.Register(done))
-					}
-					return errors.Join(err, errors.Join(errs...))
-				}
-			}
+			return acl.DeregisterAll(r, ch.Mappings)
 		}
 		return nil
 	}

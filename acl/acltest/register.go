@@ -228,6 +228,69 @@ func (r *Registrations) Deregister(m acl.Mapping) error {
 	return nil
 }
 
+var _ acl.BatchRegistrar = (*Registrations)(nil)
+
+// RegisterBatch checks each of ms as Register does and, when all pass,
+// forwards them to next in one call (acl.RegisterAll: one RegisterBatch
+// where next is an acl.BatchRegistrar) and records them once it accepts.
+func (r *Registrations) RegisterBatch(ms []acl.Mapping) error {
+	const op = "Register"
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var done []acl.Mapping
+	defer func() { // the books take the batch only when next does
+		for _, m := range done {
+			r.table.Deregister(m)
+		}
+	}()
+	for _, m := range ms {
+		if err := r.table.CheckRegister(op, m); err != nil {
+			return r.violate(op, err)
+		}
+		if err := r.mappedLocked(op, m); err != nil {
+			return r.violate(op, err)
+		}
+		r.table.Register(m) // so that the next one is checked against it
+		done = append(done, m)
+	}
+	if r.next != nil {
+		if err := acl.RegisterAll(r.next, ms); err != nil {
+			return err
+		}
+	}
+	done = nil
+	return nil
+}
+
+// DeregisterBatch checks each of ms as Deregister does and, when all pass,
+// forwards them to next in one call (acl.DeregisterAll), and forgets them
+// once it accepts.
+func (r *Registrations) DeregisterBatch(ms []acl.Mapping) error {
+	const op = "Deregister"
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var done []acl.Mapping
+	defer func() {
+		for _, m := range done {
+			r.table.Register(m)
+		}
+	}()
+	for _, m := range ms {
+		if err := r.table.CheckDeregister(op, m); err != nil {
+			return r.violate(op, err)
+		}
+		r.table.Deregister(m)
+		done = append(done, m)
+	}
+	if r.next != nil {
+		if err := acl.DeregisterAll(r.next, ms); err != nil {
+			return err
+		}
+	}
+	done = nil
+	return nil
+}
+
 // regDriver is the driver in front of the wrapped one: every call is
 // forwarded (the embedded Driver), and the calls that change mappings are
 // recorded in the double's books once they succeed.

@@ -22,7 +22,7 @@ const g = acl.HugePageSize
 // suite runs the registrar suite with registrars of fresh doubles on the
 // drivers open opens. NCCL holds no ranges: the ranges are the registrar's
 // books, the registrations and bytes the double's.
-func suite(t *testing.T, open func(testing.TB) acl.Driver, bind bool) {
+func suite(t *testing.T, open func(testing.TB) acl.Driver, bind bool, opts ...nccl.Option) {
 	type pair struct {
 		f *fake
 		r *nccl.Registrar
@@ -36,7 +36,7 @@ func suite(t *testing.T, open func(testing.TB) acl.Driver, bind bool) {
 			if bind {
 				b = d.(acl.Binder)
 			}
-			r, err := nccl.NewRegistrar(f.lib, f.comm(t), b)
+			r, err := nccl.NewRegistrar(f.lib, f.comm(t), b, opts...)
 			require.NoError(t, err)
 			t.Cleanup(func() { require.NoError(t, r.Close()) })
 			pairs.Store(r, pair{f, r})
@@ -45,8 +45,17 @@ func suite(t *testing.T, open func(testing.TB) acl.Driver, bind bool) {
 		Held: func(t testing.TB, reg acl.Registrar) acltest.RegistrationCounts {
 			p, _ := pairs.Load(reg)
 			l := p.(pair).f.live()
-			ranges, _, _ := p.(pair).r.Live()
-			return acltest.RegistrationCounts{Ranges: ranges, Mappings: int(l.Regs), Bytes: l.Bytes}
+			ranges, mappings, _ := p.(pair).r.Live()
+			if len(opts) == 0 {
+				mappings = int(l.Regs) // one registration per mapping
+			} else {
+				// Runs: NCCL's registrations are fewer; its bytes are the
+				// mapped bytes all the same.
+				held, _ := p.(pair).r.Registrations()
+				require.Equal(t, held, int(l.Regs), "the registrar's and NCCL's registrations")
+				require.LessOrEqual(t, held, mappings)
+			}
+			return acltest.RegistrationCounts{Ranges: ranges, Mappings: mappings, Bytes: l.Bytes}
 		},
 	})
 }
@@ -64,11 +73,143 @@ func TestRegistrarConformance(t *testing.T) {
 // The same suite on the CUDA binding over its double, calling NCCL inside
 // the driver's Bind.
 func TestRegistrarOnTheCUDABinding(t *testing.T) {
-	suite(t, func(t testing.TB) acl.Driver {
-		d, err := cuda.Open(cuda.Config{Library: doubles.Instance(t, "fakecuda", "libcuda.so.1")})
-		require.NoError(t, err)
-		return d
-	}, true)
+	suite(t, openCUDA, true)
+}
+
+func openCUDA(t testing.TB) acl.Driver {
+	d, err := cuda.Open(cuda.Config{Library: doubles.Instance(t, "fakecuda", "libcuda.so.1")})
+	require.NoError(t, err)
+	return d
+}
+
+// The suite with runs coalesced, on the host driver and on the CUDA binding:
+// NCCL holds exactly the mapped bytes, in fewer registrations.
+func TestCoalescingRegistrarConformance(t *testing.T) {
+	t.Run("host", func(t *testing.T) {
+		suite(t, func(t testing.TB) acl.Driver {
+			d, err := host.New(host.Config{Capacity: 256 << 20})
+			require.NoError(t, err)
+			return d
+		}, false, nccl.Coalesce())
+	})
+	t.Run("cuda", func(t *testing.T) { suite(t, openCUDA, true, nccl.Coalesce()) })
+}
+
+// regs returns NCCL's registrations as the double holds them: how many, and
+// their bytes.
+func regs(f *fake) (int64, uintptr) { l := f.live(); return l.Regs, l.Bytes }
+
+// With Coalesce, each run of adjacent mappings of one set range is one NCCL
+// registration: a batch of k chunks joining a run costs one deregistration
+// and one registration; a deregistration inside a run leaves its two sides
+// registered; runs never cross set ranges; NCCL never holds a registration
+// over a mapping deregistered (the double refuses overlapping registrations,
+// so a run made before the one it replaces went would fail).
+func TestCoalescedRuns(t *testing.T) {
+	f := newFake(t)
+	r, err := nccl.NewRegistrar(f.lib, f.comm(t), nil, nccl.Coalesce())
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.Close()) }()
+	a, b := acl.DevicePtr(0x7f0000000000), acl.DevicePtr(0x7f0000000000+8*g) // two adjacent ranges
+	require.NoError(t, r.SetMemoryRange(a, 8*g))
+	require.NoError(t, r.SetMemoryRange(b, 8*g))
+	m := func(base acl.DevicePtr, i int) acl.Mapping {
+		return acl.Mapping{Ptr: base.Add(uintptr(i) * g), Size: g, Handle: acl.PhysicalHandle(100 + i + int(base>>20))}
+	}
+	calls := func() int64 { return f.calls(t, "ncclCommRegister") + f.calls(t, "ncclCommDeregister") }
+
+	require.NoError(t, r.RegisterBatch([]acl.Mapping{m(a, 0), m(a, 1), m(a, 2)}))
+	n, bytes := regs(f)
+	require.Equal(t, int64(1), n)
+	require.Equal(t, uintptr(3*g), bytes)
+	before := calls()
+	require.NoError(t, r.RegisterBatch([]acl.Mapping{m(a, 3), m(a, 4), m(a, 5), m(a, 6), m(a, 7)}))
+	require.Equal(t, before+2, calls(), "a growth of five chunks: the run deregistered, the grown run registered")
+	n, bytes = regs(f)
+	require.Equal(t, int64(1), n)
+	require.Equal(t, uintptr(8*g), bytes)
+
+	// The next range's first chunk is adjacent in address, not in range.
+	require.NoError(t, r.Register(m(b, 0)))
+	n, bytes = regs(f)
+	require.Equal(t, int64(2), n, "runs do not cross set ranges")
+	require.Equal(t, uintptr(9*g), bytes)
+
+	// A hole in the middle: two registrations, the hole's bytes not covered.
+	require.NoError(t, r.Deregister(m(a, 4)))
+	n, bytes = regs(f)
+	require.Equal(t, int64(3), n)
+	require.Equal(t, uintptr(8*g), bytes)
+	held, _ := r.Registrations()
+	require.Equal(t, 3, held)
+
+	// A mapping that fills the hole joins both sides into one run.
+	require.NoError(t, r.Register(m(a, 4)))
+	n, _ = regs(f)
+	require.Equal(t, int64(2), n)
+
+	// A shrink of the tail: one deregistration, one registration of what
+	// is left.
+	before = calls()
+	require.NoError(t, r.DeregisterBatch([]acl.Mapping{m(a, 7), m(a, 6), m(a, 5)}))
+	require.Equal(t, before+2, calls())
+	n, bytes = regs(f)
+	require.Equal(t, int64(2), n)
+	require.Equal(t, uintptr(6*g), bytes)
+
+	// Everything.
+	require.NoError(t, r.DeregisterBatch([]acl.Mapping{m(a, 0), m(a, 1), m(a, 2), m(a, 3), m(a, 4), m(b, 0)}))
+	n, bytes = regs(f)
+	require.Zero(t, n)
+	require.Zero(t, bytes)
+	require.NoError(t, r.UnsetMemoryRange(a))
+	require.NoError(t, r.UnsetMemoryRange(b))
+}
+
+// With Coalesce, a change NCCL refuses part-way is undone: the run dropped
+// is registered again, the registrar's books are as they were, and the same
+// change then succeeds.
+func TestCoalescedFailuresChangeNothing(t *testing.T) {
+	f := newFake(t)
+	r, err := nccl.NewRegistrar(f.lib, f.comm(t), nil, nccl.Coalesce())
+	require.NoError(t, err)
+	defer func() { require.NoError(t, r.Close()) }()
+	base := acl.DevicePtr(0x7f0000000000)
+	require.NoError(t, r.SetMemoryRange(base, 8*g))
+	m := func(i int) acl.Mapping {
+		return acl.Mapping{Ptr: base.Add(uintptr(i) * g), Size: g, Handle: acl.PhysicalHandle(1 + i)}
+	}
+	require.NoError(t, r.RegisterBatch([]acl.Mapping{m(0), m(1)}))
+	state := func() (int64, uintptr, int) {
+		n, bytes := regs(f)
+		_, maps, _ := r.Live()
+		return n, bytes, maps
+	}
+	n0, b0, m0 := state()
+
+	// The growth's registration of the grown run fails after the old run
+	// went: the old run is registered again.
+	f.fail(t, "ncclCommRegister", 1, nccl.UnhandledCudaError)
+	err = r.RegisterBatch([]acl.Mapping{m(2), m(3)})
+	require.Equal(t, nccl.UnhandledCudaError, code(t, err))
+	n, b, maps := state()
+	require.Equal(t, []any{n0, b0, m0}, []any{n, b, maps})
+
+	// The deregistration of the run fails: nothing changes.
+	f.fail(t, "ncclCommDeregister", 1, nccl.SystemError)
+	require.Equal(t, nccl.SystemError, code(t, r.RegisterBatch([]acl.Mapping{m(2), m(3)})))
+	n, b, maps = state()
+	require.Equal(t, []any{n0, b0, m0}, []any{n, b, maps})
+
+	require.NoError(t, r.RegisterBatch([]acl.Mapping{m(2), m(3)}))
+	// A shrink whose registration of what is left fails: the run is whole
+	// again, and every mapping still registered.
+	f.fail(t, "ncclCommRegister", 1, nccl.UnhandledCudaError)
+	require.Equal(t, nccl.UnhandledCudaError, code(t, r.Deregister(m(3))))
+	n, b, maps = state()
+	require.Equal(t, []any{int64(1), uintptr(4 * g), 4}, []any{n, b, maps})
+	require.NoError(t, r.DeregisterBatch([]acl.Mapping{m(0), m(1), m(2), m(3)}))
+	require.NoError(t, r.UnsetMemoryRange(base))
 }
 
 func code(t testing.TB, err error) nccl.Result {

@@ -61,6 +61,15 @@ func (t *Table) rangeAt(addr uintptr) int {
 	return i
 }
 
+// RangeOf returns the set range containing addr.
+func (t *Table) RangeOf(addr acl.DevicePtr) (Range, bool) {
+	i := t.rangeAt(uintptr(addr))
+	if i < 0 {
+		return Range{}, false
+	}
+	return Range{Base: t.ranges[i].Base, Size: t.ranges[i].Size}, true
+}
+
 // CheckSet checks that [base, base+size) may be set: not empty, not
 // wrapping, overlapping no set range.
 func (t *Table) CheckSet(op string, base acl.DevicePtr, size uintptr) error {

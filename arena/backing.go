@@ -187,8 +187,9 @@ func (a *Arena) Generation() uint64 {
 // OnBackingChange registers fn to be told every change of the arena's
 // backing from now on, in order, one event at a time (see BackingChange).
 // It first tells fn what is there: the reserved range (BackingReserved),
-// then every mapping the arena holds (BackingMapped, cause BackingAttach),
-// and registers fn only if fn accepts both; otherwise it tells fn that the
+// then every mapping the arena holds (BackingMapped, cause BackingAttach, or
+// BackingImport for an Imported's arena, Buffer().Arena()), and registers fn
+// only if fn accepts both; otherwise it tells fn that the
 // range goes (BackingReleasing) and returns fn's error.
 //
 // fn runs on the goroutine that makes the change: a caller's (Grow, Shrink,
@@ -235,6 +236,9 @@ func (a *Arena) OnBackingChange(fn func(BackingChange) error) error {
 	}
 	if ms := a.mappings(); len(ms) > 0 {
 		ch.Phase, ch.Mappings = BackingMapped, ms
+		if a.imp != nil {
+			ch.Cause = BackingImport // another process's memory, mapped at Import
+		}
 		if err := a.call(fn, ch); err != nil {
 			ch.Phase, ch.Mappings = BackingReleasing, nil
 			return errors.Join(fmt.Errorf("arena: on backing change: %w", err), a.call(fn, ch))

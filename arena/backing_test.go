@@ -330,3 +330,24 @@ func TestBackingRefusals(t *testing.T) {
 	require.Equal(t, sleepChunk, a.Cap())
 	require.Equal(t, arena.BackingShrink, first[len(first)-1].Cause)
 }
+
+// ExportDMABuf says what it cannot do: ErrNotSupported on a driver without
+// dma-buf export (the host driver), ErrCallback from the arena's own
+// callback, ErrClosed on a nil arena. (acl/cuda's TestArenaExportDMABuf
+// exports through the CUDA binding.)
+func TestExportDMABufRefusals(t *testing.T) {
+	e := newSleepEnv(t)
+	a := e.arena(t, arena.Config{})
+	require.NoError(t, a.Grow(sleepChunk))
+	_, err := a.ExportDMABuf()
+	require.ErrorIs(t, err, acl.ErrNotSupported)
+	var inside error
+	require.NoError(t, a.OnBackingChange(func(arena.BackingChange) error {
+		_, inside = a.ExportDMABuf()
+		return nil
+	}))
+	require.ErrorIs(t, inside, arena.ErrCallback)
+	var nilArena *arena.Arena
+	_, err = nilArena.ExportDMABuf()
+	require.ErrorIs(t, err, arena.ErrClosed)
+}

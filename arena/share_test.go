@@ -470,6 +470,35 @@ func TestShareHandoff(t *testing.T) {
 	require.ErrorIs(t, arena.CopyOut(got[:1], b), arena.ErrClosed)
 }
 
+// An import is registered as any arena is: a registrar attached to the
+// Imported's arena is told the reservation and every imported mapping (cause
+// BackingImport), and Close deregisters them before it unmaps and unsets
+// the range before it releases it.
+func TestShareImportRegistered(t *testing.T) {
+	const chunks = 3
+	p := spawn(t, peerSpec{Role: "producer", Chunks: chunks})
+	d := newShareHost(t)
+	reg := acltest.NewRegistrations(d, nil)
+	v, err := arena.Import(p.conn, arena.ImportConfig{Driver: reg.Driver()})
+	require.NoError(t, err)
+	require.Empty(t, p.reply().Err)
+	var causes []arena.BackingCause
+	rw := arena.RegisterWith(reg)
+	require.NoError(t, v.Buffer().Arena().OnBackingChange(func(ch arena.BackingChange) error {
+		causes = append(causes, ch.Cause)
+		return rw(ch)
+	}))
+	require.Equal(t, []arena.BackingCause{arena.BackingAttach, arena.BackingImport}, causes)
+	require.NoError(t, reg.Check())
+	require.Equal(t, acltest.RegistrationCounts{Ranges: 1, Mappings: chunks, Bytes: chunks * shareChunk}, reg.Live())
+	p.send('q')
+	assert.False(t, p.wait())
+	require.NoError(t, v.Close())
+	require.Empty(t, reg.Violations(), "nothing unmapped while registered")
+	require.True(t, reg.Live().Zero(), "left registered: %+v", reg.Live())
+	require.Equal(t, arena.BackingClose, causes[len(causes)-1])
+}
+
 // The producer shrinks, closes and dies after sharing: the consumer's view
 // stays valid, and the shared chunks never reach the producer's cache.
 func TestShareOutlivesProducer(t *testing.T) {

@@ -1422,7 +1422,9 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 		return fail(errors.Join(err, a.reattach(0, len(a.chunks))))
 	}
 	if err := a.drv.ReleaseMemAddress(a.base); err != nil {
-		return fail(errors.Join(err, a.reattach(0, len(a.chunks))))
+		// The range stays: the callbacks take it again before the chunks
+		// come back into it.
+		return fail(errors.Join(err, a.unreleased(), a.reattach(0, len(a.chunks))))
 	}
 	a.setLife(lifeClosed)
 	// Frozen for good: every Alloc takes the slow path and sees closed.

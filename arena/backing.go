@@ -527,6 +527,24 @@ func (a *Arena) releasing() error {
 	return nil
 }
 
+// unreleased tells the callbacks that the range they were told was going
+// (releasing) stays, its release having failed: BackingReserved, cause
+// BackingUndo, so that they take it again before its chunks are mapped
+// back. Call with mu held.
+func (a *Arena) unreleased() error {
+	if a.ev.n.Load() == 0 {
+		return nil
+	}
+	a.ev.mu.Lock()
+	defer a.ev.mu.Unlock()
+	gen := a.ev.gen.Add(1)
+	var errs []error
+	for _, fn := range a.ev.cbs {
+		errs = append(errs, a.call(fn, a.change(BackingReserved, BackingUndo, gen, nil)))
+	}
+	return errors.Join(errs...)
+}
+
 // Unmapping is the arena's side of the pool's unmaps (chunk.Unmapper): the
 // chunks it handed over still mapped are about to go. The pool calls it on
 // the goroutine that unmaps, without the arena's lock.

@@ -7,10 +7,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/acltest"
+	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/acl/model"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/arena/arenatest"
+	"github.com/vmarena/vmarena/chunk"
 )
 
 var errRefused = errors.New("injected: the library refuses")
@@ -117,4 +120,35 @@ func TestExportDMABufRefusals(t *testing.T) {
 	var nilArena *arena.Arena
 	_, err = nilArena.ExportDMABuf()
 	require.ErrorIs(t, err, arena.ErrClosed)
+}
+
+// A Close whose ReleaseMemAddress fails keeps the arena, mapped and
+// registered as it was: the registrar, told the range was going, is told it
+// stays (BackingReserved, cause BackingUndo) before the chunks are mapped
+// back and registered again; the next Close ends it all.
+func TestCloseReleaseFailsKeepsRegistration(t *testing.T) {
+	hd, err := host.New(host.Config{Capacity: 64 << 20})
+	require.NoError(t, err)
+	reg := acltest.NewRegistrations(hd, nil)
+	fd := faultdriver.New(reg.Driver())
+	pool, err := chunk.New(fd, chunk.Config{})
+	require.NoError(t, err)
+	a, err := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20})
+	require.NoError(t, err)
+	require.NoError(t, a.OnBackingChange(arena.RegisterWith(reg)))
+	require.NoError(t, a.Grow(6<<20))
+
+	fd.FailNth(faultdriver.ReleaseMemAddress, 1, 0)
+	require.Error(t, a.Close())
+	fd.Clear()
+	require.Empty(t, reg.Violations())
+	require.NoError(t, reg.Check(), "mapped and registered again")
+	require.Equal(t, acltest.RegistrationCounts{Ranges: 1, Mappings: 3, Bytes: 6 << 20}, reg.Live())
+
+	require.NoError(t, a.Close())
+	require.Empty(t, reg.Violations())
+	require.True(t, reg.Live().Zero(), "%+v", reg.Live())
+	require.NoError(t, pool.Close())
+	require.True(t, hd.Live().Zero(), "%+v", hd.Live())
+	require.NoError(t, hd.Close())
 }

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/acltest"
 	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
@@ -162,6 +163,7 @@ type world struct {
 	o          modelOpts
 	hd         *host.Driver
 	fd         *faultdriver.Driver
+	reg        *acltest.Registrations // every arena registered with it, in front of hd
 	pool       *chunk.Pool
 	cs         int
 	open       []*marena
@@ -235,7 +237,8 @@ func newWorld(t testing.TB, c chooser, o modelOpts) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &world{t: t, c: c, o: o, hd: hd, fd: faultdriver.New(hd), shared: chunk.NewTenant(), sharedSeen: new([256]bool)}
+	reg := acltest.NewRegistrations(hd, nil)
+	w := &world{t: t, c: c, o: o, hd: hd, reg: reg, fd: faultdriver.New(reg.Driver()), shared: chunk.NewTenant(), sharedSeen: new([256]bool)}
 	w.sharedSeen[0] = true
 	budget := int64(0)
 	if !o.byDevice {
@@ -460,6 +463,9 @@ func (m *marena) dropBufs(n int) (stale []mbuf) {
 func (w *world) check() {
 	w.t.Helper()
 	w.n.checks++
+	if v := w.reg.Violations(); len(v) > 0 {
+		w.fatalf("the arenas' registrations broke the protocol: %v", errors.Join(v...))
+	}
 	var sumCap, sumRes, strays, held int
 	for _, m := range w.open {
 		s := m.a.Stats()
@@ -724,6 +730,12 @@ func (w *world) newArena() {
 			_ = w.hd.DestroyStream(stream)
 		}
 		return
+	}
+	// Registered for its whole life: the registration double checks, at
+	// every step, that nothing registered is unmapped and nothing is
+	// registered before it is mapped with access (check).
+	if err := a.OnBackingChange(arena.RegisterWith(w.reg)); err != nil {
+		w.fatalf("register a new arena: %v", err)
 	}
 	w.tags++
 	tag := byte(w.tags%14 + 1)
@@ -1349,6 +1361,9 @@ func (w *world) teardown() {
 	w.fd.Clear()
 	if l := w.hd.Live(); !l.Zero() {
 		w.fatalf("leaked: %+v", l)
+	}
+	if l := w.reg.Live(); !l.Zero() {
+		w.fatalf("left registered: %+v", l)
 	}
 	w.n.injected += w.fd.Injected(faultdriver.Any)
 	for i, op := range faultOps {

@@ -72,15 +72,17 @@ type options struct {
 	cpuProfile string   // write a CPU profile of the in-process runs (-fresh=false) here
 	args       []string // the flags as given, for the fresh processes
 
-	chunk     int64
-	maxCached int
-	growth    float64
-	scrub     string
-	headroom  int  // arena: chunks of headroom per region
-	maxHead   int  // arena: chunks the learnt headroom may reach; 0: the arena's default
-	ahead     int  // arena: fresh chunks the pool keeps ahead
-	warm      int  // arena: fresh chunks allocated at start (-1: the budget)
-	stream    bool // arena: order unmaps and scrubs on the workload's stream
+	chunk        int64
+	maxCached    int
+	growth       float64
+	scrub        string
+	headroom     int           // arena: chunks of headroom per region
+	maxHead      int           // arena: chunks the learnt headroom may reach; 0: the arena's default
+	ahead        int           // arena: fresh chunks the pool keeps ahead
+	warm         int           // arena: fresh chunks allocated at start (-1: the budget)
+	stream       bool          // arena: order unmaps and scrubs on the workload's stream
+	register     string        // arena: registration mode (-register)
+	registerCost time.Duration // arena: a registration call's modelled cost
 
 	workerCPU float64 // arena: the pool worker's share of one CPU (0: no cap)
 
@@ -209,6 +211,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.ahead, "ahead", 4, "arena: fresh chunks the pool's worker keeps allocated ahead, within the budget (0: none)")
 	fs.Float64Var(&o.workerCPU, "worker-cpu", 0, "arena: cap the pool's worker at this share of one CPU, e.g. 0.25 (0: no cap; else 0.01 to 1)")
 	fs.IntVar(&o.warm, "warm", 0, "arena: fresh chunks the pool allocates at start, timed as setup (-1: as many as a budgeted workload's budget allows; 0, the default: none, the arenas allocate as they grow and an empty slot keeps only what its next request needs)")
+	fs.StringVar(&o.register, "register", "none", "arena: register every arena with a modelled collective library, as acl/hccl and acl/nccl do: chunk (one registration per chunk mapping: HCCL, NCCL's default), run (each run of adjacent chunks as one, re-registered at each change: NCCL with Coalesce), or none; the report gives registrations per generated token")
+	fs.DurationVar(&o.registerCost, "register-cost", 100*time.Microsecond, "with -register: the host time charged for each registration or deregistration, on the goroutine that changes the arena's backing (an estimate: no device here has measured it)")
 	fs.BoolVar(&o.stream, "stream", true, "arena: give the arenas the workload's stream, so unmaps wait for it alone (false: a device-wide wait before each unmap)")
 
 	fs.IntVar(&o.kv.Layers, "kv-layers", o.kv.Layers, "kv: layers")
@@ -327,6 +331,10 @@ func (o *options) check() error {
 		return fmt.Errorf("-readings %q: want profile, pessimistic or both", o.readings)
 	case o.verify && !o.touch:
 		return errors.New("-verify needs -touch")
+	case !slices.Contains(strategy.RegisterModes, o.register):
+		return fmt.Errorf("-register %q: want none, chunk or run", o.register)
+	case o.registerCost < 0:
+		return fmt.Errorf("-register-cost %v: want a duration of 0 or more", o.registerCost)
 	case o.headroom < 0:
 		return fmt.Errorf("-headroom %d: want 0 or more", o.headroom)
 	case o.maxHead < 0:
@@ -808,7 +816,10 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	cfg := strategy.Config{Driver: cd, Chunk: o.chunk, MaxCached: o.maxCached,
 		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize,
 		MaxHeadroom: int64(o.maxHead) * chunkSize, Ahead: o.ahead,
-		WorkerCPU: o.workerCPU, Warm: o.warm}
+		WorkerCPU: o.workerCPU, Warm: o.warm, RegisterCost: o.registerCost}
+	if o.register != "none" {
+		cfg.Register = o.register
+	}
 	switch w := w.(type) {
 	case workload.KV:
 		cfg.Block = w.BlockBytes() // the paged pool's block: one KV block
@@ -851,6 +862,9 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	if p := strategy.Pool(st); p != nil {
 		ps := p.Stats()
 		env.Res.Pool = &ps
+	}
+	if rs, ok := strategy.RegistrationsOf(st); ok {
+		env.Res.Registered, env.Res.Deregistered = rs.Register, rs.Deregister
 	}
 	err = errors.Join(err, st.Close(), destroyStream(cd, stream))
 	env.Res.WallNS = int64(time.Since(start))

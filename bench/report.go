@@ -67,6 +67,12 @@ type row struct {
 	ScrubsFresh    int64   `json:"scrubs_fresh"`              // of them, fresh from the driver
 	ScrubsAsync    int64   `json:"scrubs_async"`              // of them, queued on the stream instead of waited for
 	Reclaimed      int64   `json:"reclaimed"`                 // chunks reclaimed under pressure (arena)
+	// With -register: the modelled library's registrations and
+	// deregistrations over the run, and registrations per generated token.
+	Tokens       int64   `json:"tokens,omitempty"` // tokens generated (kv)
+	Registered   int64   `json:"registered,omitempty"`
+	Deregistered int64   `json:"deregistered,omitempty"`
+	RegsPerToken float64 `json:"registrations_per_token,omitempty"`
 
 	GrowCalls    int64   `json:"grow_calls"`
 	Grows        int     `json:"grows"` // Grows that called the driver, per run
@@ -331,6 +337,10 @@ func summarise(runs []*workload.Result) *row {
 		x.Served = float64(med.Served) / float64(med.Demand)
 	}
 	x.Pool = med.Pool
+	x.Tokens, x.Registered, x.Deregistered = med.Tokens, med.Registered, med.Deregistered
+	if med.Tokens > 0 {
+		x.RegsPerToken = float64(med.Registered) / float64(med.Tokens)
+	}
 	x.CPUNS = med.CPUNS
 	x.SetupNS = med.SetupNS
 	x.Preempted = med.Preempted
@@ -674,6 +684,11 @@ func (r *report) targets() []target {
 				target{"kv: steady state, per-step allocation p99 ÷ p50", "≤ 2",
 					fmt.Sprintf("%.2f (p50 %s, p99 %s)%s", a.StepP99NS/max(a.StepP50NS, 1), workload.HumanNS(a.StepP50NS),
 						workload.HumanNS(a.StepP99NS), r.noiseFloor()), a.StepP99NS <= 2*a.StepP50NS})
+		}
+		if o.register != "none" && a.Tokens > 0 {
+			ts = append(ts, target{fmt.Sprintf("kv: registrations per generated token (-register %s, each call charged %v, an estimate)", o.register, o.registerCost),
+				"≤ 0.01", fmt.Sprintf("%.4f (%d registrations and %d deregistrations over %d tokens)", a.RegsPerToken, a.Registered, a.Deregistered, a.Tokens),
+				a.RegsPerToken <= 0.01})
 		}
 		headroom := int64(o.headroom) * chunkSize
 		limit := a.PeakLive + int64(a.Regions)*(headroom+chunkSize)

@@ -1,6 +1,7 @@
 package strategy
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/vmarena/vmarena/acl"
@@ -19,7 +20,8 @@ type arenaStrategy struct {
 	eager  bool
 	tenant chunk.Tenant
 	cfg    Config
-	part   bool // one model's share of another's pool (Split): the pool is not its own
+	part   bool           // one model's share of another's pool (Split): the pool is not its own
+	regs   *registrations // Config.Register: the modelled library's calls; nil: none
 }
 
 func newArena(cfg Config, eager bool) (*arenaStrategy, error) {
@@ -45,6 +47,13 @@ func newArena(cfg Config, eager bool) (*arenaStrategy, error) {
 		return nil, fmt.Errorf("strategy arena: %w", err)
 	}
 	s := &arenaStrategy{pool: p, eager: eager, cfg: cfg}
+	switch cfg.Register {
+	case RegisterNone:
+	case RegisterChunk, RegisterRun:
+		s.regs = &registrations{mode: cfg.Register, cost: cfg.RegisterCost}
+	default:
+		return nil, errors.Join(fmt.Errorf("strategy arena: registration mode %q: want %q or %q", cfg.Register, RegisterChunk, RegisterRun), p.Close())
+	}
 	if !eager {
 		s.tenant = chunk.NewTenant()
 	}
@@ -78,6 +87,11 @@ func (s *arenaStrategy) Open(max int64) (Region, error) {
 	a, err := arena.New(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if s.regs != nil {
+		if err := a.OnBackingChange(arena.RegisterWith(newModelRegistrar(s.regs))); err != nil {
+			return nil, errors.Join(err, a.Close())
+		}
 	}
 	return &arenaRegion{a: a, eager: s.eager, warmed: s.cfg.Warm != 0}, nil
 }
@@ -169,6 +183,15 @@ func Arena(r Region) *arena.Arena {
 		return ar.a
 	}
 	return nil
+}
+
+// RegistrationsOf returns the calls the arena strategy's modelled library
+// was made (Config.Register), and whether it registers at all.
+func RegistrationsOf(s Strategy) (Registrations, bool) {
+	if as, ok := s.(*arenaStrategy); ok && as.regs != nil {
+		return Registrations{Register: as.regs.reg.Load(), Deregister: as.regs.dereg.Load()}, true
+	}
+	return Registrations{}, false
 }
 
 // Pool returns the chunk pool of the arena strategy, or nil.

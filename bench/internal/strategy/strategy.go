@@ -31,6 +31,7 @@ package strategy
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/chunk"
@@ -141,6 +142,13 @@ type Config struct {
 	// Warm is the fresh chunks the arena strategy's pool allocates at start
 	// (Prepare); -1 means as many as the budget allows.
 	Warm int
+	// Register registers every region of the arena strategies with a
+	// modelled collective library (RegisterChunk, RegisterRun; RegisterNone:
+	// none), through arena.RegisterWith; RegisterCost is the host time each
+	// of its calls is charged (an estimate), on the goroutine that changes
+	// the arena's backing.
+	Register     string
+	RegisterCost time.Duration
 	// Block is the paged pool's block in bytes (a KV block: its tokens'
 	// cache); 0 means the driver's granularity.
 	Block int64

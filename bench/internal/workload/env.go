@@ -78,6 +78,10 @@ type Result struct {
 	PeakLive    int64
 	Samples     []Sample
 	Pool        *chunk.Stats // the arena's pool, before it closed
+	// Registered and Deregistered count the modelled library's calls
+	// (strategy.Config.Register): registrations (ncclCommRegister,
+	// HcclCommActivateCommMemory) and their undoing, over the whole run.
+	Registered, Deregistered int64
 	Err         string
 
 	// The caller's critical path, step by step (KV decode): the time the

@@ -11,7 +11,9 @@ import (
 // touches and one registration of every run it leaves.
 func TestModelRegistrarCounts(t *testing.T) {
 	const g = 2 << 20
-	m := func(i int) acl.Mapping { return acl.Mapping{Ptr: acl.DevicePtr(1<<40 + i*g), Size: g, Handle: acl.PhysicalHandle(i + 1)} }
+	m := func(i int) acl.Mapping {
+		return acl.Mapping{Ptr: acl.DevicePtr(1<<40 + i*g), Size: g, Handle: acl.PhysicalHandle(i + 1)}
+	}
 	batch := func(is ...int) []acl.Mapping {
 		var out []acl.Mapping
 		for _, i := range is {

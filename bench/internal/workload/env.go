@@ -82,7 +82,7 @@ type Result struct {
 	// (strategy.Config.Register): registrations (ncclCommRegister,
 	// HcclCommActivateCommMemory) and their undoing, over the whole run.
 	Registered, Deregistered int64
-	Err         string
+	Err                      string
 
 	// The caller's critical path, step by step (KV decode): the time the
 	// step's decode work (one token per sequence, and the block grows) spent

@@ -90,7 +90,7 @@ var table = []entry{
 	{cmd: "go run ./bench -count 3 -img docs/img/host", how: scaledDown, flags: quickBench},
 	{cmd: "go run ./bench -device model:h200 -strategies all -count 3", how: scaledDown, flags: quickBench},
 	{cmd: "go run ./bench -device model:h200 -workloads kv -count 3 -micro=false -strategies arena,realloc", how: scaledDown, flags: quickBench},
-	{cmd: "go run ./bench -device model:h200 -workloads kv -strategies arena -readings profile -micro=false -register run -chunk 64MiB", how: scaledDown, flags: quickBench},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -strategies arena -readings profile -micro=false -register run -chunk 64MiB", how: scaledDown, flags: quickBench + " -chunk 16MiB"},
 	{cmd: "go run ./bench -device model:h200 -strategies all -readings profile -img docs/img/model", how: scaledDown, flags: quickBench},
 	{cmd: "go run ./bench -device model:h200 -workloads kv -strategies arena,realloc -chunk 16MiB", how: scaledDown, flags: quickBench},
 	{cmd: "go run ./bench -device model:h200 -strategies arena-eager,realloc -kv-budget-factor 0", how: scaledDown, flags: quickBench},

@@ -70,6 +70,14 @@ func (e *rdmaEngine) refresh() {
 // drops the old registration; no descriptor is left at the end.
 func TestArenaExportDMABuf(t *testing.T) {
 	d, f := openFake(t, 0, Config{})
+	exports := arenaDMABuf(t, d)
+	require.Equal(t, int64(exports), f.dmabufs(), "every export reached CUDA")
+}
+
+// arenaDMABuf runs an arena on d through growths, a shrink, a sleep, a wake
+// and a close with the RDMA engine following it, and returns how many
+// exports it made.
+func arenaDMABuf(t *testing.T, d *Driver) int {
 	fds := openFDs(t)
 	a, err := arena.New(arena.Config{Driver: d, Reserve: 16 * g})
 	require.NoError(t, err)
@@ -111,6 +119,6 @@ func TestArenaExportDMABuf(t *testing.T) {
 	_, err = a.ExportDMABuf()
 	require.ErrorIs(t, err, arena.ErrClosed)
 	require.GreaterOrEqual(t, e.dropped, 3)
-	require.Equal(t, int64(e.exports), f.dmabufs(), "every export reached CUDA")
 	require.Equal(t, fds, openFDs(t), "no descriptor left")
+	return e.exports
 }

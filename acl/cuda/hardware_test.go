@@ -94,6 +94,16 @@ func TestHardware(t *testing.T) {
 	t.Run("ChunkCosts", func(t *testing.T) { testChunkCosts(t, fresh) })
 	t.Run("ShareAcrossProcesses", testShareAcrossProcesses)
 	t.Run("LaunchWhileMapping", testLaunchWhileMapping)
+	t.Run("ArenaDMABuf", func(t *testing.T) {
+		// An arena's mapped prefix as a dma-buf, exported again at every
+		// change, through cuMemGetHandleForAddressRange.
+		d := openGPU(t)
+		defer func() { require.NoError(t, d.Close()) }()
+		if rdma, dmaBuf := d.RDMACapable(); !dmaBuf || !rdma {
+			skip.NoDevice(t, "the GPU or its driver cannot export RDMA-capable VMM memory as dma-bufs (GPUDirect RDMA with VMM %v, dma-buf %v)", rdma, dmaBuf)
+		}
+		t.Logf("%d exports", arenaDMABuf(t, d))
+	})
 }
 
 // testForeignStream passes the driver a CUstream it did not create, made

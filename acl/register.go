@@ -27,7 +27,9 @@ import (
 // mapping in a set range is registered exactly once. The calls map one to one
 // onto HCCL's zero-copy calls (HcclCommSetMemoryRange, HcclCommActivateCommMemory,
 // HcclCommDeactivateCommMemory, HcclCommUnsetMemoryRange) and onto a
-// registration per mapping with NCCL (ncclCommRegister, ncclCommDeregister).
+// registration per mapping with NCCL (ncclCommRegister, ncclCommDeregister),
+// or per run of adjacent mappings (package acl/nccl's Coalesce, which takes
+// each change's mappings at once: BatchRegistrar).
 
 // Registrar is told the life of a reservation's memory by its owner, in the
 // order above, and registers that memory with a library. Implementations:

@@ -219,13 +219,13 @@ func (r *Registrar) plan(t *regtable.Table, ms []acl.Mapping, add bool) (drop, f
 		}
 	}
 	sort.Slice(drop, func(i, j int) bool { return drop[i].ptr < drop[j].ptr })
-	made := map[acl.DevicePtr]bool{}
 	run := func(m acl.Mapping) {
-		g := r.runOf(t, m)
-		if !made[g.ptr] {
-			made[g.ptr] = true
-			fresh = append(fresh, g)
+		for _, g := range fresh {
+			if m.Ptr >= g.ptr && m.Ptr < g.end() {
+				return // in a run already made
+			}
 		}
+		fresh = append(fresh, r.runOf(t, m))
 	}
 	if add {
 		for _, m := range ms {

@@ -18,6 +18,7 @@ import (
 	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // Registration is what RunRegistration runs on.
@@ -176,12 +177,20 @@ func (l *eventLog) String() string {
 	return strings.Join(l.lines, "\n")
 }
 
-// wakeNow wakes a, waiting a moment for memory: when there is none, the
-// Wake fails instead of waiting for a release this single-threaded run
-// would never make.
+// wakeNow wakes a without waiting for memory: when there is none, the Wake
+// joins its pool's queue of waiters, and its context ends right then (a
+// sched hook), so it fails instead of waiting for a release this
+// single-threaded run would never make (a short deadline would do the same
+// only on an idle machine). It replaces any sched hook for its duration.
 func wakeNow(a *arena.Arena) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	pool := a.Pool()
+	defer sched.Set(func(p sched.Point, who any) {
+		if p == sched.WaitEnqueued && who == pool {
+			cancel()
+		}
+	})()
 	return a.Wake(ctx)
 }
 

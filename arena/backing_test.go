@@ -12,8 +12,8 @@ import (
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/acl/model"
 	"github.com/vmarena/vmarena/arena"
-	"github.com/vmarena/vmarena/arena/arenatest"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/regtest"
 )
 
 var errRefused = errors.New("injected: the library refuses")
@@ -22,7 +22,7 @@ var errRefused = errors.New("injected: the library refuses")
 // front of the driver) follows two arenas through growths, refills, shrinks
 // with and without streams, reliefs of a third arena's growth, Discard and
 // Offload sleeps and wakes, TrapStale truncations, closes, with driver
-// faults and a library that refuses registrations (arenatest.RunRegistration),
+// faults and a library that refuses registrations (regtest.RunRegistration),
 // on the host driver and on the device model: no registered range ever
 // covers unmapped memory (the double records any Register of memory not
 // mapped with access, and any unmap of a registered mapping), and at rest
@@ -37,7 +37,7 @@ func TestBackingRegistrationTable(t *testing.T) {
 	}
 	seeds := envInt("VMARENA_REGISTER_SEEDS", 2)
 	t.Run("host", func(t *testing.T) {
-		arenatest.RunRegistration(t, arenatest.Registration{Steps: steps, Seeds: seeds,
+		regtest.RunRegistration(t, regtest.Registration{Steps: steps, Seeds: seeds,
 			Open: func(t testing.TB, c uintptr) acl.Driver {
 				d, err := host.New(host.Config{Capacity: c})
 				require.NoError(t, err)
@@ -45,7 +45,7 @@ func TestBackingRegistrationTable(t *testing.T) {
 			}})
 	})
 	t.Run("model", func(t *testing.T) {
-		arenatest.RunRegistration(t, arenatest.Registration{Steps: steps / 3, Seeds: 1,
+		regtest.RunRegistration(t, regtest.Registration{Steps: steps / 3, Seeds: 1,
 			Open: func(t testing.TB, c uintptr) acl.Driver {
 				d, err := model.New(model.Config{Untimed: true, Capacity: c})
 				require.NoError(t, err)

@@ -10,12 +10,12 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/ascend"
 	"github.com/vmarena/vmarena/acl/host"
-	"github.com/vmarena/vmarena/arena/arenatest"
+	"github.com/vmarena/vmarena/internal/regtest"
 )
 
 // Arenas registered with the HCCL registrar over its double, through
 // growths, shrinks, reliefs, sleeps and wakes under driver faults and
-// refusals (arenatest.RunRegistration): HCCL's books (the double's, with
+// refusals (regtest.RunRegistration): HCCL's books (the double's, with
 // its 2 MiB alignment checked on every activation) follow the arenas'
 // mappings with no padding, and nothing is left activated or set: the
 // registrar's Close, at the test's end, fails on anything left, and the
@@ -41,7 +41,7 @@ func TestArenaRegistration(t *testing.T) {
 		steps = 100
 	}
 	t.Run("host", func(t *testing.T) {
-		arenatest.RunRegistration(t, arenatest.Registration{Steps: steps, Next: next(false), Bytes: bytes,
+		regtest.RunRegistration(t, regtest.Registration{Steps: steps, Next: next(false), Bytes: bytes,
 			Open: func(t testing.TB, c uintptr) acl.Driver {
 				d, err := host.New(host.Config{Capacity: c})
 				require.NoError(t, err)
@@ -49,7 +49,7 @@ func TestArenaRegistration(t *testing.T) {
 			}})
 	})
 	t.Run("acl", func(t *testing.T) {
-		arenatest.RunRegistration(t, arenatest.Registration{Steps: steps, Next: next(true), Bytes: bytes,
+		regtest.RunRegistration(t, regtest.Registration{Steps: steps, Next: next(true), Bytes: bytes,
 			Open: func(t testing.TB, c uintptr) acl.Driver {
 				d, err := ascend.Open(ascend.Config{Library: doubles.Instance(t, "fakeacl", "libascendcl.so")})
 				require.NoError(t, err)

@@ -10,13 +10,13 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/acl/nccl"
-	"github.com/vmarena/vmarena/arena/arenatest"
+	"github.com/vmarena/vmarena/internal/regtest"
 )
 
 // Arenas registered with the NCCL registrar over its double, one
 // registration per chunk and with runs coalesced, through growths, shrinks,
 // reliefs, sleeps and wakes under driver faults and refusals
-// (arenatest.RunRegistration), on the host driver and on the CUDA binding
+// (regtest.RunRegistration), on the host driver and on the CUDA binding
 // over its double: NCCL's registrations (the double refuses any overlap, so
 // a run made before the one it replaces went fails) follow the arenas'
 // mappings, hold exactly their bytes, and nothing is left registered.
@@ -51,7 +51,7 @@ func TestArenaRegistration(t *testing.T) {
 		}
 		name := map[bool]string{false: "per-chunk", true: "coalesced"}[coalesce]
 		t.Run(name+"/host", func(t *testing.T) {
-			arenatest.RunRegistration(t, arenatest.Registration{Steps: steps, Next: next(false), Bytes: bytes,
+			regtest.RunRegistration(t, regtest.Registration{Steps: steps, Next: next(false), Bytes: bytes,
 				Open: func(t testing.TB, c uintptr) acl.Driver {
 					d, err := host.New(host.Config{Capacity: c})
 					require.NoError(t, err)
@@ -59,7 +59,7 @@ func TestArenaRegistration(t *testing.T) {
 				}})
 		})
 		t.Run(name+"/cuda", func(t *testing.T) {
-			arenatest.RunRegistration(t, arenatest.Registration{Steps: steps, Next: next(true), Bytes: bytes,
+			regtest.RunRegistration(t, regtest.Registration{Steps: steps, Next: next(true), Bytes: bytes,
 				Open: func(t testing.TB, c uintptr) acl.Driver { return openCUDA(t) }})
 		})
 	}

@@ -1,4 +1,10 @@
-package arenatest
+// Package regtest runs registered arenas through every change of their
+// memory, under driver faults and library refusals, and checks the
+// registration protocol (acl.Registrar) at every step with the registration
+// double of acl/acltest: RunRegistration. The arena's tests run it on the
+// host driver and the device model, those of acl/hccl and acl/nccl with
+// their libraries' doubles behind it, on the bindings over theirs.
+package regtest
 
 import (
 	"context"
@@ -21,10 +27,14 @@ import (
 	"github.com/vmarena/vmarena/internal/sched"
 )
 
+// Capacity is the device memory a run asks Open for.
+const Capacity = 256 << 20
+
 // Registration is what RunRegistration runs on.
 type Registration struct {
-	// Open returns the driver, of Capacity bytes; the run closes it.
-	Open Open
+	// Open returns a fresh driver whose device holds capacity bytes
+	// (Capacity); the run closes it.
+	Open func(t testing.TB, capacity uintptr) acl.Driver
 	// Next returns the library's registrar (acl/hccl, acl/nccl over their
 	// test doubles) for memory of d, or nil: the registration double alone.
 	// The caller closes it and checks its library once the run is over

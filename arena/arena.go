@@ -115,16 +115,8 @@ const MaxReserve = acl.MaxReserve
 const maxReserve = 1 << 40
 
 // AlignLimit is the largest alignment any arena accepts (1 GiB). An arena's
-// own limit, the method Arena.MaxAlign, is the alignment of its base up to
-// this.
+// own limit, Arena.BaseAlign, is the alignment of its base up to this.
 const AlignLimit = 1 << maxAlignShift
-
-// MaxAlign is AlignLimit under its first name, kept so that code using it
-// still compiles.
-//
-// Deprecated: use AlignLimit; the name reads as the method Arena.MaxAlign,
-// which is the arena's own limit.
-const MaxAlign = AlignLimit
 
 const maxAlignShift = 30
 
@@ -511,11 +503,11 @@ func (a *Arena) ChunkSize() int {
 	return int(a.chunkSize)
 }
 
-// MaxAlign returns the largest alignment Alloc accepts: the alignment of
-// Base, at most AlignLimit (1 GiB). It is at least the driver's granularity
+// BaseAlign returns the alignment of Base, at most AlignLimit (1 GiB): the
+// largest alignment Alloc accepts. It is at least the driver's granularity
 // (2 MiB on ACL, CUDA and the host driver), since reservations are aligned
 // to it, and it never changes.
-func (a *Arena) MaxAlign() int {
+func (a *Arena) BaseAlign() int {
 	if a == nil {
 		return 0
 	}
@@ -539,7 +531,7 @@ func (a *Arena) Pool() *chunk.Pool {
 }
 
 // Alloc returns a buffer of size bytes whose offset is a multiple of align (a
-// power of two, at most Arena.MaxAlign: the alignment of Base up to 1 GiB, so
+// power of two, at most Arena.BaseAlign: the alignment of Base up to 1 GiB, so
 // that the buffer's device address is aligned too). It maps more memory when the mapped space is used up, so it
 // can fail with ErrOutOfMemory or ErrExhausted; within Cap it makes no driver
 // call, takes no lock and allocates nothing on the Go heap. With
@@ -577,7 +569,7 @@ func (a *Arena) badAlloc(size, align int) error {
 	case align <= 0 || align&(align-1) != 0:
 		return fmt.Errorf("arena: alloc: %w: alignment %d is not a power of two", ErrInvalid, align)
 	}
-	return fmt.Errorf("arena: alloc: %w: alignment %s exceeds the arena's MaxAlign, %s", ErrInvalid,
+	return fmt.Errorf("arena: alloc: %w: alignment %s exceeds the arena's BaseAlign, %s", ErrInvalid,
 		units.Bytes(int64(align)), units.Ubytes(a.maxAlign))
 }
 

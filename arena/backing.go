@@ -97,15 +97,6 @@ const (
 	BackingAttach
 )
 
-// The causes under their first names.
-//
-// Deprecated: use BackingSleep, BackingWake and BackingShrink.
-const (
-	BackingSlept  = BackingSleep
-	BackingWoke   = BackingWake
-	BackingShrunk = BackingShrink
-)
-
 var causeNames = [...]string{"", "grow", "refill", "shrink", "relief", "sleep", "wake", "close", "import", "undo",
 	"trap-stale", "attach"}
 

@@ -73,15 +73,11 @@ const maxFreeEvents = 64
 
 func (q *pending) init() { q.byAddr = make(map[acl.DevicePtr]*item) }
 
-// errFallback says that ReleaseAfter could not order the release with
-// events, and that the caller must use the synchronous path.
-var errFallback = errors.New("chunk: stream-ordered release unavailable")
-
 // ErrNoOrder is matched by the error of ReleaseAfter when it could not order
 // the release with events (an event call failed): nothing was released, and
 // the caller releases the chunks the synchronous way (SyncDevice, then
 // Release). Stats.SyncFallbacks counts it.
-var ErrNoOrder = errFallback
+var ErrNoOrder = errors.New("chunk: stream-ordered release unavailable")
 
 // ReleaseAfter hands the chunks ms, mapped and out of this pool, back to the
 // pool to be unmapped once the work queued now on streams has run, and
@@ -152,7 +148,7 @@ func (p *Pool) fallback(evs []acl.Event, err error) error {
 	p.stats.SyncFallbacks++
 	p.mu.Unlock()
 	p.recycle(evs)
-	return fmt.Errorf("%w: %w", errFallback, err)
+	return fmt.Errorf("%w: %w", ErrNoOrder, err)
 }
 
 // enqueue hands chunks a member (owner) gave a relief (mapped, lowest

@@ -123,7 +123,7 @@ func benchProducer(spec peerSpec, conn *net.UnixConn, d *host.Driver) error {
 		}
 		switch cmd[0] {
 		case 's':
-			if err := a.Share(conn, buf, arena.ShareOptions{PID: os.Getppid()}); err != nil {
+			if err := buf.Share(conn, arena.ShareOptions{PID: os.Getppid()}); err != nil {
 				return err
 			}
 		case 'c':

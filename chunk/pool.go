@@ -126,7 +126,7 @@ type Config struct {
 	// structured records. nil, the default, logs nothing and costs nothing.
 	Logger *slog.Logger
 	// Shareable allocates chunks that can be exported to another process
-	// (Export; arena.Share). ACL exports any allocation; a driver that
+	// (Export; arena's Buffer.Share). ACL exports any allocation; a driver that
 	// shares file descriptors (acl.SharingFD) exports only those made with
 	// PhysicalMemProp.HandleType = MemHandleTypePOSIX, which on the host
 	// driver cost a descriptor and a kernel memory area each. New fails with

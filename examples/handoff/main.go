@@ -5,7 +5,7 @@
 // The prefill process writes every layer's keys and values for a prompt into
 // arenas whose chunks can be exported, starts the decode process (this same
 // binary, run with -decode) with one end of a socketpair, and shares each
-// cache with it (arena.Share): the decoder, and no other process, maps the
+// cache with it (Buffer.Share): the decoder, and no other process, maps the
 // very chunks the prefill process wrote (arena.Import) into reservations of
 // its own. The prefill process then closes its arenas and ends: the device
 // keeps the memory for the decoder. The decoder generates more tokens,

@@ -87,7 +87,7 @@ func TestStaleBufferCannotWriteTheNextAllocation(t *testing.T) {
 	assert.Equal(t, "sequence B", string(got), "the new allocation is untouched")
 
 	// A view of what lies there now is a new allocation's.
-	again, err := a.Slice(old.Offset(), old.Len())
+	again, err := a.Slice(old.Offset(), old.Offset()+old.Len())
 	require.NoError(t, err)
 	require.NoError(t, arena.CopyOut(got, again))
 	assert.Equal(t, "sequence B", string(got))

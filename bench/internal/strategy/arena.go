@@ -122,7 +122,7 @@ func (r *arenaRegion) Alloc(n, align int64) (int64, error) {
 }
 
 func (r *arenaRegion) Ptr(off, n int64) (acl.DevicePtr, error) {
-	b, err := r.a.Slice(int(off), int(n))
+	b, err := r.a.Slice(int(off), int(off+n))
 	if err != nil {
 		return 0, err
 	}

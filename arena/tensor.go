@@ -157,12 +157,11 @@ func (t Tensor[T]) CopyOut(dst []T) error {
 	return CopyOut(dst, t.buf)
 }
 
-// The copies follow one rule: those given a Buffer (CopyIn, CopyOut,
-// CopyInHalf, CopyOutHalf) copy into or out of its start, as many elements
-// as the slice holds, which must fit; those given a Tensor (its methods,
-// CopyInFloat32, CopyOutFloat32) copy the whole tensor, and the slice must
-// hold exactly Len elements. For part of a tensor, copy through
-// Tensor.Buffer, or a Slice of it.
+// The copies follow one rule: those given a Buffer (CopyIn, CopyOut) copy
+// into or out of its start, as many elements as the slice holds, which must
+// fit; those given a Tensor (its methods, CopyInFloat32, CopyOutFloat32)
+// copy the whole tensor, and the slice must hold exactly Len elements. For
+// part of a tensor, View a Slice of its Buffer.
 
 // CopyInFloat32 converts src to T (rounding to nearest, ties to even) and
 // copies it into t. src must hold exactly t.Len() elements.
@@ -170,7 +169,7 @@ func CopyInFloat32[T HalfFloat](t Tensor[T], src []float32) error {
 	if len(src) != t.Len() {
 		return fmt.Errorf("arena: tensor copy in: %w: %d elements for a tensor of %d", ErrRange, len(src), t.Len())
 	}
-	return CopyInHalf[T](t.buf, src)
+	return copyInHalf[T](t.buf, src)
 }
 
 // CopyOutFloat32 copies t out and converts it to float32 (exactly) into
@@ -179,13 +178,13 @@ func CopyOutFloat32[T HalfFloat](dst []float32, t Tensor[T]) error {
 	if len(dst) != t.Len() {
 		return fmt.Errorf("arena: tensor copy out: %w: %d elements for a tensor of %d", ErrRange, len(dst), t.Len())
 	}
-	return CopyOutHalf[T](dst, t.buf)
+	return copyOutHalf[T](dst, t.buf)
 }
 
-// CopyInHalf converts src to the half float T (rounding to nearest, ties to
+// copyInHalf converts src to the half float T (rounding to nearest, ties to
 // even) and copies it into the start of dst, as CopyIn does: 2×len(src)
 // bytes must fit in dst.
-func CopyInHalf[T HalfFloat](dst Buffer, src []float32) error {
+func copyInHalf[T HalfFloat](dst Buffer, src []float32) error {
 	h := make([]T, len(src))
 	var zero T
 	switch any(zero).(type) {
@@ -201,10 +200,10 @@ func CopyInHalf[T HalfFloat](dst Buffer, src []float32) error {
 	return CopyIn(dst, h)
 }
 
-// CopyOutHalf fills dst from the start of src, read as half floats T and
+// copyOutHalf fills dst from the start of src, read as half floats T and
 // converted to float32 (exactly), as CopyOut does: 2×len(dst) bytes must
 // fit in src.
-func CopyOutHalf[T HalfFloat](dst []float32, src Buffer) error {
+func copyOutHalf[T HalfFloat](dst []float32, src Buffer) error {
 	h := make([]T, len(dst))
 	if err := CopyOut(h, src); err != nil {
 		return err

@@ -214,19 +214,36 @@ func TestHalfString(t *testing.T) {
 	}
 }
 
-// The Buffer copies of half floats copy a prefix, as CopyIn does; the
-// Tensor ones the whole tensor.
-func TestCopyHalfBuffer(t *testing.T) {
+// The conversions copy a whole tensor; a part of one is a view of a slice of
+// its Buffer.
+func TestCopyHalfPart(t *testing.T) {
 	a, err := arena.New(arena.Config{Driver: isoDriver(t, 16<<20), Reserve: 4 << 20})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, a.Close()) }()
 	tn, err := arena.AllocTensor[arena.BFloat16](a, 8)
 	require.NoError(t, err)
 	require.NoError(t, arena.CopyInFloat32(tn, []float32{1, 2, 3, 4, 5, 6, 7, 8}))
-	require.NoError(t, arena.CopyInHalf[arena.BFloat16](tn.Buffer(), []float32{-1, -2}), "a prefix")
+	head, err := arena.View[arena.BFloat16](tn.Buffer(), 2)
+	require.NoError(t, err)
+	require.NoError(t, arena.CopyInFloat32(head, []float32{-1, -2}), "a prefix")
 	got := make([]float32, 3)
-	require.NoError(t, arena.CopyOutHalf[arena.BFloat16](got, tn.Buffer()))
+	part, err := arena.View[arena.BFloat16](tn.Buffer(), 3)
+	require.NoError(t, err)
+	require.NoError(t, arena.CopyOutFloat32(got, part))
 	assert.Equal(t, []float32{-1, -2, 3}, got)
-	require.ErrorIs(t, arena.CopyInHalf[arena.BFloat16](tn.Buffer(), make([]float32, 9)), arena.ErrRange)
+	rest, err := tn.Buffer().Slice(4, 16)
+	require.NoError(t, err)
+	tail, err := arena.View[arena.BFloat16](rest, 6)
+	require.NoError(t, err)
+	require.NoError(t, arena.CopyOutFloat32(got[:2], mustView[arena.BFloat16](t, tail.Buffer(), 2)))
+	assert.Equal(t, []float32{3, 4}, got[:2], "a view of a slice")
+	require.ErrorIs(t, arena.CopyInFloat32(tn, make([]float32, 9)), arena.ErrRange)
 	require.ErrorIs(t, arena.CopyOutFloat32(got, tn), arena.ErrRange, "a tensor copies whole")
+}
+
+func mustView[T arena.Element](t *testing.T, b arena.Buffer, shape ...int) arena.Tensor[T] {
+	t.Helper()
+	v, err := arena.View[T](b, shape...)
+	require.NoError(t, err)
+	return v
 }

@@ -131,12 +131,6 @@ type BackingChange struct {
 	Cap int
 }
 
-// ErrCallback is returned by an arena's methods called from one of its own
-// OnBackingChange callbacks: the callback runs while the arena changes its
-// memory (holding its lock, for the changes it makes), and such a call would
-// wait for itself. It is refused instead.
-var ErrCallback = errors.New("arena: called from its own backing-change callback")
-
 // maxCallbacks bounds an arena's callbacks: which callbacks hold a mapping
 // is a bit each in a word.
 const maxCallbacks = 64

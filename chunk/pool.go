@@ -13,22 +13,9 @@ import (
 	"github.com/vmarena/vmarena/internal/units"
 )
 
-// ErrBudget is returned (wrapped, together with acl.ErrOutOfMemory) when a
-// Get would take the pool past Config.Budget and nothing could be reclaimed.
-var ErrBudget = errors.New("chunk: pool budget exhausted")
-
 // errBudgetShort is take's shortage of budget; a growth that fails words
 // the error afresh (Pool.failed).
 var errBudgetShort = fmt.Errorf("%w: %w", ErrBudget, acl.ErrOutOfMemory)
-
-// ErrClosed is returned by a Pool after Close.
-var ErrClosed = errors.New("chunk: pool closed")
-
-// ErrMapped is matched by the error of a Map that mapped the chunk, failed
-// after that (granting access or scrubbing), and could not unmap it again:
-// the chunk is still mapped at the address, without access or unscrubbed,
-// and must be unmapped before it is Put back.
-var ErrMapped = errors.New("chunk: left mapped by a failed Map")
 
 // Scrub says when a pool clears a chunk's bytes, so that no tenant reads
 // bytes another tenant wrote.

@@ -240,11 +240,6 @@ const (
 	Speculative
 )
 
-// ErrBusy is the error of a speculative growth that found, at an address
-// it maps into, a chunk a relief claimed or that is being unmapped: its
-// client asks again later.
-var ErrBusy = errors.New("chunk: a chunk in the growth's way is being settled")
-
 // maxReliefs bounds the reliefs of one growth: a growth whose relief found
 // memory that was no longer enough when it placed it (its own chunks waiting
 // for the device were unmapped meanwhile, say) goes round again at most this

@@ -73,12 +73,6 @@ const maxFreeEvents = 64
 
 func (q *pending) init() { q.byAddr = make(map[acl.DevicePtr]*item) }
 
-// ErrNoOrder is matched by the error of ReleaseAfter when it could not order
-// the release with events (an event call failed): nothing was released, and
-// the caller releases the chunks the synchronous way (SyncDevice, then
-// Release). Stats.SyncFallbacks counts it.
-var ErrNoOrder = errors.New("chunk: stream-ordered release unavailable")
-
 // ReleaseAfter hands the chunks ms, mapped and out of this pool, back to the
 // pool to be unmapped once the work queued now on streams has run, and
 // returns without waiting. In ScrubOnRelease mode their clears are queued on

@@ -2,7 +2,6 @@ package chunk
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -17,18 +16,6 @@ import (
 // that can make memory obtainable, and the rule that fails the youngest
 // waiter when every holder of the memory waits. The events and the rule are
 // told in docs/design.md ("Pressure").
-
-// ErrDeadlock is returned by Waiter.Wait, wrapped with acl.ErrOutOfMemory,
-// when waiting cannot serve the growth: every member of the pool that holds
-// its memory waits for memory too, no chunk waits for the device or is on
-// its way back to the driver, no growth is relieving pressure, and what the
-// budget leaves, the cache holds and the members hold idle would not serve
-// the first waiter. The youngest waiter whose member holds memory gets it at
-// once, as a serving engine preempts its youngest sequence: what its caller
-// then frees serves the others. The rule cannot see memory another goroutine
-// of a waiting member might still free; failing the youngest is then an
-// early preemption, and nothing is lost (a failed growth changes nothing).
-var ErrDeadlock = errors.New("chunk: deadlock avoided: every member holding the pool's memory waits for memory")
 
 // errDeadlock is Wait's error: ErrDeadlock, matching acl.ErrOutOfMemory.
 var errDeadlock = fmt.Errorf("%w: %w", ErrDeadlock, acl.ErrOutOfMemory)

@@ -7,10 +7,10 @@ import (
 
 // Library names.
 const (
-	// EnvLibrary is the environment variable naming the CUDA driver library
+	// LibraryEnv is the environment variable naming the CUDA driver library
 	// to load when Config.Library is empty (tests point it at the test
 	// double), named as the ACL binding's VMARENA_ASCEND_LIBRARY is.
-	EnvLibrary = "VMARENA_CUDA_LIBRARY"
+	LibraryEnv = "VMARENA_CUDA_LIBRARY"
 	// DefaultLibrary is the soname of the CUDA driver library, found by the
 	// dynamic loader's search path. The unversioned libcuda.so is usually a
 	// development link or the toolkit's stub, so it is never tried.
@@ -194,7 +194,7 @@ func libraryPath(cfg Config) string {
 	if cfg.Library != "" {
 		return cfg.Library
 	}
-	if p := os.Getenv(EnvLibrary); p != "" {
+	if p := os.Getenv(LibraryEnv); p != "" {
 		return p
 	}
 	return DefaultLibrary

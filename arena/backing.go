@@ -118,7 +118,7 @@ type BackingChange struct {
 	Generation uint64
 	// Base and Size are the arena's reserved address range.
 	Base acl.DevicePtr
-	Size uintptr
+	Size int
 	// Mappings are the chunk mappings the event is about (Mapped,
 	// Unmapping), lowest address first: each one physical allocation
 	// mapped whole, [Ptr, Ptr+Size) backed by Handle, as acl.Registrar
@@ -214,7 +214,7 @@ func (a *Arena) OnBackingChange(fn func(BackingChange) error) error {
 		return fmt.Errorf("arena: on backing change: %w: %d callbacks already", ErrInvalid, maxCallbacks)
 	}
 	ch := BackingChange{Arena: a, Phase: BackingReserved, Cause: BackingAttach, Generation: a.ev.gen.Load(),
-		Base: a.base, Size: uintptr(a.reserved), Cap: int(a.cap.Load())}
+		Base: a.base, Size: int(a.reserved), Cap: int(a.cap.Load())}
 	if err := a.call(fn, ch); err != nil {
 		return fmt.Errorf("arena: on backing change: %w", err)
 	}
@@ -382,7 +382,7 @@ func (a *Arena) tell(phase BackingPhase, cause BackingCause, ms []acl.Mapping) e
 
 func (a *Arena) change(phase BackingPhase, cause BackingCause, gen uint64, ms []acl.Mapping) BackingChange {
 	return BackingChange{Arena: a, Phase: phase, Cause: cause, Generation: gen, Base: a.base,
-		Size: uintptr(a.reserved), Mappings: ms, Cap: int(a.cap.Load())}
+		Size: int(a.reserved), Mappings: ms, Cap: int(a.cap.Load())}
 }
 
 // aclMappings returns the chunk mappings ms as acl.Mappings.
@@ -551,7 +551,7 @@ func RegisterWith(r acl.Registrar) func(BackingChange) error {
 	return func(ch BackingChange) error {
 		switch ch.Phase {
 		case BackingReserved:
-			return r.SetMemoryRange(ch.Base, ch.Size)
+			return r.SetMemoryRange(ch.Base, uintptr(ch.Size))
 		case BackingReleasing:
 			return r.UnsetMemoryRange(ch.Base)
 		case BackingMapped:

@@ -39,6 +39,11 @@
 // held while anything waits for the device or for memory, and every such
 // wait ends with the caller's context.
 //
+// Every size and offset in the API is an int, as Go's len and slice indices
+// are (Config's sizes, Stats, BackingChange included; counters are int64):
+// the largest reservation fits an int on the 64-bit platforms the drivers
+// run on.
+//
 // Len is the bytes in use, Cap the bytes mapped (a multiple of the chunk
 // size), and Len ≤ Cap ≤ Reserved holds whenever the arena is awake.
 // Growing maps chunks at Cap and never moves data: a Buffer's device pointer

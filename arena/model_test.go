@@ -692,7 +692,7 @@ func (w *world) newArena() {
 	k := 1 + w.c.intn(8)
 	reserve := k*w.cs - w.c.intn(w.cs)
 	trap := w.c.intn(4) == 0
-	cfg := arena.Config{Pool: w.pool, Reserve: int64(reserve), TrapStale: trap}
+	cfg := arena.Config{Pool: w.pool, Reserve: reserve, TrapStale: trap}
 	var stream acl.Stream
 	if w.o.streams && w.c.intn(2) == 0 {
 		s, err := w.hd.CreateStream()
@@ -711,7 +711,7 @@ func (w *world) newArena() {
 				mh = max(h, min(mh, b/w.cs))
 			}
 		}
-		cfg.Headroom, cfg.MaxHeadroom = int64(h)*int64(w.cs), int64(mh)*int64(w.cs)
+		cfg.Headroom, cfg.MaxHeadroom = h*w.cs, mh*w.cs
 	}
 	shared := w.o.tenants && w.c.intn(2) == 0
 	if shared {

@@ -158,7 +158,7 @@ type ImportConfig struct {
 	// Budget caps, in bytes, what a private pool accepts: the most memory
 	// this process takes from the producer. 0 means no cap. It must be 0
 	// with Pool.
-	Budget int64
+	Budget int
 	// Streams are the device streams whose work may read the import, as in
 	// Config.Streams: Close unmaps once the work queued on them has run, or,
 	// without streams, once the device is idle.
@@ -905,7 +905,7 @@ func importPool(drv acl.Driver, cfg ImportConfig, cs uint64) (pool *chunk.Pool, 
 	if cfg.Pool != nil {
 		return cfg.Pool, false, nil
 	}
-	p, err := chunk.New(drv, chunk.Config{Size: int(cs), MaxCached: -1, Budget: cfg.Budget, Scrub: chunk.ScrubNever})
+	p, err := chunk.New(drv, chunk.Config{Size: int(cs), MaxCached: -1, Budget: int64(cfg.Budget), Scrub: chunk.ScrubNever})
 	if err != nil {
 		return nil, false, err
 	}

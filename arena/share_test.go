@@ -326,7 +326,7 @@ func btoi(b bool) int {
 }
 
 func consumer(spec peerSpec, conn *net.UnixConn, d *host.Driver, fd *faultdriver.Driver) error {
-	cfg := arena.ImportConfig{Driver: fd, ReadOnly: spec.ReadOnly, Budget: spec.Budget, ProducerPID: spec.Producer}
+	cfg := arena.ImportConfig{Driver: fd, ReadOnly: spec.ReadOnly, Budget: int(spec.Budget), ProducerPID: spec.Producer}
 	if spec.Producer < 0 {
 		cfg.ProducerPID = os.Getppid()
 	}

@@ -136,7 +136,7 @@ func prefill() (err error) {
 	}()
 	for l := range *layers {
 		for kind := range 2 {
-			a, err := arena.New(arena.Config{Pool: pool, Reserve: int64(*prompt*row) + 64<<20})
+			a, err := arena.New(arena.Config{Pool: pool, Reserve: *prompt*row + 64<<20})
 			if err != nil {
 				return err
 			}
@@ -257,7 +257,7 @@ func decodeMain() (err error) {
 		err = errors.Join(err, pool.Close())
 	}()
 	for i := range own {
-		a, err := arena.New(arena.Config{Pool: pool, Reserve: int64(*newToks*row) + 64<<20})
+		a, err := arena.New(arena.Config{Pool: pool, Reserve: *newToks*row + 64<<20})
 		if err != nil {
 			return err
 		}

@@ -46,12 +46,12 @@ type Waiter struct {
 // on its device). Take it before a try that may fail, and pass it to
 // Enqueue: a release between the failure and the Enqueue is then not
 // missed.
-func (p Lender) Mark() uint64 { return p.dev.gen.Load() }
+func (p Lender) Mark() uint64 { return p.pool.dev.gen.Load() }
 
 // Enqueue puts a waiter at the tail of the pool's queue and returns it. If
 // the queue was empty and memory came back since mark, the waiter is woken
 // at once. It fails with ErrClosed after Close.
-func (p Lender) Enqueue(mark uint64) (*Waiter, error) { return p.enqueueWaiter(mark, nil, nil, 0) }
+func (p Lender) Enqueue(mark uint64) (*Waiter, error) { return p.pool.enqueueWaiter(mark, nil, nil, 0) }
 
 // Enqueue is Lender.Enqueue for a growth g of the member that lacked need
 // chunks at its last try: the member's own failed tries (Failed) do not
@@ -197,7 +197,7 @@ func (w *Waiter) Done() {
 }
 
 // Waiters returns how many growths wait for memory in the pool's queue.
-func (p Lender) Waiters() int { return int(p.wq.n.Load()) }
+func (p Lender) Waiters() int { return int(p.pool.wq.n.Load()) }
 
 // Dropped tells the pool that the member dropped bytes it used, which the
 // pool may now reclaim for a waiter. It takes the pool's lock only when a

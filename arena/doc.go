@@ -190,10 +190,15 @@
 // AllocContext wait, under a context, for other tenants of the pool to give
 // memory back instead of failing, first come first served; when every arena
 // holding the memory waits too, the youngest fails at once (ErrDeadlock).
-// AllocTensor
-// allocates by element type and shape, with Float16 and BFloat16 among the
-// types. None of it costs Alloc anything within Cap. docs/observability.md
-// has the details.
+// None of it costs Alloc anything within Cap. docs/observability.md has the
+// details.
+//
+// # Tensors
+//
+// Package arena/tensor types an arena's memory: tensor.Alloc allocates by
+// element type and shape, tensor.View types a Buffer, and its Float16 and
+// BFloat16 convert from and to float32. It uses only this package's public
+// API (Alloc, Buffer, CopyIn, CopyOut).
 //
 // # Concurrency
 //

@@ -28,6 +28,7 @@ import (
 	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/acl/ipc/ipctest"
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/arena/tensor"
 	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/leakgate/arenagate"
 )
@@ -452,9 +453,9 @@ func TestShareHandoff(t *testing.T) {
 	require.ErrorIs(t, va.Reset(), arena.ErrImported)
 	require.ErrorIs(t, va.Shrink(), arena.ErrImported)
 	require.ErrorIs(t, va.GrowContext(context.Background(), shareChunk), arena.ErrImported)
-	_, err = arena.AllocTensor[float32](va, 16)
+	_, err = tensor.Alloc[float32](va, 16)
 	require.ErrorIs(t, err, arena.ErrImported)
-	kv, err := arena.View[uint8](b, b.Len()) // a typed view of the shared bytes
+	kv, err := tensor.View[uint8](b, b.Len()) // a typed view of the shared bytes
 	require.NoError(t, err)
 	assert.Equal(t, b.Ptr(), kv.Buffer().Ptr())
 	require.ErrorIs(t, b.Share(p.conn, arena.ShareOptions{PID: p.pid()}), arena.ErrImported)

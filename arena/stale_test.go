@@ -14,6 +14,7 @@ import (
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/arena/tensor"
 )
 
 func staleArena(t *testing.T, cfg arena.Config) (*arena.Arena, *host.Driver) {
@@ -52,7 +53,7 @@ func requireStale(t *testing.T, b, other arena.Buffer) {
 	is("Fill", arena.Fill(b, 0xee))
 	_, err := b.Slice(0, 1)
 	is("Slice", err)
-	_, err = arena.View[float32](b, 4)
+	_, err = tensor.View[float32](b, 4)
 	is("View", err)
 	if uc, f, err := ipc.Socketpair(); err == nil { // Linux
 		defer uc.Close()

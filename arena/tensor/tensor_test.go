@@ -1,4 +1,4 @@
-package arena_test
+package tensor_test
 
 import (
 	"fmt"
@@ -10,35 +10,60 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/arena/tensor"
+	"github.com/vmarena/vmarena/internal/leakgate/arenagate"
 )
 
-func isNaN16(h arena.Float16) bool { return h&0x7c00 == 0x7c00 && h&0x3ff != 0 }
-func isNaNB(b arena.BFloat16) bool { return b&0x7f80 == 0x7f80 && b&0x7f != 0 }
+func TestMain(m *testing.M) { arenagate.Main(m) }
+
+// isoDriver is a host driver that the test checks for leaks when it ends.
+func isoDriver(t *testing.T, capacity uintptr) *host.Driver {
+	t.Helper()
+	d, err := host.New(host.Config{Capacity: capacity})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.True(t, d.Live().Zero(), "leaked: %+v", d.Live())
+		assert.NoError(t, d.Close())
+	})
+	return d
+}
+
+func isoArena(t *testing.T, cfg arena.Config) *arena.Arena {
+	t.Helper()
+	a, err := arena.New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, a.Close()) })
+	return a
+}
+
+func isNaN16(h tensor.Float16) bool { return h&0x7c00 == 0x7c00 && h&0x3ff != 0 }
+func isNaNB(b tensor.BFloat16) bool { return b&0x7f80 == 0x7f80 && b&0x7f != 0 }
 
 // Every Float16 and BFloat16 converts to float32 and back to itself; NaNs
 // stay NaNs.
 func TestHalfRoundTrip(t *testing.T) {
 	for i := range 1 << 16 {
-		h := arena.Float16(i)
+		h := tensor.Float16(i)
 		if isNaN16(h) {
-			require.True(t, isNaN16(arena.NewFloat16(h.Float32())), "%#04x", i)
+			require.True(t, isNaN16(tensor.NewFloat16(h.Float32())), "%#04x", i)
 			continue
 		}
-		require.Equal(t, h, arena.NewFloat16(h.Float32()), "%#04x", i)
-		b := arena.BFloat16(i)
+		require.Equal(t, h, tensor.NewFloat16(h.Float32()), "%#04x", i)
+		b := tensor.BFloat16(i)
 		if isNaNB(b) {
-			require.True(t, isNaNB(arena.NewBFloat16(b.Float32())), "%#04x", i)
+			require.True(t, isNaNB(tensor.NewBFloat16(b.Float32())), "%#04x", i)
 			continue
 		}
-		require.Equal(t, b, arena.NewBFloat16(b.Float32()), "%#04x", i)
+		require.Equal(t, b, tensor.NewBFloat16(b.Float32()), "%#04x", i)
 	}
 }
 
 func TestHalfKnownValues(t *testing.T) {
 	for _, c := range []struct {
 		f float32
-		h arena.Float16
+		h tensor.Float16
 	}{
 		{1, 0x3c00}, {-2, 0xc000}, {0.5, 0x3800}, {65504, 0x7bff}, {0.1, 0x2e66},
 		{65519, 0x7bff}, {65520, 0x7c00}, // halfway to 65536 rounds to even: infinity
@@ -51,19 +76,19 @@ func TestHalfKnownValues(t *testing.T) {
 		{1 + 0x1p-11, 0x3c00}, // halfway between 1 and the next: even
 		{1 + 0x3p-11, 0x3c02},
 	} {
-		assert.Equal(t, c.h, arena.NewFloat16(c.f), "%g", c.f)
+		assert.Equal(t, c.h, tensor.NewFloat16(c.f), "%g", c.f)
 	}
 	for _, c := range []struct {
 		f float32
-		b arena.BFloat16
+		b tensor.BFloat16
 	}{
 		{1, 0x3f80}, {-2, 0xc000}, {3.14159265, 0x4049}, {math.MaxFloat32, 0x7f80},
 		{1 + 0x1p-8, 0x3f80}, {1 + 0x3p-8, 0x3f82}, {float32(math.Inf(1)), 0x7f80},
 	} {
-		assert.Equal(t, c.b, arena.NewBFloat16(c.f), "%g", c.f)
+		assert.Equal(t, c.b, tensor.NewBFloat16(c.f), "%g", c.f)
 	}
-	assert.True(t, isNaN16(arena.NewFloat16(float32(math.NaN()))))
-	assert.True(t, isNaNB(arena.NewBFloat16(math.Float32frombits(0x7f800001))), "a NaN whose payload rounding would clear")
+	assert.True(t, isNaN16(tensor.NewFloat16(float32(math.NaN()))))
+	assert.True(t, isNaNB(tensor.NewBFloat16(math.Float32frombits(0x7f800001))), "a NaN whose payload rounding would clear")
 }
 
 // Conversion picks the nearest value: no neighbour of the result is
@@ -75,13 +100,13 @@ func TestHalfNearest(t *testing.T) {
 		if math.IsNaN(float64(f)) {
 			continue
 		}
-		h := arena.NewFloat16(f)
+		h := tensor.NewFloat16(f)
 		if math.Abs(float64(f)) < 65520 {
-			nearest(t, float64(f), float64(h.Float32()), float64(arena.Float16(h+1).Float32()), float64(arena.Float16(h-1).Float32()))
+			nearest(t, float64(f), float64(h.Float32()), float64(tensor.Float16(h+1).Float32()), float64(tensor.Float16(h-1).Float32()))
 		}
-		b := arena.NewBFloat16(f)
+		b := tensor.NewBFloat16(f)
 		if !math.IsInf(float64(b.Float32()), 0) {
-			nearest(t, float64(f), float64(b.Float32()), float64(arena.BFloat16(b+1).Float32()), float64(arena.BFloat16(b-1).Float32()))
+			nearest(t, float64(f), float64(b.Float32()), float64(tensor.BFloat16(b+1).Float32()), float64(tensor.BFloat16(b-1).Float32()))
 		}
 	}
 }
@@ -104,55 +129,55 @@ func TestTensor(t *testing.T) {
 	_, err := a.Alloc(3, 1) // so that alignment matters
 	require.NoError(t, err)
 
-	x, err := arena.AllocTensor[arena.Float16](a, 2, 3)
+	x, err := tensor.Alloc[tensor.Float16](a, 2, 3)
 	require.NoError(t, err)
 	assert.Equal(t, 6, x.Len())
 	assert.Equal(t, 12, x.Buffer().Len())
-	assert.Zero(t, uintptr(x.Ptr())%arena.TensorAlign)
+	assert.Zero(t, uintptr(x.Ptr())%tensor.Align)
 	assert.Equal(t, 2, x.Rank())
 	assert.Equal(t, []int{2, 3}, x.Shape())
 	assert.Equal(t, 3, x.Dim(1))
 	assert.Zero(t, x.Dim(2))
-	assert.Contains(t, x.String(), "arena.Tensor[arena.Float16]{shape=[2 3] ptr=")
+	assert.Contains(t, x.String(), "tensor.Tensor[tensor.Float16]{shape=[2 3] ptr=")
 
 	in := []float32{0, 1, -2, 0.5, 65504, 0x1p-24}
-	require.NoError(t, arena.CopyInFloat32(x, in))
+	require.NoError(t, tensor.CopyInFloat32(x, in))
 	out := make([]float32, 6)
-	require.NoError(t, arena.CopyOutFloat32(out, x))
+	require.NoError(t, tensor.CopyOutFloat32(out, x))
 	assert.Equal(t, in, out)
-	raw := make([]arena.Float16, 6)
+	raw := make([]tensor.Float16, 6)
 	require.NoError(t, x.CopyOut(raw))
-	assert.Equal(t, arena.Float16(0x3c00), raw[1])
+	assert.Equal(t, tensor.Float16(0x3c00), raw[1])
 	require.ErrorIs(t, x.CopyIn(raw[:5]), arena.ErrRange)
-	require.ErrorIs(t, x.CopyOut(make([]arena.Float16, 7)), arena.ErrRange)
-	require.ErrorIs(t, arena.CopyInFloat32(x, in[:1]), arena.ErrRange)
-	require.ErrorIs(t, arena.CopyOutFloat32(out[:2], x), arena.ErrRange)
+	require.ErrorIs(t, x.CopyOut(make([]tensor.Float16, 7)), arena.ErrRange)
+	require.ErrorIs(t, tensor.CopyInFloat32(x, in[:1]), arena.ErrRange)
+	require.ErrorIs(t, tensor.CopyOutFloat32(out[:2], x), arena.ErrRange)
 
-	bf, err := arena.AllocTensor[arena.BFloat16](a, 4)
+	bf, err := tensor.Alloc[tensor.BFloat16](a, 4)
 	require.NoError(t, err)
-	require.NoError(t, arena.CopyInFloat32(bf, []float32{1, 2, 3, 3.14159265}))
+	require.NoError(t, tensor.CopyInFloat32(bf, []float32{1, 2, 3, 3.14159265}))
 	got := make([]float32, 4)
-	require.NoError(t, arena.CopyOutFloat32(got, bf))
+	require.NoError(t, tensor.CopyOutFloat32(got, bf))
 	assert.Equal(t, []float32{1, 2, 3, 3.140625}, got)
 
-	s, err := arena.AllocTensor[float64](a)
+	s, err := tensor.Alloc[float64](a)
 	require.NoError(t, err)
 	assert.Equal(t, 1, s.Len(), "a scalar")
 	require.NoError(t, s.CopyIn([]float64{math.Pi}))
-	empty, err := arena.AllocTensor[int32](a, 4, 0)
+	empty, err := tensor.Alloc[int32](a, 4, 0)
 	require.NoError(t, err)
 	assert.Zero(t, empty.Len())
 	require.NoError(t, empty.CopyIn(nil))
 
-	_, err = arena.AllocTensor[float32](a, 2, -1)
+	_, err = tensor.Alloc[float32](a, 2, -1)
 	require.ErrorIs(t, err, arena.ErrInvalid)
-	_, err = arena.AllocTensor[float32](a, 1, 1, 1, 1, 1, 1, 1, 1, 1)
+	_, err = tensor.Alloc[float32](a, 1, 1, 1, 1, 1, 1, 1, 1, 1)
 	require.ErrorIs(t, err, arena.ErrInvalid)
-	_, err = arena.AllocTensor[float32](a, 1<<40, 1<<40)
+	_, err = tensor.Alloc[float32](a, 1<<40, 1<<40)
 	require.ErrorIs(t, err, arena.ErrInvalid)
-	_, err = arena.AllocTensor[complex128](a, 1<<20, 1<<17)
+	_, err = tensor.Alloc[complex128](a, 1<<20, 1<<17)
 	require.ErrorIs(t, err, arena.ErrInvalid, "2^41 bytes: past MaxReserve")
-	_, err = arena.AllocTensor[float32](a, 8<<20) // 32 MiB: past the reservation
+	_, err = tensor.Alloc[float32](a, 8<<20) // 32 MiB: past the reservation
 	require.ErrorIs(t, err, arena.ErrExhausted)
 }
 
@@ -162,28 +187,28 @@ func TestView(t *testing.T) {
 	b, err := a.Alloc(64, 8)
 	require.NoError(t, err)
 	require.NoError(t, arena.CopyIn(b, []int32{1, 2, 3, 4, 5, 6}))
-	v, err := arena.View[int32](b, 2, 2)
+	v, err := tensor.View[int32](b, 2, 2)
 	require.NoError(t, err)
 	got := make([]int32, 4)
 	require.NoError(t, v.CopyOut(got))
 	assert.Equal(t, []int32{1, 2, 3, 4}, got)
-	_, err = arena.View[int32](b, 17)
+	_, err = tensor.View[int32](b, 17)
 	require.ErrorIs(t, err, arena.ErrRange)
 	odd, err := b.Slice(2, 10)
 	require.NoError(t, err)
-	_, err = arena.View[int32](odd, 2)
+	_, err = tensor.View[int32](odd, 2)
 	require.ErrorIs(t, err, arena.ErrInvalid)
-	_, err = arena.View[arena.Float16](odd, 4)
+	_, err = tensor.View[tensor.Float16](odd, 4)
 	require.NoError(t, err)
 }
 
-// AllocTensor costs no Go heap allocation.
-func TestAllocTensorAllocFree(t *testing.T) {
+// Alloc costs no Go heap allocation.
+func TestAllocAllocFree(t *testing.T) {
 	d := isoDriver(t, 64<<20)
 	a := isoArena(t, arena.Config{Driver: d, Reserve: 16 << 20})
 	require.NoError(t, a.Grow(8<<20))
 	assert.Zero(t, testing.AllocsPerRun(1000, func() {
-		if _, err := arena.AllocTensor[arena.BFloat16](a, 4, 8); err != nil {
+		if _, err := tensor.Alloc[tensor.BFloat16](a, 4, 8); err != nil {
 			t.Fatal(err)
 		}
 	}))
@@ -192,24 +217,24 @@ func TestAllocTensorAllocFree(t *testing.T) {
 // Half floats print as numbers, and every one prints in a form that parses
 // back to the same bits (NaNs aside).
 func TestHalfString(t *testing.T) {
-	assert.Equal(t, "1.5", arena.NewFloat16(1.5).String())
-	assert.Equal(t, "65504", arena.Float16(0x7bff).String())
-	assert.Equal(t, "-Inf", arena.Float16(0xfc00).String())
-	assert.Equal(t, "NaN", arena.Float16(0x7e00).String())
-	assert.Equal(t, "1.5", arena.NewBFloat16(1.5).String())
-	assert.Equal(t, "+Inf", arena.BFloat16(0x7f80).String())
-	assert.Equal(t, "[0.5 -2]", fmt.Sprint([]arena.Float16{arena.NewFloat16(0.5), arena.NewFloat16(-2)}))
+	assert.Equal(t, "1.5", tensor.NewFloat16(1.5).String())
+	assert.Equal(t, "65504", tensor.Float16(0x7bff).String())
+	assert.Equal(t, "-Inf", tensor.Float16(0xfc00).String())
+	assert.Equal(t, "NaN", tensor.Float16(0x7e00).String())
+	assert.Equal(t, "1.5", tensor.NewBFloat16(1.5).String())
+	assert.Equal(t, "+Inf", tensor.BFloat16(0x7f80).String())
+	assert.Equal(t, "[0.5 -2]", fmt.Sprint([]tensor.Float16{tensor.NewFloat16(0.5), tensor.NewFloat16(-2)}))
 	for i := range 1 << 16 {
-		h, b := arena.Float16(i), arena.BFloat16(i)
+		h, b := tensor.Float16(i), tensor.BFloat16(i)
 		if !isNaN16(h) {
 			f, err := strconv.ParseFloat(h.String(), 32)
 			require.NoError(t, err)
-			require.Equal(t, h, arena.NewFloat16(float32(f)), "%#04x prints %s", i, h)
+			require.Equal(t, h, tensor.NewFloat16(float32(f)), "%#04x prints %s", i, h)
 		}
 		if !isNaNB(b) {
 			f, err := strconv.ParseFloat(b.String(), 32)
 			require.NoError(t, err)
-			require.Equal(t, b, arena.NewBFloat16(float32(f)), "%#04x prints %s", i, b)
+			require.Equal(t, b, tensor.NewBFloat16(float32(f)), "%#04x prints %s", i, b)
 		}
 	}
 }
@@ -220,30 +245,30 @@ func TestCopyHalfPart(t *testing.T) {
 	a, err := arena.New(arena.Config{Driver: isoDriver(t, 16<<20), Reserve: 4 << 20})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, a.Close()) }()
-	tn, err := arena.AllocTensor[arena.BFloat16](a, 8)
+	tn, err := tensor.Alloc[tensor.BFloat16](a, 8)
 	require.NoError(t, err)
-	require.NoError(t, arena.CopyInFloat32(tn, []float32{1, 2, 3, 4, 5, 6, 7, 8}))
-	head, err := arena.View[arena.BFloat16](tn.Buffer(), 2)
+	require.NoError(t, tensor.CopyInFloat32(tn, []float32{1, 2, 3, 4, 5, 6, 7, 8}))
+	head, err := tensor.View[tensor.BFloat16](tn.Buffer(), 2)
 	require.NoError(t, err)
-	require.NoError(t, arena.CopyInFloat32(head, []float32{-1, -2}), "a prefix")
+	require.NoError(t, tensor.CopyInFloat32(head, []float32{-1, -2}), "a prefix")
 	got := make([]float32, 3)
-	part, err := arena.View[arena.BFloat16](tn.Buffer(), 3)
+	part, err := tensor.View[tensor.BFloat16](tn.Buffer(), 3)
 	require.NoError(t, err)
-	require.NoError(t, arena.CopyOutFloat32(got, part))
+	require.NoError(t, tensor.CopyOutFloat32(got, part))
 	assert.Equal(t, []float32{-1, -2, 3}, got)
 	rest, err := tn.Buffer().Slice(4, 16)
 	require.NoError(t, err)
-	tail, err := arena.View[arena.BFloat16](rest, 6)
+	tail, err := tensor.View[tensor.BFloat16](rest, 6)
 	require.NoError(t, err)
-	require.NoError(t, arena.CopyOutFloat32(got[:2], mustView[arena.BFloat16](t, tail.Buffer(), 2)))
+	require.NoError(t, tensor.CopyOutFloat32(got[:2], mustView[tensor.BFloat16](t, tail.Buffer(), 2)))
 	assert.Equal(t, []float32{3, 4}, got[:2], "a view of a slice")
-	require.ErrorIs(t, arena.CopyInFloat32(tn, make([]float32, 9)), arena.ErrRange)
-	require.ErrorIs(t, arena.CopyOutFloat32(got, tn), arena.ErrRange, "a tensor copies whole")
+	require.ErrorIs(t, tensor.CopyInFloat32(tn, make([]float32, 9)), arena.ErrRange)
+	require.ErrorIs(t, tensor.CopyOutFloat32(got, tn), arena.ErrRange, "a tensor copies whole")
 }
 
-func mustView[T arena.Element](t *testing.T, b arena.Buffer, shape ...int) arena.Tensor[T] {
+func mustView[T arena.Element](t *testing.T, b arena.Buffer, shape ...int) tensor.Tensor[T] {
 	t.Helper()
-	v, err := arena.View[T](b, shape...)
+	v, err := tensor.View[T](b, shape...)
 	require.NoError(t, err)
 	return v
 }

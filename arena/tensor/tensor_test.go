@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/arena/arenatest"
 	"github.com/vmarena/vmarena/arena/tensor"
 	"github.com/vmarena/vmarena/internal/leakgate/arenagate"
 )
@@ -28,14 +29,6 @@ func isoDriver(t *testing.T, capacity uintptr) *host.Driver {
 		assert.NoError(t, d.Close())
 	})
 	return d
-}
-
-func isoArena(t *testing.T, cfg arena.Config) *arena.Arena {
-	t.Helper()
-	a, err := arena.New(cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { assert.NoError(t, a.Close()) })
-	return a
 }
 
 func isNaN16(h tensor.Float16) bool { return h&0x7c00 == 0x7c00 && h&0x3ff != 0 }
@@ -125,7 +118,7 @@ func nearest(t *testing.T, f, got float64, neighbours ...float64) {
 
 func TestTensor(t *testing.T) {
 	d := isoDriver(t, 64<<20)
-	a := isoArena(t, arena.Config{Driver: d, Reserve: 16 << 20})
+	a := arenatest.New(t, arena.Config{Driver: d, Reserve: 16 << 20})
 	_, err := a.Alloc(3, 1) // so that alignment matters
 	require.NoError(t, err)
 
@@ -183,7 +176,7 @@ func TestTensor(t *testing.T) {
 
 func TestView(t *testing.T) {
 	d := isoDriver(t, 64<<20)
-	a := isoArena(t, arena.Config{Driver: d, Reserve: 16 << 20})
+	a := arenatest.New(t, arena.Config{Driver: d, Reserve: 16 << 20})
 	b, err := a.Alloc(64, 8)
 	require.NoError(t, err)
 	require.NoError(t, arena.CopyIn(b, []int32{1, 2, 3, 4, 5, 6}))
@@ -205,7 +198,7 @@ func TestView(t *testing.T) {
 // Alloc costs no Go heap allocation.
 func TestAllocAllocFree(t *testing.T) {
 	d := isoDriver(t, 64<<20)
-	a := isoArena(t, arena.Config{Driver: d, Reserve: 16 << 20})
+	a := arenatest.New(t, arena.Config{Driver: d, Reserve: 16 << 20})
 	require.NoError(t, a.Grow(8<<20))
 	assert.Zero(t, testing.AllocsPerRun(1000, func() {
 		if _, err := tensor.Alloc[tensor.BFloat16](a, 4, 8); err != nil {

@@ -230,7 +230,7 @@ func registrationTable(t *testing.T, r Registration, seed uint64, steps int) {
 	var events atomic.Int64
 	var log eventLog
 	mk := func(cfg arena.Config) tenant {
-		cfg.Pool, cfg.Reserve = pool, int64(32*cs)
+		cfg.Pool, cfg.Reserve = pool, 32*cs
 		a, err := arena.New(cfg)
 		require.NoError(t, err)
 		f := &flakyRegistrar{Registrar: reg, rng: rand.New(rand.NewPCG(seed, uint64(len(cfg.Streams)))), p: 0.04}
@@ -238,10 +238,10 @@ func registrationTable(t *testing.T, r Registration, seed uint64, steps int) {
 		return tenant{a, f, len(cfg.Streams) > 0}
 	}
 	ts := []tenant{
-		mk(arena.Config{Streams: []acl.Stream{s}, Headroom: int64(cs)}), // refills on the worker; shrinks ordered by events
+		mk(arena.Config{Streams: []acl.Stream{s}, Headroom: cs}), // refills on the worker; shrinks ordered by events
 		mk(arena.Config{TrapStale: true}),                               // shrinks and truncations that unmap at once
 	}
-	c, err := arena.New(arena.Config{Pool: pool, Reserve: int64(32 * cs)}) // unregistered: its growths relieve
+	c, err := arena.New(arena.Config{Pool: pool, Reserve: 32 * cs}) // unregistered: its growths relieve
 	require.NoError(t, err)
 
 	ctx := context.Background()

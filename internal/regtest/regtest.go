@@ -239,7 +239,7 @@ func registrationTable(t *testing.T, r Registration, seed uint64, steps int) {
 	}
 	ts := []tenant{
 		mk(arena.Config{Streams: []acl.Stream{s}, Headroom: cs}), // refills on the worker; shrinks ordered by events
-		mk(arena.Config{TrapStale: true}),                               // shrinks and truncations that unmap at once
+		mk(arena.Config{TrapStale: true}),                        // shrinks and truncations that unmap at once
 	}
 	c, err := arena.New(arena.Config{Pool: pool, Reserve: 32 * cs}) // unregistered: its growths relieve
 	require.NoError(t, err)

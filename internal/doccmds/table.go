@@ -65,6 +65,10 @@ var table = []entry{
 	{cmd: "go run ./examples/kvcache", how: asWritten},
 	{cmd: "go run ./examples/tour", how: asWritten},
 	{cmd: "go run ./examples/handoff", how: asWritten},
+	{cmd: "go run ./examples/serve", how: asWritten},
+	{cmd: "go run ./examples/serve -device model:h200", how: asWritten},
+	{cmd: "go test ./internal/doclinks", how: byCI, line: ciTests},
+	{cmd: "go test ./examples/serve", how: byCI, line: ciTests},
 	{cmd: "go test ./...", how: byCI, line: ciTests},
 	{cmd: "go test -race ./...", how: byCI, line: ciTests},
 	{cmd: ".ci/run", how: byCI, line: ciThisCheck}, // this check is a step of it

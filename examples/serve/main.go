@@ -33,7 +33,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
@@ -82,9 +81,10 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", o.seed, "the trace's seed")
 	flag.Parse()
 
-	// SIGINT or SIGTERM stops the server as the trace's end does: no new
-	// requests, the accepted ones finished, everything closed.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// An interrupt stops the server as the front end does: no new requests,
+	// the accepted ones finished, everything closed. (A server under a
+	// supervisor adds syscall.SIGTERM.)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	if _, err := run(ctx, os.Stdout, o); err != nil {
 		log.SetFlags(0)

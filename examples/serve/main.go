@@ -268,20 +268,21 @@ func (q *sequence) close() error { return errors.Join(q.k.Close(), q.v.Close()) 
 type server struct {
 	o       options
 	w       io.Writer
-	drv     acl.Driver
 	pool    *chunk.Pool
 	reg     *metrics.Registry
 	models  []*model
 	row     int         // bytes per token in a K or V arena: layers × dim float32s
-	waiting []*request  // admitted in order; preempted requests go back to the front
+	waiting []*request  // accepted, in order of arrival; preempted requests go back to the front
 	running []*sequence // oldest first: the youngest is last
 	step    int
 	stalled bool // the first waiting request did not fit, and no memory has come back since
 	rep     report
 }
 
+// newServer makes the pool, loads the models into it, and registers what
+// the metrics watch.
 func newServer(drv acl.Driver, o options, w io.Writer) (*server, error) {
-	s := &server{o: o, w: w, drv: drv, row: o.layers * o.dim * 4, reg: metrics.NewRegistry(),
+	s := &server{o: o, w: w, row: o.layers * o.dim * 4, reg: metrics.NewRegistry(),
 		rep: report{preempted: map[int]int{}, done: map[int]bool{}}}
 	var err error
 	if s.pool, err = newPool(drv, o); err != nil {

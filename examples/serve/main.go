@@ -352,11 +352,11 @@ func (s *server) admit(ctx context.Context) error {
 	for !s.stalled && len(s.waiting) > 0 && len(s.running) < s.o.maxBatch {
 		r := s.waiting[0]
 		if r.model.asleep {
+			if room(s.pool) < int64(r.model.weights.Reserved()) && len(s.running) > 0 {
+				s.stalled = true
+				return nil // it waits for memory
+			}
 			if err := s.wake(ctx, r.model); err != nil {
-				if errors.Is(err, arena.ErrOutOfMemory) && len(s.running) > 0 {
-					s.stalled = true
-					return nil // it waits for memory
-				}
 				return err
 			}
 		}
@@ -527,16 +527,24 @@ func (s *server) wanted(m *model) bool {
 	return false
 }
 
+// room is what a growth, or a wake, can take from the pool at once: the
+// budget it has left, and the chunks in its cache. (A growth may take more
+// from other arenas' memory mapped and unused; this is what it need not.)
+func room(p *chunk.Pool) int64 {
+	st := p.Stats()
+	return st.Budget - st.HeldBytes + int64(st.Cached*st.ChunkSize)
+}
+
 // wake brings a sleeping model back before its request is admitted. Wake
 // maps chunks at the addresses the weights had and copies them back, so
 // every pointer into them (a captured graph's, say) is still good; the
 // check below proves the bytes are too. When memory is short Wake waits,
-// as GrowContext does, until its context ends; here, where nothing else
-// frees memory while the scheduler waits, it waits briefly, and the
-// request stays queued until running sequences finish.
+// as GrowContext does, until its context ends. Nothing else frees memory
+// while this server's one goroutine waits, so admit wakes a model only
+// when the pool has room for it, and the deadline is a guard.
 func (s *server) wake(ctx context.Context, m *model) error {
 	ptr := m.w.Ptr()
-	wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := arena.WakeTag(wctx, s.pool, m.tag); err != nil {
 		return err

@@ -128,7 +128,11 @@ func TestFinishCatchesAChangedRow(t *testing.T) {
 	if err := q.appendTokens(0, 41, s.row); err != nil {
 		t.Fatal(err)
 	}
-	b, err := q.v.Slice(30*s.row+8, 4)
+	all, err := q.v.Slice(0, 41*s.row) // from 0, an offset and length or a range alike
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := all.Slice(30*s.row+8, 30*s.row+12) // a float32 of token 30's row
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -128,7 +128,7 @@ func TestFinishCatchesAChangedRow(t *testing.T) {
 	if err := q.appendTokens(0, 41, s.row); err != nil {
 		t.Fatal(err)
 	}
-	all, err := q.v.Slice(0, 41*s.row) // from 0, an offset and length or a range alike
+	all, err := q.v.Slice(0, 41*s.row) // the whole V cache
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,7 @@ var table = []entry{
 	{cmd: "go run ./examples/handoff", how: asWritten},
 	{cmd: "go run ./examples/serve", how: asWritten},
 	{cmd: "go run ./examples/serve -device model:h200", how: asWritten},
-	{cmd: "go test ./internal/doclinks", how: byCI, line: ciTests},
+	{cmd: "go test ./internal/doclinks", how: byCI, line: "go test -count=1 ./internal/doclinks"},
 	{cmd: "go test ./examples/serve", how: byCI, line: ciTests},
 	{cmd: "go test ./...", how: byCI, line: ciTests},
 	{cmd: "go test -race ./...", how: byCI, line: ciTests},

@@ -59,7 +59,7 @@ type options struct {
 
 func defaults() options {
 	return options{
-		spec:     os.Getenv(device.EnvVar),
+		spec:     os.Getenv(acl.DeviceEnv),
 		budget:   56 << 20,
 		weights:  8 << 20,
 		layers:   4,
@@ -75,7 +75,7 @@ func defaults() options {
 
 func main() {
 	o := defaults()
-	flag.StringVar(&o.spec, "device", o.spec, "driver spec (host, ascend[:N], cuda[:N], model:NAME; default $"+device.EnvVar+", else auto)")
+	flag.StringVar(&o.spec, "device", o.spec, "driver spec (host, ascend[:N], cuda[:N], model:NAME; default $"+acl.DeviceEnv+", else auto)")
 	flag.Int64Var(&o.budget, "budget", o.budget, "the pool's budget in bytes")
 	flag.IntVar(&o.requests, "requests", o.requests, "requests in the trace")
 	flag.Uint64Var(&o.seed, "seed", o.seed, "the trace's seed")

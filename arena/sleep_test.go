@@ -677,11 +677,20 @@ func TestWakeRefillNotLost(t *testing.T) {
 	require.GreaterOrEqual(t, a.Cap(), a.Len()+2*sleepChunk, "the headroom came back")
 }
 
-// wakeNow wakes a, waiting a moment for memory: when there is none, the
-// Wake fails (matching ErrOutOfMemory) instead of waiting for a release this
-// single-threaded test would never make.
+// wakeNow wakes a without waiting for memory: when there is none, the Wake
+// joins its pool's queue of waiters, and its context ends right then (a
+// sched hook), so it fails (matching ErrOutOfMemory) instead of waiting for a
+// release this single-threaded test would never make. A deadline would do
+// the same only on an idle machine: under load a Wake can spend it before
+// its first driver call. It replaces any sched hook for its duration.
 func wakeNow(a *arena.Arena) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	pool := a.Pool()
+	defer sched.Set(func(p sched.Point, who any) {
+		if p == sched.WaitEnqueued && who == pool {
+			cancel()
+		}
+	})()
 	return a.Wake(ctx)
 }

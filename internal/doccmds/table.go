@@ -42,7 +42,7 @@ type entry struct {
 
 // The lines of .ci/run that run documented commands, or supersets of them.
 const (
-	ciTests     = "go test -race -count=1 -json ./..."
+	ciTests     = "go test -race -count=1 -timeout 30m -json ./..."
 	ciBench     = "go test -run '^$' -bench . -benchtime=1x ./..."
 	ciModel     = "VMARENA_MODEL_SEEDS=8 VMARENA_FAULT_OPS=200 VMARENA_RANDOM_SEEDS=32 go test -count=1 -run '^TestModel' -v ./arena"
 	ciFuzz      = "go test -run '^$' -fuzz '^FuzzModel$' -fuzztime=4000x -fuzzminimizetime=100x ./arena"

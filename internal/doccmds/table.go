@@ -56,6 +56,14 @@ const (
 	noNPU      = "no ACL runtime (libascendcl.so) could be loaded"
 	noGPU      = "libcuda.so.1: cannot open shared object file"
 	quickBench = "-quick -count 1"
+	// quickOne is quickBench under one reading of the model, for the
+	// commands behind benchmarks.md's current figures: their other reading
+	// is the same code, which the commands above run.
+	quickOne = quickBench + " -readings profile"
+	// quickServer scales the server-size runs down past their own sizes.
+	quickServer = quickOne + " -kv-slots 4 -kv-layers 4 -kv-hidden 512 -kv-requests 8"
+	// quickTRT scales the fixed-length (1024/1024) runs down to two sequences.
+	quickTRT = quickOne + " -kv-slots 2 -kv-requests 2"
 )
 
 // table maps every command of README.md and docs/ to how CI runs it.
@@ -97,6 +105,19 @@ var table = []entry{
 	{cmd: "go run ./bench -device model:h200 -strategies all -readings profile -img docs/img/model", how: scaledDown, flags: quickBench},
 	{cmd: "go run ./bench -device model:h200 -workloads kv -strategies arena,realloc -chunk 16MiB", how: scaledDown, flags: quickBench},
 	{cmd: "go run ./bench -device model:h200 -strategies arena-eager,realloc -kv-budget-factor 0", how: scaledDown, flags: quickBench},
+	// The current figures of benchmarks.md: the server-size and fixed-length
+	// runs are scaled down past their own sizes too (later flags win).
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc", how: scaledDown, flags: quickOne},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc -kv-compute 1ms", how: scaledDown, flags: quickOne},
+	{cmd: "taskset -c 0 go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc -kv-compute 1ms", how: scaledDown, flags: quickOne},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching -chunk 16MiB", how: scaledDown, flags: quickOne},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged -kv-slots 64 -kv-layers 80 -kv-hidden 8192 -kv-requests 64 -kv-prompt 64:1024 -kv-gen 32:256", how: scaledDown, flags: quickServer},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged -kv-slots 64 -kv-layers 80 -kv-hidden 8192 -kv-requests 64 -kv-prompt 64:1024 -kv-gen 32:256 -chunk 16MiB", how: scaledDown, flags: quickServer},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc -kv-compute 1ms -kv-slots 64 -kv-layers 80 -kv-hidden 8192 -kv-requests 128 -kv-prompt 64:1024 -kv-gen 32:256", how: scaledDown, flags: quickServer},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc -kv-compute 1ms -kv-slots 64 -kv-layers 80 -kv-hidden 8192 -kv-requests 128 -kv-prompt 64:1024 -kv-gen 32:256 -chunk 16MiB", how: scaledDown, flags: quickServer},
+	{cmd: "go run ./bench -device model:h200 -workloads models -micro=false -count 3 -strategies arena,paged,caching", how: scaledDown, flags: quickOne},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged -kv-prompt 1024:1024 -kv-gen 1024:1024 -kv-slots 16 -kv-requests 32 -chunk 2MiB", how: scaledDown, flags: quickTRT},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged -kv-prompt 1024:1024 -kv-gen 1024:1024 -kv-slots 16 -kv-requests 32 -chunk 16MiB", how: scaledDown, flags: quickTRT},
 	{cmd: "go run ./bench -workloads swap -micro=false -swap-size 1GiB -swap-reps 5", how: scaledDown, flags: "-swap-size 128MiB -swap-reps 3"},
 	{cmd: "go test ./bench", how: byCI, line: ciTests},
 	{cmd: "go run ./bench -calibrate -device cuda", how: needsDevice, want: noGPU},

@@ -519,10 +519,10 @@ func (p *Pool) acquire(dst []Chunk, t Tenant, n int, mode acquireMode) ([]Chunk,
 	got := dst
 	short, err := p.take(t, end, &got)
 	if err != nil {
-		return dst[:base], errors.Join(err, p.putAll(got[base:]))
+		return dst[:base], errors.Join(err, p.putBack(got[base:]))
 	}
 	if short != nil {
-		perr := p.putAll(got[base:])
+		perr := p.putBack(got[base:])
 		if mode == takeFree { // its caller relieves next, and that counts
 			return dst[:base], errors.Join(short, perr)
 		}
@@ -674,7 +674,23 @@ func (p *Pool) putAll(cs []Chunk) error {
 // chunk that is not out of this pool (put back twice, or never got). Should
 // the driver fail to free the chunk, the pool keeps it in the cache, where
 // Trim and Close try again and report the error.
-func (p Lender) Put(c Chunk) error {
+func (p Lender) Put(c Chunk) error { return p.put(c, true) }
+
+// putBack returns what an acquire took before it fell short to where it
+// came from, without telling the waiters: nothing came back that was not
+// obtainable before the acquire, so no waiter can be served by it. Telling
+// them would wake a waiting growth with its own failed try, which would then
+// try again at once, and again, until its deadline.
+func (p *Pool) putBack(cs []Chunk) error {
+	var errs []error
+	for _, c := range cs {
+		errs = append(errs, p.lend().put(c, false))
+	}
+	return errors.Join(errs...)
+}
+
+// put is Put; notify says whether the waiters are told.
+func (p Lender) put(c Chunk, notify bool) error {
 	p.mu.Lock()
 	l, ok := p.out[c.Handle]
 	if !ok {
@@ -690,8 +706,10 @@ func (p Lender) Put(c Chunk) error {
 	if !p.closed && len(p.cache) < p.maxCached {
 		p.cache = append(p.cache, e)
 		p.stats.Cached++
-		p.releasedLocked() // wait.go
-		others := p.dev.waiters.Load() > p.wq.n.Load()
+		if notify {
+			p.releasedLocked() // wait.go
+		}
+		others := notify && p.dev.waiters.Load() > p.wq.n.Load()
 		p.mu.Unlock()
 		if others {
 			// A growth of another pool waiting for the device's memory can
@@ -705,7 +723,7 @@ func (p Lender) Put(c Chunk) error {
 	}
 	p.freeing++
 	p.mu.Unlock()
-	_ = p.free(e) // a failure keeps the chunk cached, for Trim and Close to retry
+	_ = p.freeNotify(e, notify) // a failure keeps the chunk cached, for Trim and Close to retry
 	return nil
 }
 
@@ -713,7 +731,10 @@ func (p Lender) Put(c Chunk) error {
 // back to the cache (past its bound if need be) so that it is not lost. The
 // caller counted e in freeing, with mu held, when it took e out of the cache
 // or the chunks out.
-func (p *Pool) free(e entry) error {
+func (p *Pool) free(e entry) error { return p.freeNotify(e, true) }
+
+// freeNotify is free; notify says whether the waiters are told.
+func (p *Pool) freeNotify(e entry, notify bool) error {
 	err := p.drv.FreePhysical(e.h)
 	p.mu.Lock()
 	p.freeing--
@@ -727,7 +748,9 @@ func (p *Pool) free(e entry) error {
 	}
 	p.held -= p.size
 	p.mu.Unlock()
-	p.freed() // wait.go
+	if notify {
+		p.freed() // wait.go
+	}
 	return nil
 }
 

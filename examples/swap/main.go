@@ -196,11 +196,11 @@ func load(drv acl.Driver, name string, wBytes, kvBytes int, seed byte) (*model, 
 // alloc makes the arenas and copies the checkpoint in.
 func (m *model) alloc(wBytes, kvBytes int) error {
 	var err error
-	m.weights, err = arena.New(arena.Config{Pool: m.pool, Reserve: int64(wBytes), Tag: arena.TagWeights})
+	m.weights, err = arena.New(arena.Config{Pool: m.pool, Reserve: wBytes, Tag: arena.TagWeights})
 	if err != nil {
 		return err
 	}
-	m.kv, err = arena.New(arena.Config{Pool: m.pool, Reserve: int64(kvBytes), Tag: arena.TagKV})
+	m.kv, err = arena.New(arena.Config{Pool: m.pool, Reserve: kvBytes, Tag: arena.TagKV})
 	if err != nil {
 		return err
 	}

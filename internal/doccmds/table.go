@@ -88,6 +88,7 @@ var table = []entry{
 	{cmd: "go test -json ./acl/ascend | go run ./internal/skipcheck -v", how: asWritten},
 	{cmd: "go test ./internal/boundary", how: byCI, line: ciTests},
 	{cmd: "go test ./internal/leakgate", how: byCI, line: ciTests},
+	{cmd: "go test ./internal/apicheck -update", how: asWritten},
 
 	// The benchmark suite.
 	// The full suite takes minutes (2.5–3 on the host driver, 1.7–2.6 on the

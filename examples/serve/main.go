@@ -39,6 +39,7 @@ import (
 	"github.com/vmarena/vmarena/acl/device"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/arena/metrics"
+	"github.com/vmarena/vmarena/arena/tensor"
 	"github.com/vmarena/vmarena/chunk"
 )
 
@@ -177,11 +178,11 @@ func loadModel(pool *chunk.Pool, name string, size int, seed uint64) (*model, er
 	m := &model{name: name, tag: arena.Tag(name + "/weights"), tenant: chunk.NewTenant(), checkpoint: make([]byte, size)}
 	fill(m.checkpoint, seed)
 	var err error
-	m.weights, err = arena.New(arena.Config{Pool: pool, Reserve: int64(size), Tenant: m.tenant, Tag: m.tag})
+	m.weights, err = arena.New(arena.Config{Pool: pool, Reserve: size, Tenant: m.tenant, Tag: m.tag})
 	if err != nil {
 		return nil, err
 	}
-	if m.w, err = m.weights.Alloc(size, arena.TensorAlign); err != nil {
+	if m.w, err = m.weights.Alloc(size, tensor.Align); err != nil {
 		return nil, errors.Join(err, m.weights.Close())
 	}
 	if err := arena.CopyIn(m.w, m.checkpoint); err != nil {
@@ -221,7 +222,7 @@ type sequence struct {
 // space for the longest sequence the server accepts, which costs no memory:
 // chunks are mapped only as the sequence grows.
 func (s *server) newSequence(r *request) (*sequence, error) {
-	cfg := arena.Config{Pool: s.pool, Reserve: int64(s.o.maxToks * s.row), Tenant: r.model.tenant}
+	cfg := arena.Config{Pool: s.pool, Reserve: s.o.maxToks * s.row, Tenant: r.model.tenant}
 	k, err := arena.New(cfg)
 	if err != nil {
 		return nil, err

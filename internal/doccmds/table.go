@@ -44,7 +44,7 @@ type entry struct {
 const (
 	ciTests     = "go test -race -count=1 -timeout 30m -json ./..."
 	ciBench     = "go test -run '^$' -bench . -benchtime=1x ./..."
-	ciModel     = "VMARENA_MODEL_SEEDS=8 VMARENA_FAULT_OPS=200 VMARENA_RANDOM_SEEDS=32 go test -count=1 -run '^TestModel' -v ./arena"
+	ciModel     = "VMARENA_MODEL_SEEDS=8 VMARENA_FAULT_OPS=200 VMARENA_RANDOM_SEEDS=32 go test -count=1 -timeout 30m -run '^TestModel' -v ./arena"
 	ciFuzz      = "go test -run '^$' -fuzz '^FuzzModel$' -fuzztime=4000x -fuzzminimizetime=100x ./arena"
 	ciStress    = "VMARENA_STRESS_ROUNDS=2000 go test -race -count=1 -run '^TestStress$' -v ./arena"
 	ciBadInput  = "go test -count=1 -run '^(TestBadInput|TestZeroConfig|TestRegression.*|TestTrapStale|TestTenantIsolation|TestFreshChunksScrubbed|TestScrubFailureKeepsChunkDirty|TestBudgetIsolation|TestScrubOn.*|TestGetForPrefersOwnChunk|TestMapErrMapped)$' -v ./arena ./chunk"
@@ -73,6 +73,10 @@ var table = []entry{
 	{cmd: "go run ./examples/kvcache", how: asWritten},
 	{cmd: "go run ./examples/tour", how: asWritten},
 	{cmd: "go run ./examples/handoff", how: asWritten},
+	{cmd: "go run ./examples/serve", how: asWritten},
+	{cmd: "go run ./examples/serve -device model:h200", how: asWritten},
+	{cmd: "go test ./internal/doclinks", how: byCI, line: "go test -count=1 ./internal/doclinks"},
+	{cmd: "go test ./examples/serve", how: byCI, line: ciTests},
 	{cmd: "go test ./...", how: byCI, line: ciTests},
 	{cmd: "go test -race ./...", how: byCI, line: ciTests},
 	{cmd: ".ci/run", how: byCI, line: ciThisCheck}, // this check is a step of it

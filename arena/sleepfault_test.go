@@ -531,3 +531,31 @@ func TestWakeAllIsAllOrNothing(t *testing.T) {
 	require.NoError(t, arena.WakeAll(context.Background(), []*arena.Arena{sc.k, sc.v}))
 	require.True(t, bytes.Equal(sc.kwant, contents(t, sc.kb)))
 }
+
+// A Wake of an arena on a private pool whose map fails gives the chunks it
+// took back to the pool, and frees them (a sleeping arena's private pool
+// holds nothing); should those frees fail too, the chunks stay in the
+// pool's cache. Sleep again, which returns nil only when nothing is held on
+// the arena's behalf, frees them.
+func TestSleepAgainFreesWhatAFailedWakeCached(t *testing.T) {
+	e := newSleepEnv(t)
+	a := newArena(t, e, arena.Config{Driver: e.fd}, true)
+	b, want := fill(t, a, 4*sleepChunk, 5)
+	require.NoError(t, a.Sleep(context.Background(), arena.Offload))
+	require.Zero(t, e.hd.Live().Handles)
+
+	e.fd.FailNth(faultdriver.MapMem, 2, 0)         // the wake's second map
+	e.fd.FailAfter(faultdriver.FreePhysical, 0, 0) // and every free of the chunks it gives back
+	require.Error(t, a.Wake(context.Background()))
+	e.fd.Clear()
+	require.True(t, a.Asleep())
+	require.NotZero(t, a.Pool().Stats().Cached, "the double fault left chunks in the private pool's cache")
+
+	require.NoError(t, a.Sleep(context.Background(), arena.Offload), "Sleep again")
+	l := e.hd.Live()
+	require.Zero(t, l.Handles, "asleep after a Sleep that returned nil, with chunks kept for it: %+v", l)
+	require.Zero(t, l.Mappings, "%+v", l)
+	require.Zero(t, a.Pool().Stats().HeldBytes)
+	require.NoError(t, a.Wake(context.Background()))
+	require.True(t, bytes.Equal(want, contents(t, b)))
+}

@@ -2,7 +2,9 @@ package arena_test
 
 import (
 	"context"
+	"os"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -13,7 +15,8 @@ import (
 )
 
 // BenchmarkOffloadVsCopy sets an Offload Sleep and Wake of an arena holding
-// 1 GiB (64 MiB with -short) side by side with a raw device-to-host and
+// VMARENA_OFFLOAD_MIB MiB (64 by default, and with -short) side by side with
+// a raw device-to-host and
 // host-to-device copy of the same bytes between the same device memory and
 // a pinned host buffer, on the same driver: the host driver by the wall
 // clock, and model:h200 by the wall clock and by its modelled time (the
@@ -25,11 +28,15 @@ import (
 // copy is made by a first Sleep before the rounds, as a server's first
 // sleep makes it once.
 //
-//	go test ./arena -run '^$' -bench OffloadVsCopy -benchtime 1x
+//	VMARENA_OFFLOAD_MIB=1024 go test ./arena -run '^$' -bench OffloadVsCopy -benchtime 1x
 func BenchmarkOffloadVsCopy(b *testing.B) {
-	size := 1 << 30
-	if testing.Short() {
-		size = 64 << 20
+	size := 64 << 20
+	if v := os.Getenv("VMARENA_OFFLOAD_MIB"); v != "" && !testing.Short() {
+		mib, err := strconv.Atoi(v)
+		if err != nil || mib < 1 || mib > 64<<10 {
+			b.Fatalf("VMARENA_OFFLOAD_MIB=%q: want MiB from 1 to 65536", v)
+		}
+		size = mib << 20
 	}
 	b.Run("host", func(b *testing.B) {
 		d, err := host.New(host.Config{Capacity: uintptr(size) + 64<<20})

@@ -95,6 +95,7 @@ var table = []entry{
 	{cmd: "go run ./bench -device model:h200 -strategies arena-eager,realloc -kv-budget-factor 0", how: scaledDown, flags: quickBench},
 	{cmd: "go run ./bench -workloads swap -micro=false -swap-size 1GiB -swap-reps 5", how: scaledDown, flags: "-swap-size 128MiB -swap-reps 3"},
 	{cmd: "go test ./bench", how: byCI, line: ciTests},
+	{cmd: "VMARENA_OFFLOAD_MIB=1024 go test ./arena -run '^$' -bench OffloadVsCopy -benchtime 1x", how: scaledDown, flags: "-short"},
 	{cmd: "go run ./bench -calibrate -device cuda", how: needsDevice, want: noGPU},
 	{cmd: "go run ./bench -calibrate -device cuda -profile-out h200-mine.json", how: needsDevice, want: noGPU},
 	{cmd: "VMARENA_DEVICE=model:h200-mine.json go run ./bench", how: needsDevice, want: "model: profile h200-mine.json: open h200-mine.json: no such file or directory"},

@@ -498,7 +498,6 @@ func (r *report) perRunOf(w, num, den string, f func(*workload.Result) float64) 
 	return v
 }
 
-func wallOf(x *workload.Result) float64  { return float64(x.WallNS) }
 func clockOf(x *workload.Result) float64 { return float64(x.WallNS - x.SkewNS) }
 func cpuOf(x *workload.Result) float64   { return float64(x.CPUNS) }
 func firstOf(x *workload.Result) float64 { return float64(x.FirstTokenNS) }

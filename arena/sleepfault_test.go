@@ -76,10 +76,13 @@ type gatedCopy struct {
 	release chan struct{}
 }
 
-func (d *gatedCopy) arm(at acl.DevicePtr) {
+// arm gates the next copy to at, and returns the channels: closed when it
+// enters, to close to let it go.
+func (d *gatedCopy) arm(at acl.DevicePtr) (entered, release chan struct{}) {
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.at, d.entered, d.release = at, make(chan struct{}), make(chan struct{})
-	d.mu.Unlock()
+	return d.entered, d.release
 }
 
 func (d *gatedCopy) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
@@ -117,11 +120,11 @@ func TestCopyUnderWayBeforeSleepIsNotLost(t *testing.T) {
 	b, old := fill(t, a, 3*sleepChunk, 4)
 	fresh := bytes.Repeat([]byte{0xA5}, b.Len())
 
-	d.arm(b.Ptr())
+	entered, release := d.arm(b.Ptr())
 	copyDone := make(chan struct{})
 	copyErr := make(chan error, 1)
 	go func() { copyErr <- arena.CopyIn(b, fresh); close(copyDone) }()
-	<-d.entered
+	<-entered
 	copied := make(chan struct{})
 	defer sched.Set(func(p sched.Point, who any) {
 		if p == sched.SleepCopied && who == a {
@@ -139,7 +142,7 @@ func TestCopyUnderWayBeforeSleepIsNotLost(t *testing.T) {
 	case <-copied:
 	case <-time.After(200 * time.Millisecond): // the sleep waits for the copy
 	}
-	close(d.release)
+	close(release)
 	err = <-copyErr
 	require.NoError(t, <-slept)
 	require.NoError(t, a.Wake(context.Background()))

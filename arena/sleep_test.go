@@ -681,7 +681,16 @@ func TestWakeRefillNotLost(t *testing.T) {
 // Wake fails (matching ErrOutOfMemory) instead of waiting for a release this
 // single-threaded test would never make.
 func wakeNow(a *arena.Arena) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+	// Not a short deadline, which a loaded machine can pass before the
+	// Wake has tried at all: ctx is cancelled once a growth joins a pool's
+	// queue of waiters, so the Wake fails, out of memory, instead of
+	// waiting (the minute is a backstop).
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	defer sched.Set(func(p sched.Point, _ any) {
+		if p == sched.WaitEnqueued {
+			cancel()
+		}
+	})()
 	return a.Wake(ctx)
 }

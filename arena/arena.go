@@ -45,7 +45,7 @@ type Config struct {
 	// limit per reservation, on every driver here by default). 0 means the
 	// device's total memory, at most that limit, halved until the driver
 	// grants it.
-	Reserve int64
+	Reserve int
 	// Tenant is who may read the arena's bytes. Chunks move between the
 	// arenas of one tenant (say, all the sequences of one model) without
 	// being cleared, and are cleared when they move between tenants. 0 makes
@@ -66,18 +66,18 @@ type Config struct {
 	// above Len, so that Alloc finds memory mapped instead of mapping it on
 	// the caller's path. It is rounded up to the chunk size, and may not pass
 	// Reserve or the pool's budget. 0 means none.
-	Headroom int64
+	Headroom int
 	// MaxHeadroom bounds the headroom the arena learns. The worker keeps
 	// Headroom at first; each growth that has to map on the caller's path
 	// because the headroom ran out doubles it, up to MaxHeadroom, and 64
 	// refills in a row without one shrink it by a quarter, down to Headroom
 	// again. 0 means 8 × Headroom, within the reservation and the pool's
 	// budget; MaxHeadroom equal to Headroom keeps the headroom fixed.
-	MaxHeadroom int64
+	MaxHeadroom int
 	// LowWater is the headroom below which Alloc asks the worker to refill
 	// it (a request that never blocks). 0 means half of the learnt headroom
 	// (at least one chunk).
-	LowWater int64
+	LowWater int
 	// TrapStale is a debug mode that makes the memory Truncate and Reset drop
 	// unusable at once, so that a stale pointer into it fails loudly instead
 	// of reading or corrupting what the memory holds next. Truncate and Reset
@@ -115,16 +115,8 @@ const MaxReserve = acl.MaxReserve
 const maxReserve = 1 << 40
 
 // AlignLimit is the largest alignment any arena accepts (1 GiB). An arena's
-// own limit, the method Arena.MaxAlign, is the alignment of its base up to
-// this.
+// own limit, Arena.BaseAlign, is the alignment of its base up to this.
 const AlignLimit = 1 << maxAlignShift
-
-// MaxAlign is AlignLimit under its first name, kept so that code using it
-// still compiles.
-//
-// Deprecated: use AlignLimit; the name reads as the method Arena.MaxAlign,
-// which is the arena's own limit.
-const MaxAlign = AlignLimit
 
 const maxAlignShift = 30
 
@@ -309,13 +301,13 @@ func (cfg *Config) check() error {
 	case cfg.MaxHeadroom < 0:
 		return bad("Config.MaxHeadroom %d: want 0 (%d × Headroom) or more", cfg.MaxHeadroom, defaultMaxHeadroom)
 	case cfg.MaxHeadroom > 0 && cfg.Headroom == 0:
-		return bad("Config.MaxHeadroom %s without Config.Headroom: an arena without headroom learns none", units.Bytes(cfg.MaxHeadroom))
+		return bad("Config.MaxHeadroom %s without Config.Headroom: an arena without headroom learns none", units.Bytes(int64(cfg.MaxHeadroom)))
 	case cfg.MaxHeadroom > 0 && cfg.MaxHeadroom < cfg.Headroom:
 		return bad("Config.MaxHeadroom %s is below Config.Headroom %s: the learnt headroom lies between them (set both equal to fix it)",
-			units.Bytes(cfg.MaxHeadroom), units.Bytes(cfg.Headroom))
+			units.Bytes(int64(cfg.MaxHeadroom)), units.Bytes(int64(cfg.Headroom)))
 	case cfg.LowWater > cfg.Headroom:
 		return bad("Config.LowWater %s exceeds Config.Headroom %s: the worker refills when the headroom falls below LowWater",
-			units.Bytes(cfg.LowWater), units.Bytes(cfg.Headroom))
+			units.Bytes(int64(cfg.LowWater)), units.Bytes(int64(cfg.Headroom)))
 	case cfg.Pool != nil && cfg.Chunk != (chunk.Config{}):
 		return bad("Config.Chunk is set, but Config.Pool is given: the pool's chunk.Config applies; leave Chunk zero")
 	}
@@ -337,23 +329,23 @@ func (a *Arena) checkPool(cfg Config) error {
 	}
 	if cfg.Reserve > 0 && a.roundUp(uint64(cfg.Reserve)) > limit {
 		return fmt.Errorf("arena: %w: Config.Reserve %s (in chunks of %s) exceeds %s's largest reservation, %s (acl.Caps.MaxReserve)",
-			ErrInvalid, units.Bytes(cfg.Reserve), units.IEC(int64(cs)), a.drv.Name(), units.Ubytes(limit))
+			ErrInvalid, units.Bytes(int64(cfg.Reserve)), units.IEC(int64(cs)), a.drv.Name(), units.Ubytes(limit))
 	}
 	if cfg.Reserve > 0 && a.hr.min > a.roundUp(uint64(cfg.Reserve)) {
 		return fmt.Errorf("arena: %w: Config.Headroom %s exceeds Config.Reserve %s (in chunks of %s): headroom is mapped inside the reservation",
-			ErrInvalid, units.Bytes(cfg.Headroom), units.Bytes(cfg.Reserve), units.IEC(int64(cs)))
+			ErrInvalid, units.Bytes(int64(cfg.Headroom)), units.Bytes(int64(cfg.Reserve)), units.IEC(int64(cs)))
 	}
 	if b := uint64(a.pool.Budget()); b > 0 && a.hr.min > b {
 		return fmt.Errorf("arena: %w: Config.Headroom %s (in chunks of %s) exceeds the pool's budget, %s",
-			ErrInvalid, units.Bytes(cfg.Headroom), units.IEC(int64(cs)), units.Ubytes(b))
+			ErrInvalid, units.Bytes(int64(cfg.Headroom)), units.IEC(int64(cs)), units.Ubytes(b))
 	}
 	if cfg.MaxHeadroom > 0 && cfg.Reserve > 0 && a.hr.max > a.roundUp(uint64(cfg.Reserve)) {
 		return fmt.Errorf("arena: %w: Config.MaxHeadroom %s exceeds Config.Reserve %s (in chunks of %s): headroom is mapped inside the reservation",
-			ErrInvalid, units.Bytes(cfg.MaxHeadroom), units.Bytes(cfg.Reserve), units.IEC(int64(cs)))
+			ErrInvalid, units.Bytes(int64(cfg.MaxHeadroom)), units.Bytes(int64(cfg.Reserve)), units.IEC(int64(cs)))
 	}
 	if b := uint64(a.pool.Budget()); cfg.MaxHeadroom > 0 && b > 0 && a.hr.max > b {
 		return fmt.Errorf("arena: %w: Config.MaxHeadroom %s (in chunks of %s) exceeds the pool's budget, %s",
-			ErrInvalid, units.Bytes(cfg.MaxHeadroom), units.IEC(int64(cs)), units.Ubytes(b))
+			ErrInvalid, units.Bytes(int64(cfg.MaxHeadroom)), units.IEC(int64(cs)), units.Ubytes(b))
 	}
 	return nil
 }
@@ -511,11 +503,11 @@ func (a *Arena) ChunkSize() int {
 	return int(a.chunkSize)
 }
 
-// MaxAlign returns the largest alignment Alloc accepts: the alignment of
-// Base, at most AlignLimit (1 GiB). It is at least the driver's granularity
+// BaseAlign returns the alignment of Base, at most AlignLimit (1 GiB): the
+// largest alignment Alloc accepts. It is at least the driver's granularity
 // (2 MiB on ACL, CUDA and the host driver), since reservations are aligned
 // to it, and it never changes.
-func (a *Arena) MaxAlign() int {
+func (a *Arena) BaseAlign() int {
 	if a == nil {
 		return 0
 	}
@@ -539,7 +531,7 @@ func (a *Arena) Pool() *chunk.Pool {
 }
 
 // Alloc returns a buffer of size bytes whose offset is a multiple of align (a
-// power of two, at most Arena.MaxAlign: the alignment of Base up to 1 GiB, so
+// power of two, at most Arena.BaseAlign: the alignment of Base up to 1 GiB, so
 // that the buffer's device address is aligned too). It maps more memory when the mapped space is used up, so it
 // can fail with ErrOutOfMemory or ErrExhausted; within Cap it makes no driver
 // call, takes no lock and allocates nothing on the Go heap. With
@@ -577,7 +569,7 @@ func (a *Arena) badAlloc(size, align int) error {
 	case align <= 0 || align&(align-1) != 0:
 		return fmt.Errorf("arena: alloc: %w: alignment %d is not a power of two", ErrInvalid, align)
 	}
-	return fmt.Errorf("arena: alloc: %w: alignment %s exceeds the arena's MaxAlign, %s", ErrInvalid,
+	return fmt.Errorf("arena: alloc: %w: alignment %s exceeds the arena's BaseAlign, %s", ErrInvalid,
 		units.Bytes(int64(align)), units.Ubytes(a.maxAlign))
 }
 

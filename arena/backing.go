@@ -97,15 +97,6 @@ const (
 	BackingAttach
 )
 
-// The causes under their first names.
-//
-// Deprecated: use BackingSleep, BackingWake and BackingShrink.
-const (
-	BackingSlept  = BackingSleep
-	BackingWoke   = BackingWake
-	BackingShrunk = BackingShrink
-)
-
 var causeNames = [...]string{"", "grow", "refill", "shrink", "relief", "sleep", "wake", "close", "import", "undo",
 	"trap-stale", "attach"}
 
@@ -127,7 +118,7 @@ type BackingChange struct {
 	Generation uint64
 	// Base and Size are the arena's reserved address range.
 	Base acl.DevicePtr
-	Size uintptr
+	Size int
 	// Mappings are the chunk mappings the event is about (Mapped,
 	// Unmapping), lowest address first: each one physical allocation
 	// mapped whole, [Ptr, Ptr+Size) backed by Handle, as acl.Registrar
@@ -139,12 +130,6 @@ type BackingChange struct {
 	// the callbacks accept them), an Unmapping event's may still be.
 	Cap int
 }
-
-// ErrCallback is returned by an arena's methods called from one of its own
-// OnBackingChange callbacks: the callback runs while the arena changes its
-// memory (holding its lock, for the changes it makes), and such a call would
-// wait for itself. It is refused instead.
-var ErrCallback = errors.New("arena: called from its own backing-change callback")
 
 // maxCallbacks bounds an arena's callbacks: which callbacks hold a mapping
 // is a bit each in a word.
@@ -229,7 +214,7 @@ func (a *Arena) OnBackingChange(fn func(BackingChange) error) error {
 		return fmt.Errorf("arena: on backing change: %w: %d callbacks already", ErrInvalid, maxCallbacks)
 	}
 	ch := BackingChange{Arena: a, Phase: BackingReserved, Cause: BackingAttach, Generation: a.ev.gen.Load(),
-		Base: a.base, Size: uintptr(a.reserved), Cap: int(a.cap.Load())}
+		Base: a.base, Size: int(a.reserved), Cap: int(a.cap.Load())}
 	if err := a.call(fn, ch); err != nil {
 		return fmt.Errorf("arena: on backing change: %w", err)
 	}
@@ -397,7 +382,7 @@ func (a *Arena) tell(phase BackingPhase, cause BackingCause, ms []acl.Mapping) e
 
 func (a *Arena) change(phase BackingPhase, cause BackingCause, gen uint64, ms []acl.Mapping) BackingChange {
 	return BackingChange{Arena: a, Phase: phase, Cause: cause, Generation: gen, Base: a.base,
-		Size: uintptr(a.reserved), Mappings: ms, Cap: int(a.cap.Load())}
+		Size: int(a.reserved), Mappings: ms, Cap: int(a.cap.Load())}
 }
 
 // aclMappings returns the chunk mappings ms as acl.Mappings.
@@ -566,7 +551,7 @@ func RegisterWith(r acl.Registrar) func(BackingChange) error {
 	return func(ch BackingChange) error {
 		switch ch.Phase {
 		case BackingReserved:
-			return r.SetMemoryRange(ch.Base, ch.Size)
+			return r.SetMemoryRange(ch.Base, uintptr(ch.Size))
 		case BackingReleasing:
 			return r.UnsetMemoryRange(ch.Base)
 		case BackingMapped:

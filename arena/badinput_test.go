@@ -57,8 +57,8 @@ func badCases() []badCase {
 	alloc := func(size, align int) func(e *badEnv) error {
 		return func(e *badEnv) error { _, err := e.a.Alloc(size, align); return err }
 	}
-	slice := func(off, n int) func(e *badEnv) error {
-		return func(e *badEnv) error { _, err := e.a.Slice(off, n); return err }
+	slice := func(i, j int) func(e *badEnv) error {
+		return func(e *badEnv) error { _, err := e.a.Slice(i, j); return err }
 	}
 	bslice := func(i, j int) func(e *badEnv) error {
 		return func(e *badEnv) error { _, err := e.buf.Slice(i, j); return err }
@@ -142,10 +142,11 @@ func badCases() []badCase {
 		// Slices out of range.
 		{"Slice(-1,0)", slice(-1, 0), arena.ErrRange},
 		{"Slice(0,-1)", slice(0, -1), arena.ErrRange},
-		{"Slice(Len,1)", func(e *badEnv) error { _, err := e.a.Slice(e.a.Len(), 1); return err }, arena.ErrRange},
-		{"Slice(1,Len)", func(e *badEnv) error { _, err := e.a.Slice(1, e.a.Len()); return err }, arena.ErrRange},
+		{"Slice(2,1)", slice(2, 1), arena.ErrRange},
+		{"Slice(Len,Len+1)", func(e *badEnv) error { _, err := e.a.Slice(e.a.Len(), e.a.Len()+1); return err }, arena.ErrRange},
+		{"Slice(1,Len+1)", func(e *badEnv) error { _, err := e.a.Slice(1, e.a.Len()+1); return err }, arena.ErrRange},
 		{"Slice(MaxInt,MaxInt)", slice(maxInt, maxInt), arena.ErrRange},
-		{"Slice(1,MaxInt)(off+n wraps)", slice(1, maxInt), arena.ErrRange},
+		{"Slice(1,MaxInt)", slice(1, maxInt), arena.ErrRange},
 		{"Slice(MinInt,MinInt)", slice(math.MinInt, math.MinInt), arena.ErrRange},
 		{"Buffer.Slice(-1,1)", bslice(-1, 1), arena.ErrRange},
 		{"Buffer.Slice(2,1)", bslice(2, 1), arena.ErrRange},

@@ -60,17 +60,19 @@ func (b Buffer) String() string {
 	return fmt.Sprintf("arena.Buffer{ptr=%v off=%d len=%d}", b.Ptr(), b.off, b.n)
 }
 
-// Slice returns a buffer for the in-use range [off, off+n) of the arena. It
-// is a new view of what lies there now: it goes stale with the next drop
-// below its end, whatever buffers of that range were dropped before.
-func (a *Arena) Slice(off, n int) (Buffer, error) {
+// Slice returns a buffer for the bytes in use a[i:j], the range [i, j) of
+// offsets from Base, with 0 ≤ i ≤ j ≤ Len (the convention of Buffer.Slice and
+// of Go's slices). It is a new view of what lies there now: it goes stale
+// with the next drop below its end, whatever buffers of that range were
+// dropped before.
+func (a *Arena) Slice(i, j int) (Buffer, error) {
 	if a == nil {
 		return Buffer{}, ErrClosed
 	}
-	b := Buffer{a: a, off: uintptr(off), n: uintptr(n), gen: a.drops.last.Load()}
-	if off < 0 || n < 0 {
-		return Buffer{}, fmt.Errorf("arena: slice [%d, +%d): %w", off, n, ErrRange)
+	if i < 0 || j < i {
+		return Buffer{}, fmt.Errorf("arena: slice [%d:%d]: %w", i, j, ErrRange)
 	}
+	b := Buffer{a: a, off: uintptr(i), n: uintptr(j - i), gen: a.drops.last.Load()}
 	if err := b.check("slice"); err != nil {
 		return Buffer{}, err
 	}

@@ -87,11 +87,11 @@ func TestReserveLimitIsTheDriversLimit(t *testing.T) {
 	defer func() { require.NoError(t, m.Close()) }()
 	for _, d := range []acl.Driver{m} {
 		limit := int64(d.Caps().ReserveLimit())
-		a, err := arena.New(arena.Config{Driver: d, Reserve: limit})
+		a, err := arena.New(arena.Config{Driver: d, Reserve: int(limit)})
 		require.NoError(t, err, "the limit itself is granted")
 		require.Equal(t, int(limit), a.Reserved())
 		require.NoError(t, a.Close())
-		_, err = arena.New(arena.Config{Driver: d, Reserve: limit + 1})
+		_, err = arena.New(arena.Config{Driver: d, Reserve: int(limit + 1)})
 		require.ErrorIs(t, err, arena.ErrInvalid)
 		assert.Contains(t, err.Error(), "8 GiB")
 		a, err = arena.New(arena.Config{Driver: d})

@@ -5,6 +5,29 @@
 // The zero Config runs on DefaultDriver: the device $VMARENA_DEVICE names
 // (with the selector of package acl/device linked in), else the host driver.
 //
+// # The allocator
+//
+//	New(Config)                  reserve the address space, join a pool
+//	a.Alloc(size, align)         cut a Buffer at Len (lock-free within Cap)
+//	a.Grow(n)                    map chunks so that n more bytes can be allocated
+//	a.Slice(i, j)                a Buffer for the bytes in use [i, j)
+//	a.Truncate(n), a.Reset()     drop allocations at or above n (all), keep the memory
+//	a.Shrink(), a.ShrinkTo(n)    give back the chunks above Len (max(Len, n))
+//	a.Close()                    release everything
+//	a.Len(), Cap(), Reserved()   the bytes in use, mapped, reserved
+//	a.Stats()                    one snapshot of all of it
+//	CopyIn, CopyOut, Copy, Fill  host copies through a Buffer
+//
+// Its errors are in errors.go: ErrExhausted (past Config.Reserve),
+// ErrOutOfMemory (the device or the pool's budget), ErrInvalid and ErrRange
+// (bad arguments), ErrStale (a dropped Buffer), ErrClosed.
+//
+// Beyond the allocator, each concern has its own files and a section at the
+// end of this documentation: sleep and wake (sleep.go, backing.go), sharing
+// with other processes (share.go, wire.go), watching and waiting
+// (observe.go, wait.go). Typed tensors are package arena/tensor, and metrics
+// package arena/metrics.
+//
 // # Address space
 //
 // New reserves Config.Reserve bytes of device virtual address space once. The
@@ -38,6 +61,11 @@
 // way follow one protocol, told in docs/design.md ("Pressure"): nothing is
 // held while anything waits for the device or for memory, and every such
 // wait ends with the caller's context.
+//
+// Every size and offset in the API is an int, as Go's len and slice indices
+// are (Config's sizes, Stats, BackingChange included; counters are int64):
+// the largest reservation fits an int on the 64-bit platforms the drivers
+// run on.
 //
 // Len is the bytes in use, Cap the bytes mapped (a multiple of the chunk
 // size), and Len ≤ Cap ≤ Reserved holds whenever the arena is awake.
@@ -128,6 +156,18 @@
 // drop are unmapped at once and the dropped bytes of the chunk kept in part
 // are filled with PoisonByte, so a stale pointer faults or reads poison.
 //
+// # Concurrency
+//
+// An Arena is safe for concurrent use. Alloc runs lock-free; Grow, Shrink,
+// Truncate, Reset and Close serialise on a mutex held while they call the
+// driver, but never while they wait for memory or for a stream: a growth, a
+// Close, a Sleep or a Wake that must wait releases it (growths of one arena
+// stay serialised by a second lock, taken first). The pool only tries an
+// arena's mutex, and two arenas relieving each other cannot deadlock; an
+// arena's mutex is always taken before its pool's. Copies through Buffers
+// hold the arena open: a copy that races Close completes first, or fails
+// with ErrClosed. See docs/design.md, "Pressure".
+//
 // # Sleep and wake
 //
 // Sleep gives all of an arena's memory back to the device and keeps its
@@ -185,20 +225,13 @@
 // AllocContext wait, under a context, for other tenants of the pool to give
 // memory back instead of failing, first come first served; when every arena
 // holding the memory waits too, the youngest fails at once (ErrDeadlock).
-// AllocTensor
-// allocates by element type and shape, with Float16 and BFloat16 among the
-// types. None of it costs Alloc anything within Cap. docs/observability.md
-// has the details.
+// None of it costs Alloc anything within Cap. docs/observability.md has the
+// details.
 //
-// # Concurrency
+// # Tensors
 //
-// An Arena is safe for concurrent use. Alloc runs lock-free; Grow, Shrink,
-// Truncate, Reset and Close serialise on a mutex held while they call the
-// driver, but never while they wait for memory or for a stream: a growth, a
-// Close, a Sleep or a Wake that must wait releases it (growths of one arena
-// stay serialised by a second lock, taken first). The pool only tries an
-// arena's mutex, and two arenas relieving each other cannot deadlock; an
-// arena's mutex is always taken before its pool's. Copies through Buffers
-// hold the arena open: a copy that races Close completes first, or fails
-// with ErrClosed. See docs/design.md, "Pressure".
+// Package arena/tensor types an arena's memory: tensor.Alloc allocates by
+// element type and shape, tensor.View types a Buffer, and its Float16 and
+// BFloat16 convert from and to float32. It uses only this package's public
+// API (Alloc, Buffer, CopyIn, CopyOut).
 package arena

@@ -9,7 +9,8 @@ import (
 	"github.com/vmarena/vmarena/internal/units"
 )
 
-// Sentinels callers branch on with errors.Is.
+// Sentinels callers branch on with errors.Is, all of them here (each
+// package of the module keeps its sentinels in its errors.go).
 var (
 	// ErrClosed: the arena was closed, or the shared pool it draws from was.
 	ErrClosed = errors.New("arena: closed")
@@ -30,6 +31,29 @@ var (
 	// that breaks the protocol or does not fit this process's limits. That
 	// the other end refused this one is its word: a *PeerError (ErrPeer).
 	ErrRefused = errors.New("share refused")
+	// ErrAsleep is returned by Alloc (beyond the fast path's reach), Grow,
+	// Truncate, Reset, Shrink and the copies of an arena that is asleep: its
+	// memory was given back to the device by Sleep, and Wake brings it back.
+	ErrAsleep = errors.New("arena: asleep")
+	// ErrShared is returned by Sleep while a chunk of the arena is shared with
+	// another process (Share): the other process maps that memory, so the
+	// arena cannot give it back or change it under that process.
+	ErrShared = errors.New("arena: memory shared with another process")
+	// ErrStale: the buffer's allocation was dropped (Truncate or Reset below
+	// its end, Sleep in Discard mode, Close), so its range may hold another
+	// allocation now. Copies through it, views of it and Share of it fail with
+	// an error matching ErrStale, whatever the arena holds there since.
+	ErrStale = errors.New("stale buffer: its allocation was dropped")
+	// ErrCallback is returned by an arena's methods called from one of its own
+	// OnBackingChange callbacks: the callback runs while the arena changes its
+	// memory (holding its lock, for the changes it makes), and such a call would
+	// wait for itself. It is refused instead.
+	ErrCallback = errors.New("arena: called from its own backing-change callback")
+	// ErrPeer is matched by every error the other process of a Share or Import
+	// reported about itself (a *PeerError): what it says is its own account,
+	// and never matches this process's sentinels (ErrOutOfMemory, ErrRefused,
+	// the acl errors).
+	ErrPeer = errors.New("arena: the other process failed")
 
 	// ErrOutOfMemory is acl.ErrOutOfMemory: the device, or the pool's budget,
 	// has no memory left.

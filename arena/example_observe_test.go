@@ -84,41 +84,6 @@ func Example_tracing() {
 	// Output: trace recorded: true
 }
 
-// Typed tensors: the bytes and the alignment follow from the element type
-// and the shape; Float16 and BFloat16 convert from and to float32 on the
-// way.
-func ExampleAllocTensor() {
-	a, err := arena.New(arena.Config{Reserve: 64 << 20})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer a.Close()
-
-	x, err := arena.AllocTensor[arena.Float16](a, 2, 3)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := arena.CopyInFloat32(x, []float32{1, 2, 3, 0.1, 65504, 1e6}); err != nil {
-		log.Fatal(err)
-	}
-	back := make([]float32, x.Len())
-	if err := arena.CopyOutFloat32(back, x); err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println(x.Shape(), x.Buffer().Len(), "bytes,", "aligned:", x.Ptr()%arena.TensorAlign == 0)
-	fmt.Println(back)
-
-	ids, err := arena.AllocTensor[int32](a, 4)
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println(ids.CopyIn([]int32{1, 2, 3}) != nil) // not 4 elements
-	// Output:
-	// [2 3] 12 bytes, aligned: true
-	// [1 2 3 0.099975586 65504 +Inf]
-	// true
-}
-
 // Waiting for memory: a growth that finds the pool's budget spent waits for
 // another tenant to give memory back, instead of failing; under a deadline
 // that passes first, it fails as Grow would, the arena unchanged.

@@ -692,7 +692,7 @@ func (w *world) newArena() {
 	k := 1 + w.c.intn(8)
 	reserve := k*w.cs - w.c.intn(w.cs)
 	trap := w.c.intn(4) == 0
-	cfg := arena.Config{Pool: w.pool, Reserve: int64(reserve), TrapStale: trap}
+	cfg := arena.Config{Pool: w.pool, Reserve: reserve, TrapStale: trap}
 	var stream acl.Stream
 	if w.o.streams && w.c.intn(2) == 0 {
 		s, err := w.hd.CreateStream()
@@ -711,7 +711,7 @@ func (w *world) newArena() {
 				mh = max(h, min(mh, b/w.cs))
 			}
 		}
-		cfg.Headroom, cfg.MaxHeadroom = int64(h)*int64(w.cs), int64(mh)*int64(w.cs)
+		cfg.Headroom, cfg.MaxHeadroom = h*w.cs, mh*w.cs
 	}
 	shared := w.o.tenants && w.c.intn(2) == 0
 	if shared {
@@ -953,16 +953,16 @@ func (w *world) fill() {
 
 func (w *world) slice() {
 	m := w.pickArena()
-	off, n := w.c.intn(m.len+2)-1, w.c.intn(m.len+2)-1
+	i, j := w.c.intn(m.len+2)-1, w.c.intn(m.len+2)-1
 	var want error
-	if off < 0 || n < 0 || off+n > m.len {
+	if i < 0 || j < i || j > m.len {
 		want = arena.ErrRange
 		w.n.badInputs++
 	}
-	b, err := m.a.Slice(off, n)
-	if w.settle(fmt.Sprintf("a%d.Slice(%d, %d) len %d", m.id, off, n, m.len), err, want) {
-		if b.Ptr() != m.base.Add(uintptr(off)) || b.Len() != n {
-			w.fatalf("a%d.Slice(%d, %d) = %v", m.id, off, n, b)
+	b, err := m.a.Slice(i, j)
+	if w.settle(fmt.Sprintf("a%d.Slice(%d, %d) len %d", m.id, i, j, m.len), err, want) {
+		if b.Ptr() != m.base.Add(uintptr(i)) || b.Len() != j-i {
+			w.fatalf("a%d.Slice(%d, %d) = %v", m.id, i, j, b)
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/arena/tensor"
 	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/logtest"
 )
@@ -212,13 +213,13 @@ func BenchmarkAllocContext(b *testing.B) {
 	}
 }
 
-// BenchmarkAllocTensor allocates a 2×64 bfloat16 tensor (256 bytes) within
+// BenchmarkTensorAlloc allocates a 2×64 bfloat16 tensor (256 bytes) within
 // Cap.
-func BenchmarkAllocTensor(b *testing.B) {
+func BenchmarkTensorAlloc(b *testing.B) {
 	a := observedArena(b)
 	i := 0
 	for b.Loop() {
-		if _, err := arena.AllocTensor[arena.BFloat16](a, 2, 64); err != nil {
+		if _, err := tensor.Alloc[tensor.BFloat16](a, 2, 64); err != nil {
 			b.Fatal(err)
 		}
 		if i++; i == (64<<20)/256 {

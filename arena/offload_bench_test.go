@@ -58,7 +58,7 @@ func BenchmarkOffloadVsCopy(b *testing.B) {
 
 func offloadVsCopy(b *testing.B, d acl.Driver, charged func() int64, size int) {
 	ctx := context.Background()
-	a, err := arena.New(arena.Config{Driver: d, Reserve: int64(size)})
+	a, err := arena.New(arena.Config{Driver: d, Reserve: size})
 	if err != nil {
 		b.Fatal(err)
 	}

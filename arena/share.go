@@ -158,7 +158,7 @@ type ImportConfig struct {
 	// Budget caps, in bytes, what a private pool accepts: the most memory
 	// this process takes from the producer. 0 means no cap. It must be 0
 	// with Pool.
-	Budget int64
+	Budget int
 	// Streams are the device streams whose work may read the import, as in
 	// Config.Streams: Close unmaps once the work queued on them has run, or,
 	// without streams, once the device is idle.
@@ -257,9 +257,9 @@ func (v *Imported) CloseContext(ctx context.Context) error {
 	return v.a.CloseContext(ctx)
 }
 
-// Share lends the whole chunks that hold b, a buffer of a, to the one
-// process opt names, over conn, with no copy: the consumer, calling Import
-// on the other end, maps them into a reservation of its own. Share waits for
+// Share lends the whole chunks that hold b to the one process opt names,
+// over conn, with no copy: the consumer, calling Import on the other end,
+// maps them into a reservation of its own. Share waits for
 // the work queued on the arena's streams (or the device, without streams) so
 // that the consumer sees what it wrote, then waits for the consumer to say
 // that it has mapped the memory.
@@ -302,8 +302,8 @@ func (v *Imported) CloseContext(ctx context.Context) error {
 // address or descriptor number. Share honours conn's deadlines; ShareContext
 // takes a context too. An error leaves the arena as it was (chunks exported
 // before the failure stay marked shared).
-func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
-	return a.ShareContext(context.Background(), conn, b, opt)
+func (b Buffer) Share(conn *net.UnixConn, opt ShareOptions) error {
+	return b.ShareContext(context.Background(), conn, opt)
 }
 
 // ShareContext is Share with a context, as net.Dialer.DialContext is Dial:
@@ -312,11 +312,12 @@ func (a *Arena) Share(conn *net.UnixConn, b Buffer, opt ShareOptions) error {
 // of no further use) and returns an error matching ctx.Err(); once
 // ShareContext has returned, ctx no longer affects conn. A ctx done before
 // the call fails it at once, before anything is read or sent.
-func (a *Arena) ShareContext(ctx context.Context, conn *net.UnixConn, b Buffer, opt ShareOptions) error {
+func (b Buffer) ShareContext(ctx context.Context, conn *net.UnixConn, opt ShareOptions) error {
 	const op = "arena: share"
+	a := b.a
 	switch {
 	case a == nil:
-		return ErrClosed
+		return fmt.Errorf("%s: %w: zero Buffer", op, ErrInvalid)
 	case a.drv == nil:
 		return errNotMade
 	case conn == nil:
@@ -325,8 +326,6 @@ func (a *Arena) ShareContext(ctx context.Context, conn *net.UnixConn, b Buffer, 
 		return fmt.Errorf("%s: %w: ShareOptions.PID must name the consumer's process", op, ErrInvalid)
 	case opt.User.kind > anyUser || (opt.User.kind == oneUser && opt.User.uid < 0):
 		return fmt.Errorf("%s: %w: ShareOptions.User %v", op, ErrInvalid, opt.User)
-	case b.a != a:
-		return fmt.Errorf("%s %v: %w: the buffer belongs to another arena", op, b, ErrInvalid)
 	case b.n == 0:
 		return fmt.Errorf("%s: %w: empty buffer", op, ErrInvalid)
 	case a.imp != nil:
@@ -467,15 +466,6 @@ type opError struct {
 func (e *opError) Error() string { return e.op + ": " + strings.TrimPrefix(e.err.Error(), "arena: ") }
 func (e *opError) Unwrap() error { return e.err }
 
-// Share is Arena.Share of b's arena: it hands b's memory over conn to the
-// consumer opt names, on the same terms.
-func (b Buffer) Share(conn *net.UnixConn, opt ShareOptions) error {
-	if b.a == nil {
-		return fmt.Errorf("arena: share: %w: zero Buffer", ErrInvalid)
-	}
-	return b.a.Share(conn, b, opt)
-}
-
 // export exports the chunks that hold b for the process tgid, and returns
 // the index of the first and their shareable handles. A descriptor is
 // returned as a duplicate, taken while the arena's mutex still holds the
@@ -611,7 +601,7 @@ func readText(c *net.UnixConn, n uint32, peer *ipc.Peer) (string, error) {
 }
 
 // Import maps the memory the producer on the other end of conn shares with
-// Arena.Share, and returns it as an Imported. It tells the producer who it is
+// Buffer.Share, and returns it as an Imported. It tells the producer who it is
 // (its credentials, checked by the kernel, and for an ACL allow-list the id
 // DeviceGetBareTgid gives), checks who the producer is (cfg.ProducerPID,
 // ProducerUser and ProducerCheck, as the kernel reports it, as Share checks
@@ -915,7 +905,7 @@ func importPool(drv acl.Driver, cfg ImportConfig, cs uint64) (pool *chunk.Pool, 
 	if cfg.Pool != nil {
 		return cfg.Pool, false, nil
 	}
-	p, err := chunk.New(drv, chunk.Config{Size: int(cs), MaxCached: -1, Budget: cfg.Budget, Scrub: chunk.ScrubNever})
+	p, err := chunk.New(drv, chunk.Config{Size: int(cs), MaxCached: -1, Budget: int64(cfg.Budget), Scrub: chunk.ScrubNever})
 	if err != nil {
 		return nil, false, err
 	}

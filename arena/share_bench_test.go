@@ -46,7 +46,7 @@ func benchHandoff(b *testing.B, size, cs int) {
 	defer d.Close()
 	fd := faultdriver.New(d)
 	// The copy's destination: an arena of the consumer's own, mapped once.
-	dst, err := arena.New(arena.Config{Driver: d, Reserve: int64(size), Chunk: chunk.Config{Size: cs}})
+	dst, err := arena.New(arena.Config{Driver: d, Reserve: size, Chunk: chunk.Config{Size: cs}})
 	require.NoError(b, err)
 	defer dst.Close()
 	db, err := dst.Alloc(size, 64)
@@ -100,7 +100,7 @@ func benchHandoff(b *testing.B, size, cs int) {
 // ('c'), until 'q'.
 func benchProducer(spec peerSpec, conn *net.UnixConn, d *host.Driver) error {
 	size := spec.Chunks * spec.ChunkSize
-	a, err := arena.New(arena.Config{Driver: d, Reserve: int64(size), Chunk: chunk.Config{Size: spec.ChunkSize, Shareable: true}})
+	a, err := arena.New(arena.Config{Driver: d, Reserve: size, Chunk: chunk.Config{Size: spec.ChunkSize, Shareable: true}})
 	if err != nil {
 		return err
 	}
@@ -123,7 +123,7 @@ func benchProducer(spec peerSpec, conn *net.UnixConn, d *host.Driver) error {
 		}
 		switch cmd[0] {
 		case 's':
-			if err := a.Share(conn, buf, arena.ShareOptions{PID: os.Getppid()}); err != nil {
+			if err := buf.Share(conn, arena.ShareOptions{PID: os.Getppid()}); err != nil {
 				return err
 			}
 		case 'c':

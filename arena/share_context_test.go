@@ -51,7 +51,7 @@ func TestShareContextSilentPeer(t *testing.T) {
 				}
 				t0 := time.Now()
 				if side == "share" {
-					err = a.ShareContext(ctx, mine, b, arena.ShareOptions{PID: os.Getpid()})
+					err = b.ShareContext(ctx, mine, arena.ShareOptions{PID: os.Getpid()})
 				} else {
 					var v *arena.Imported
 					v, err = arena.ImportContext(ctx, mine, arena.ImportConfig{Driver: d})
@@ -86,7 +86,7 @@ func TestShareContextDoneBefore(t *testing.T) {
 	defer theirs.Close()
 	ctx, stop := context.WithCancel(context.Background())
 	stop()
-	require.ErrorIs(t, a.ShareContext(ctx, mine, b, arena.ShareOptions{PID: os.Getpid()}), context.Canceled)
+	require.ErrorIs(t, b.ShareContext(ctx, mine, arena.ShareOptions{PID: os.Getpid()}), context.Canceled)
 	_, err = arena.ImportContext(ctx, mine, arena.ImportConfig{Driver: d})
 	require.ErrorIs(t, err, context.Canceled)
 	_, _, err = ipc.Recv(theirs, make([]byte, 1), 0)

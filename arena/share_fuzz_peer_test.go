@@ -106,7 +106,7 @@ func FuzzShareHandOn(f *testing.F) {
 				t.Fatal(err)
 			}
 			go func() { done <- playConsumerAs(c, as(first), as(later)) }()
-			err = a.Share(srv, b, arena.ShareOptions{PID: connector.PID})
+			err = b.Share(srv, arena.ShareOptions{PID: connector.PID})
 			c.Close()
 			<-done
 			checkHandOn(t, err, ok)
@@ -248,7 +248,7 @@ func FuzzShareRecycled(f *testing.F) {
 			got, _ := recycleConsumer(theirs, fdForm)
 			done <- got
 		}()
-		err = a.Share(mine, b, arena.ShareOptions{PID: os.Getpid(), ReadOnly: readOnly})
+		err = b.Share(mine, arena.ShareOptions{PID: os.Getpid(), ReadOnly: readOnly})
 		got := <-done
 		restore()
 		mine.Close()

@@ -45,7 +45,7 @@ func TestShareRefusesHandedOnSocket(t *testing.T) {
 		{Send: ackFrame("VMAACK02", 0, 0, 0, 0, "")},
 	}})
 	c := ipctest.Accept(t, l)
-	err = a.Share(c, b, arena.ShareOptions{PID: p.PID()})
+	err = b.Share(c, arena.ShareOptions{PID: p.PID()})
 	require.ErrorIs(t, err, arena.ErrRefused)
 	assert.ErrorContains(t, err, "check sender")
 	c.Close()

@@ -561,7 +561,7 @@ func TestHostileConsumer(t *testing.T) {
 			if tc.opt != nil {
 				tc.opt(&opt)
 			}
-			err = a.Share(mine, b, opt)
+			err = b.Share(mine, opt)
 			<-done
 			mine.Close()
 			k.close()

@@ -128,7 +128,7 @@ func shareGivenBack(t *testing.T, drv acl.Driver, giveBackByClose bool) []receiv
 		got, err := recycleConsumer(theirs, fdForm)
 		done <- result{got, err}
 	}()
-	err = a.Share(mine, b, arena.ShareOptions{PID: os.Getpid()})
+	err = b.Share(mine, arena.ShareOptions{PID: os.Getpid()})
 	r := <-done
 	require.NoError(t, err)
 	require.NoError(t, r.err)

@@ -28,6 +28,7 @@ import (
 	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/acl/ipc/ipctest"
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/arena/tensor"
 	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/leakgate/arenagate"
 )
@@ -270,7 +271,7 @@ func producer(spec peerSpec, conn *net.UnixConn, d *host.Driver, fd *faultdriver
 	}
 	for range 1 + btoi(spec.Twice) {
 		before := copies(fd)
-		r := result(a.Share(conn, b, opt))
+		r := result(b.Share(conn, opt))
 		r.Copies = copies(fd) - before
 		if err := writeReply(conn, r); err != nil {
 			return err
@@ -326,7 +327,7 @@ func btoi(b bool) int {
 }
 
 func consumer(spec peerSpec, conn *net.UnixConn, d *host.Driver, fd *faultdriver.Driver) error {
-	cfg := arena.ImportConfig{Driver: fd, ReadOnly: spec.ReadOnly, Budget: spec.Budget, ProducerPID: spec.Producer}
+	cfg := arena.ImportConfig{Driver: fd, ReadOnly: spec.ReadOnly, Budget: int(spec.Budget), ProducerPID: spec.Producer}
 	if spec.Producer < 0 {
 		cfg.ProducerPID = os.Getppid()
 	}
@@ -452,12 +453,12 @@ func TestShareHandoff(t *testing.T) {
 	require.ErrorIs(t, va.Reset(), arena.ErrImported)
 	require.ErrorIs(t, va.Shrink(), arena.ErrImported)
 	require.ErrorIs(t, va.GrowContext(context.Background(), shareChunk), arena.ErrImported)
-	_, err = arena.AllocTensor[float32](va, 16)
+	_, err = tensor.Alloc[float32](va, 16)
 	require.ErrorIs(t, err, arena.ErrImported)
-	kv, err := arena.View[uint8](b, b.Len()) // a typed view of the shared bytes
+	kv, err := tensor.View[uint8](b, b.Len()) // a typed view of the shared bytes
 	require.NoError(t, err)
 	assert.Equal(t, b.Ptr(), kv.Buffer().Ptr())
-	require.ErrorIs(t, va.Share(p.conn, b, arena.ShareOptions{PID: p.pid()}), arena.ErrImported)
+	require.ErrorIs(t, b.Share(p.conn, arena.ShareOptions{PID: p.pid()}), arena.ErrImported)
 	s, err := b.Slice(10, 20)
 	require.NoError(t, err)
 	assert.Equal(t, ptr.Add(10), s.Ptr())
@@ -519,7 +520,7 @@ func TestShareConsumerDies(t *testing.T) {
 	require.NoError(t, arena.CopyIn(b, sharedBytes(b.Len())))
 	p := spawn(t, peerSpec{Role: "consumer"})
 	require.ErrorIs(t, arena.Buffer{}.Share(p.conn, arena.ShareOptions{PID: p.pid()}), arena.ErrInvalid)
-	require.NoError(t, b.Share(p.conn, arena.ShareOptions{PID: p.pid()})) // a.Share(p.conn, b, …)
+	require.NoError(t, b.Share(p.conn, arena.ShareOptions{PID: p.pid()}))
 	r := p.reply()
 	require.Empty(t, r.Err)
 	assert.Equal(t, sharedBytes(32), r.Data)
@@ -570,7 +571,7 @@ func TestShareRefusesOthers(t *testing.T) {
 			b, err := a.Alloc(shareChunk, shareChunk)
 			require.NoError(t, err)
 			p := spawn(t, peerSpec{Role: "consumer"})
-			err = a.Share(p.conn, b, tc.opt(p.pid()))
+			err = b.Share(p.conn, tc.opt(p.pid()))
 			require.ErrorIs(t, err, arena.ErrRefused)
 			assert.ErrorContains(t, err, tc.check)
 			r := p.reply()
@@ -602,7 +603,7 @@ func TestShareTwice(t *testing.T) {
 	require.NoError(t, arena.CopyIn(b, sharedBytes(b.Len())))
 	p := spawn(t, peerSpec{Role: "consumer", Twice: true})
 	for i := range 2 {
-		require.NoError(t, a.Share(p.conn, b, arena.ShareOptions{PID: p.pid()}))
+		require.NoError(t, b.Share(p.conn, arena.ShareOptions{PID: p.pid()}))
 		r := p.reply()
 		require.Empty(t, r.Err, "import %d", i)
 		assert.Equal(t, sharedBytes(32), r.Data)
@@ -684,7 +685,7 @@ func TestShareBudget(t *testing.T) {
 	b, err := a.Alloc(3*shareChunk, shareChunk)
 	require.NoError(t, err)
 	p := spawn(t, peerSpec{Role: "consumer", Budget: 2 * shareChunk})
-	err = a.Share(p.conn, b, arena.ShareOptions{PID: p.pid()})
+	err = b.Share(p.conn, arena.ShareOptions{PID: p.pid()})
 	require.ErrorIs(t, err, arena.ErrPeer, "the consumer's out-of-memory reaches the producer")
 	require.NotErrorIs(t, err, arena.ErrOutOfMemory, "as the consumer's word")
 	pe, ok := errors.AsType[*arena.PeerError](err)
@@ -765,7 +766,7 @@ func TestShareKilledAtEachStep(t *testing.T) {
 			require.NoError(t, arena.CopyIn(b, sharedBytes(b.Len())))
 			before := d.Live()
 			p := spawn(t, peerSpec{Role: "consumer", DieAt: step})
-			err = a.Share(p.conn, b, arena.ShareOptions{PID: p.pid()})
+			err = b.Share(p.conn, arena.ShareOptions{PID: p.pid()})
 			require.Error(t, err, "the consumer never said it mapped the memory")
 			assert.True(t, p.wait(), "killed")
 			assert.Equal(t, before, d.Live(), "the arena is as it was")
@@ -833,7 +834,7 @@ func TestShareFaults(t *testing.T) {
 		require.NoError(t, arena.CopyIn(b, sharedBytes(b.Len())))
 		p := spawn(t, peerSpec{Role: "consumer"})
 		fd.FailNth(faultdriver.Any, pos, 0)
-		err = a.Share(p.conn, b, arena.ShareOptions{PID: p.pid()})
+		err = b.Share(p.conn, arena.ShareOptions{PID: p.pid()})
 		fd.Clear()
 		r := p.reply()
 		injected := fd.Injected(faultdriver.Any)
@@ -872,17 +873,17 @@ func TestShareRefusals(t *testing.T) {
 	require.NoError(t, err)
 	defer c.Close()
 	defer f.Close()
-	require.ErrorIs(t, a.Share(nil, b, arena.ShareOptions{PID: 1}), arena.ErrInvalid)
-	require.ErrorIs(t, a.Share(c, b, arena.ShareOptions{}), arena.ErrInvalid, "no PID")
-	require.ErrorIs(t, a.Share(c, arena.Buffer{}, arena.ShareOptions{PID: 1}), arena.ErrInvalid)
+	require.ErrorIs(t, b.Share(nil, arena.ShareOptions{PID: 1}), arena.ErrInvalid)
+	require.ErrorIs(t, b.Share(c, arena.ShareOptions{}), arena.ErrInvalid, "no PID")
+	require.ErrorIs(t, arena.Buffer{}.Share(c, arena.ShareOptions{PID: 1}), arena.ErrInvalid)
 	empty, err := b.Slice(0, 0)
 	require.NoError(t, err)
-	require.ErrorIs(t, a.Share(c, empty, arena.ShareOptions{PID: 1}), arena.ErrInvalid)
+	require.ErrorIs(t, empty.Share(c, arena.ShareOptions{PID: 1}), arena.ErrInvalid)
 	_, err = arena.Import(nil, arena.ImportConfig{})
 	require.ErrorIs(t, err, arena.ErrInvalid)
 	_, err = arena.Import(c, arena.ImportConfig{Budget: -1})
 	require.ErrorIs(t, err, arena.ErrInvalid)
-	require.ErrorIs(t, a.Share(c, b, arena.ShareOptions{PID: 1, User: arena.UserID(-1)}), arena.ErrInvalid, "no such user")
+	require.ErrorIs(t, b.Share(c, arena.ShareOptions{PID: 1, User: arena.UserID(-1)}), arena.ErrInvalid, "no such user")
 	_, err = arena.Import(c, arena.ImportConfig{ProducerPID: -1})
 	require.ErrorIs(t, err, arena.ErrInvalid)
 	_, err = arena.Import(c, arena.ImportConfig{ProducerUser: arena.UserID(-3)})
@@ -894,7 +895,7 @@ func TestShareRefusals(t *testing.T) {
 	// Chunks not made exportable: the host driver refuses the export, and
 	// the consumer hears why.
 	p := spawn(t, peerSpec{Role: "consumer"})
-	err = a.Share(p.conn, b, arena.ShareOptions{PID: p.pid()})
+	err = b.Share(p.conn, arena.ShareOptions{PID: p.pid()})
 	require.ErrorIs(t, err, acl.ErrInvalidParam)
 	r := p.reply()
 	assert.Contains(t, r.Err, `"aclrtMemExportToShareableHandle failed" (ACL code 107000)`, "the call that failed, and its code")
@@ -921,7 +922,7 @@ func TestImportChecksProducer(t *testing.T) {
 		b, err := a.Alloc(shareChunk, shareChunk)
 		require.NoError(t, err)
 		p := spawn(t, peerSpec{Role: "consumer", Producer: -1})
-		require.NoError(t, a.Share(p.conn, b, arena.ShareOptions{PID: p.pid()}))
+		require.NoError(t, b.Share(p.conn, arena.ShareOptions{PID: p.pid()}))
 		r := p.reply()
 		require.Empty(t, r.Err)
 		p.send('q')

@@ -23,9 +23,16 @@ func TestShrinkTo(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, arena.CopyIn(b, []byte("kept")))
 
+	// A kernel on the stream reads the kept buffer until the test lets it
+	// end: the chunks given back wait for it (without one, the worker may
+	// unmap them before the count is read).
+	kernel := make(chan struct{})
+	require.NoError(t, e.hd.Launch(e.s, b.Ptr(), uintptr(b.Len()), kernel))
 	require.NoError(t, a.ShrinkTo(4*cg+1))
 	assert.Equal(t, 5*cg, a.Cap(), "what is asked for, in whole chunks")
 	assert.Equal(t, 3, e.pool.Stats().Pending, "the rest waits for the stream, then goes to the cache")
+	close(kernel)
+	require.NoError(t, e.hd.SynchronizeStream(e.s))
 
 	require.NoError(t, a.ShrinkTo(7*cg))
 	assert.Equal(t, 5*cg, a.Cap(), "ShrinkTo never maps")

@@ -33,16 +33,6 @@ import (
 // after its bytes below Len reached the host copy, so every slot that is not
 // mapped has its bytes on the host.
 
-// ErrAsleep is returned by Alloc (beyond the fast path's reach), Grow,
-// Truncate, Reset, Shrink and the copies of an arena that is asleep: its
-// memory was given back to the device by Sleep, and Wake brings it back.
-var ErrAsleep = errors.New("arena: asleep")
-
-// ErrShared is returned by Sleep while a chunk of the arena is shared with
-// another process (Share): the other process maps that memory, so the
-// arena cannot give it back or change it under that process.
-var ErrShared = errors.New("arena: memory shared with another process")
-
 // SleepMode says what Sleep does with the arena's contents.
 type SleepMode int
 

@@ -154,7 +154,7 @@ func TestSleepDiscard(t *testing.T) {
 	// The allocation went with the bytes: the buffer is stale, and a view
 	// of what lies there now reads the host driver's fresh memory, zero.
 	require.ErrorIs(t, arena.CopyOut(make([]byte, 1), b), arena.ErrStale)
-	now, err := a.Slice(b.Offset(), b.Len())
+	now, err := a.Slice(b.Offset(), b.Offset()+b.Len())
 	require.NoError(t, err)
 	require.Equal(t, make([]byte, b.Len()), contents(t, now))
 }
@@ -677,18 +677,18 @@ func TestWakeRefillNotLost(t *testing.T) {
 	require.GreaterOrEqual(t, a.Cap(), a.Len()+2*sleepChunk, "the headroom came back")
 }
 
-// wakeNow wakes a, waiting a moment for memory: when there is none, the
-// Wake fails (matching ErrOutOfMemory) instead of waiting for a release this
-// single-threaded test would never make.
+// wakeNow wakes a without waiting for memory: when there is none, the Wake
+// joins its pool's queue of waiters, and its context ends right then (a
+// sched hook), so it fails (matching ErrOutOfMemory) instead of waiting for a
+// release this single-threaded test would never make. A deadline would do
+// the same only on an idle machine: under load a Wake can spend it before
+// its first driver call. It replaces any sched hook for its duration.
 func wakeNow(a *arena.Arena) error {
-	// Not a short deadline, which a loaded machine can pass before the
-	// Wake has tried at all: ctx is cancelled once a growth joins a pool's
-	// queue of waiters, so the Wake fails, out of memory, instead of
-	// waiting (the minute is a backstop).
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	defer sched.Set(func(p sched.Point, _ any) {
-		if p == sched.WaitEnqueued {
+	pool := a.Pool()
+	defer sched.Set(func(p sched.Point, who any) {
+		if p == sched.WaitEnqueued && who == pool {
 			cancel()
 		}
 	})()

@@ -562,3 +562,79 @@ func TestSleepAgainFreesWhatAFailedWakeCached(t *testing.T) {
 	require.NoError(t, a.Wake(context.Background()))
 	require.True(t, bytes.Equal(want, contents(t, b)))
 }
+
+// A Wake waiting for memory that nobody gives back waits quietly: what its
+// own failed try gives back (the chunks it got before the device ran out,
+// freed again) does not wake it, so it does not spin allocating and freeing
+// until its deadline. Two pools share a device of 4 chunks; the other holds
+// 3 in use; the sleeping arena needs 3.
+func TestWakeWaitIsQuiet(t *testing.T) {
+	hd, err := host.New(host.Config{Capacity: 4 * sleepChunk})
+	require.NoError(t, err)
+	fd := faultdriver.New(hd)
+	mine, err := chunk.New(fd, chunk.Config{})
+	require.NoError(t, err)
+	other, err := chunk.New(fd, chunk.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, mine.Close())
+		require.NoError(t, other.Close())
+		require.True(t, hd.Live().Zero(), "leaked: %+v", hd.Live())
+		require.NoError(t, hd.Close())
+	})
+	newArena := func(p *chunk.Pool) *arena.Arena {
+		a, err := arena.New(arena.Config{Pool: p, Reserve: 32 << 20})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, a.Close()) })
+		return a
+	}
+	v, o := newArena(mine), newArena(other)
+	fill(t, v, 3*sleepChunk, 1)
+	require.NoError(t, v.Sleep(context.Background(), arena.Discard))
+	require.NoError(t, mine.Trim())
+	fill(t, o, 3*sleepChunk, 2)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	before := fd.Calls(faultdriver.MallocPhysical)
+	err = v.Wake(ctx)
+	require.ErrorIs(t, err, arena.ErrOutOfMemory)
+	require.True(t, v.Asleep())
+	mallocs := fd.Calls(faultdriver.MallocPhysical) - before
+	t.Logf("allocations during the wait: %d", mallocs)
+	assert.LessOrEqual(t, mallocs, int64(8), "a wait that nothing serves makes a few tries, not one per wake-up of its own")
+}
+
+// GrowContext waits as quietly as Wake does (TestWakeWaitIsQuiet).
+func TestGrowWaitIsQuiet(t *testing.T) {
+	hd, err := host.New(host.Config{Capacity: 4 * sleepChunk})
+	require.NoError(t, err)
+	fd := faultdriver.New(hd)
+	mine, err := chunk.New(fd, chunk.Config{})
+	require.NoError(t, err)
+	other, err := chunk.New(fd, chunk.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		require.NoError(t, mine.Close())
+		require.NoError(t, other.Close())
+		require.True(t, hd.Live().Zero(), "leaked: %+v", hd.Live())
+		require.NoError(t, hd.Close())
+	})
+	newArena := func(p *chunk.Pool) *arena.Arena {
+		a, err := arena.New(arena.Config{Pool: p, Reserve: 32 << 20})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, a.Close()) })
+		return a
+	}
+	v, o := newArena(mine), newArena(other)
+	fill(t, o, 3*sleepChunk, 2)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	before := fd.Calls(faultdriver.MallocPhysical)
+	err = v.GrowContext(ctx, 3*sleepChunk)
+	require.ErrorIs(t, err, arena.ErrOutOfMemory)
+	mallocs := fd.Calls(faultdriver.MallocPhysical) - before
+	t.Logf("allocations during the wait: %d", mallocs)
+	assert.LessOrEqual(t, mallocs, int64(8), "a wait that nothing serves makes a few tries, not one per wake-up of its own")
+}

@@ -1,7 +1,6 @@
 package arena
 
 import (
-	"errors"
 	"runtime"
 	"sync/atomic"
 )
@@ -34,12 +33,6 @@ import (
 // Copies read the records without a lock (a sequence count, as a seqlock,
 // makes a reader that raced a writer look again); writers hold the arena's
 // mutex.
-
-// ErrStale: the buffer's allocation was dropped (Truncate or Reset below
-// its end, Sleep in Discard mode, Close), so its range may hold another
-// allocation now. Copies through it, views of it and Share of it fail with
-// an error matching ErrStale, whatever the arena holds there since.
-var ErrStale = errors.New("stale buffer: its allocation was dropped")
 
 // The epoch's era, in the low-water word above its low-water mark.
 const (

@@ -14,6 +14,7 @@ import (
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/arena"
+	"github.com/vmarena/vmarena/arena/tensor"
 )
 
 func staleArena(t *testing.T, cfg arena.Config) (*arena.Arena, *host.Driver) {
@@ -52,7 +53,7 @@ func requireStale(t *testing.T, b, other arena.Buffer) {
 	is("Fill", arena.Fill(b, 0xee))
 	_, err := b.Slice(0, 1)
 	is("Slice", err)
-	_, err = arena.View[float32](b, 4)
+	_, err = tensor.View[float32](b, 4)
 	is("View", err)
 	if uc, f, err := ipc.Socketpair(); err == nil { // Linux
 		defer uc.Close()
@@ -87,7 +88,7 @@ func TestStaleBufferCannotWriteTheNextAllocation(t *testing.T) {
 	assert.Equal(t, "sequence B", string(got), "the new allocation is untouched")
 
 	// A view of what lies there now is a new allocation's.
-	again, err := a.Slice(old.Offset(), old.Len())
+	again, err := a.Slice(old.Offset(), old.Offset()+old.Len())
 	require.NoError(t, err)
 	require.NoError(t, arena.CopyOut(got, again))
 	assert.Equal(t, "sequence B", string(got))

@@ -105,7 +105,7 @@ func stress(t *testing.T, faultP float64, deferred bool) {
 		return errors.Is(err, arena.ErrOutOfMemory) || errors.Is(err, arena.ErrExhausted) || isInjected(err)
 	}
 	newArena := func(reserve int64, trap bool, stream acl.Stream) *arena.Arena {
-		cfg := arena.Config{Pool: pool, Reserve: reserve, TrapStale: trap}
+		cfg := arena.Config{Pool: pool, Reserve: int(reserve), TrapStale: trap}
 		if deferred {
 			cfg.Headroom = 2 << 21
 			if stream != 0 {

@@ -44,13 +44,13 @@ func TestOverBudgetFailsFast(t *testing.T) {
 	require.NoError(t, a.Grow(1<<30), "exactly the budget fits")
 }
 
-// Alloc accepts every power of two up to MaxAlign, which the arena reports,
+// Alloc accepts every power of two up to BaseAlign, which the arena reports,
 // and refuses a larger one, naming the limit.
-func TestMaxAlign(t *testing.T) {
+func TestBaseAlign(t *testing.T) {
 	a, err := arena.New(arena.Config{Driver: isoDriver(t, 64<<20), Reserve: 16 << 20})
 	require.NoError(t, err)
 	defer a.Close()
-	m := a.MaxAlign()
+	m := a.BaseAlign()
 	assert.GreaterOrEqual(t, m, 2<<20, "at least the granularity")
 	assert.LessOrEqual(t, m, arena.AlignLimit)
 	assert.Zero(t, m&(m-1), "a power of two")
@@ -60,7 +60,7 @@ func TestMaxAlign(t *testing.T) {
 	assert.Zero(t, uintptr(b.Ptr())%uintptr(m))
 	_, err = a.Alloc(16, 2*m)
 	assert.ErrorIs(t, err, arena.ErrInvalid)
-	assert.ErrorContains(t, err, "MaxAlign, "+strconv.Itoa(m)+" bytes")
+	assert.ErrorContains(t, err, "BaseAlign, "+strconv.Itoa(m)+" bytes")
 	_, err = a.Alloc(16, 2*arena.AlignLimit)
 	assert.ErrorIs(t, err, arena.ErrInvalid)
 }
@@ -74,7 +74,7 @@ func TestNilArenaAccessors(t *testing.T) {
 		assert.Zero(t, a.Cap())
 		assert.Zero(t, a.Reserved())
 		assert.Zero(t, a.ChunkSize())
-		assert.Zero(t, a.MaxAlign())
+		assert.Zero(t, a.BaseAlign())
 		assert.Nil(t, a.Driver())
 		assert.Nil(t, a.Pool())
 		assert.Equal(t, arena.Stats{Closed: true}, a.Stats())

@@ -401,12 +401,6 @@ func describe(err error) string {
 	return "failed"
 }
 
-// ErrPeer is matched by every error the other process of a Share or Import
-// reported about itself (a *PeerError): what it says is its own account,
-// and never matches this process's sentinels (ErrOutOfMemory, ErrRefused,
-// the acl errors).
-var ErrPeer = errors.New("arena: the other process failed")
-
 // A PeerError is a failure the other process of a Share or Import reported.
 // Its fields are what the peer said: the peer may say anything, so they
 // only inform (and Reason is cut and stripped of unprintable characters).

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/device"
 	"github.com/vmarena/vmarena/acl/model"
 )
@@ -30,7 +31,7 @@ func runCalibrate(o *options, stdout io.Writer) error {
 	}
 	spec := o.spec
 	if spec == "" {
-		spec = os.Getenv(device.EnvVar)
+		spec = os.Getenv(acl.DeviceEnv)
 	}
 	choice, err := device.Open(spec)
 	if err != nil {

@@ -180,7 +180,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		fmt.Fprintf(stderr, "usage: go run ./bench [flags]\n\n"+
 			"Runs the workloads on every strategy and prints a table; writes results.json,\n"+
 			"bench.txt (benchstat) and PNG plots to -out. The driver comes from $%s\n"+
-			"(host, ascend[:N], cuda[:N], model:NAME; default auto) or -device.\n\nflags:\n", device.EnvVar)
+			"(host, ascend[:N], cuda[:N], model:NAME; default auto) or -device.\n\nflags:\n", acl.DeviceEnv)
 		fs.PrintDefaults()
 	}
 	fs.BoolVar(&o.quick, "quick", false, "small sizes: the whole suite in seconds")
@@ -194,7 +194,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.micro, "micro", true, "also measure the arena's Alloc fast path and cold vs cached Grow")
 	fs.IntVar(&o.microIters, "micro-iters", 200, "Grows of each kind in the cold/cache micro-measure")
 	fs.IntVar(&o.allocIters, "alloc-iters", 1<<24, "Allocs in the fast-path micro-measure")
-	fs.StringVar(&o.spec, "device", "", "driver spec, overriding $"+device.EnvVar+" (host, ascend[:N], cuda[:N], model:NAME or model:PATH with ,nodata to keep no device bytes, auto)")
+	fs.StringVar(&o.spec, "device", "", "driver spec, overriding $"+acl.DeviceEnv+" (host, ascend[:N], cuda[:N], model:NAME or model:PATH with ,nodata to keep no device bytes, auto)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the workloads' random choices")
 	fs.StringVar(&o.progress, "progress", "auto", "progress bar: auto (when stdout is a terminal), on, off")
 	fs.StringVar(&o.readings, "readings", "both", "on the device model: run under the profile's readings of the unmeasured coefficients (profile), their pessimistic bounds (pessimistic: model:NAME,pessimistic), or both, one after the other")
@@ -466,7 +466,7 @@ type suite struct {
 func openSuite(o *options) (s *suite, close func() error, err error) {
 	spec := o.spec
 	if spec == "" {
-		spec = os.Getenv(device.EnvVar)
+		spec = os.Getenv(acl.DeviceEnv)
 	}
 	spec = modelSpec(spec, o.verify)
 	choice, err := device.Open(spec)
@@ -564,7 +564,7 @@ type reading struct {
 func (o *options) readingList() []reading {
 	spec := o.spec
 	if spec == "" {
-		spec = os.Getenv(device.EnvVar)
+		spec = os.Getenv(acl.DeviceEnv)
 	}
 	kind, arg, _ := strings.Cut(strings.TrimSpace(spec), ":")
 	if !strings.EqualFold(kind, "model") {

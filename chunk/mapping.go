@@ -103,20 +103,20 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 	var buf [16]lease // no heap allocation for a run of up to 16 chunks
 	ls := buf[:0]
 	for i, c := range cs {
-		l, err := p.leaseOf("map", p.at(ptr, i), c)
+		l, err := p.pool.leaseOf("map", p.pool.at(ptr, i), c)
 		if err != nil {
 			return 0, err
 		}
 		ls = append(ls, l)
 	}
 	for i, c := range cs {
-		at := p.at(ptr, i)
-		if err := p.drv.MapMem(at, p.size, 0, c.Handle, 0); err != nil {
-			return 0, p.unmapRange(ptr, cs[:i], LeftNoAccess, fmt.Errorf("chunk: map at %v: %w", at, err))
+		at := p.pool.at(ptr, i)
+		if err := p.pool.drv.MapMem(at, p.pool.size, 0, c.Handle, 0); err != nil {
+			return 0, p.pool.unmapRange(ptr, cs[:i], LeftNoAccess, fmt.Errorf("chunk: map at %v: %w", at, err))
 		}
 	}
-	if err := p.grantAccess(ptr, len(cs)); err != nil {
-		return 0, p.unmapRange(ptr, cs, LeftNoAccess, err)
+	if err := p.pool.grantAccess(ptr, len(cs)); err != nil {
+		return 0, p.pool.unmapRange(ptr, cs, LeftNoAccess, err)
 	}
 	var stream acl.Stream
 	async := len(streams) > 0
@@ -125,15 +125,15 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 	}
 	var fresh, moved, queued int
 	for i := range cs {
-		need, isFresh := p.needsScrub(ls[i].holder, ls[i].tenant)
+		need, isFresh := p.pool.needsScrub(ls[i].holder, ls[i].tenant)
 		if !need {
 			continue
 		}
-		at := p.at(ptr, i)
+		at := p.pool.at(ptr, i)
 		r := region(RegionScrub)
 		var err error
 		if async {
-			err = p.drv.MemsetAsync(at, 0, p.size, stream)
+			err = p.pool.drv.MemsetAsync(at, 0, p.pool.size, stream)
 			if errors.Is(err, acl.ErrNotSupported) {
 				async = false
 			} else if err == nil {
@@ -141,7 +141,7 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 			}
 		}
 		if !async {
-			err = p.drv.Memset(at, 0, p.size)
+			err = p.pool.drv.Memset(at, 0, p.pool.size)
 		}
 		r.End()
 		if err != nil {
@@ -150,11 +150,11 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 				// The clears already queued must run before the unmaps;
 				// if the wait for them fails, they may still run, and
 				// nothing is unmapped.
-				if werr := p.drv.SynchronizeStream(stream); werr != nil {
-					return 0, p.leftAll(ptr, cs, LeftQueued, fmt.Errorf("%w (and the wait for the clears queued: %w)", err, werr))
+				if werr := p.pool.drv.SynchronizeStream(stream); werr != nil {
+					return 0, p.pool.leftAll(ptr, cs, LeftQueued, fmt.Errorf("%w (and the wait for the clears queued: %w)", err, werr))
 				}
 			}
-			return 0, p.unmapRange(ptr, cs, LeftUnscrubbed, err)
+			return 0, p.pool.unmapRange(ptr, cs, LeftUnscrubbed, err)
 		}
 		if isFresh {
 			fresh++
@@ -162,17 +162,17 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 			moved++
 		}
 	}
-	p.mu.Lock()
-	p.stats.Scrubs += int64(fresh + moved)
-	p.stats.ScrubsFresh += int64(fresh)
-	p.stats.ScrubsAsync += int64(queued)
+	p.pool.mu.Lock()
+	p.pool.stats.Scrubs += int64(fresh + moved)
+	p.pool.stats.ScrubsFresh += int64(fresh)
+	p.pool.stats.ScrubsAsync += int64(queued)
 	for i, c := range cs {
 		l := ls[i]
 		l.holder = l.tenant // from now on the tenant may write into it
-		p.setLease(c.Handle, l)
+		p.pool.setLease(c.Handle, l)
 	}
-	p.mu.Unlock()
-	p.logScrub(ptr, fresh, moved, queued)
+	p.pool.mu.Unlock()
+	p.pool.logScrub(ptr, fresh, moved, queued)
 	return queued, nil
 }
 
@@ -274,7 +274,7 @@ func (p *Pool) setLease(h acl.PhysicalHandle, l lease) {
 // back or mapped again. The caller has made sure that no device work still
 // touches it (see SyncDevice and ReleaseAfter).
 func (p Lender) Unmap(ptr acl.DevicePtr) error {
-	if err := p.drv.UnmapMem(ptr); err != nil {
+	if err := p.pool.drv.UnmapMem(ptr); err != nil {
 		return fmt.Errorf("chunk: unmap at %v: %w", ptr, err)
 	}
 	return nil
@@ -285,15 +285,15 @@ func (p Lender) Unmap(ptr acl.DevicePtr) error {
 // range when no stream says which work that is. It is counted in
 // Stats.DeviceSyncs.
 func (p Lender) SyncDevice() error {
-	p.mu.Lock()
-	p.stats.DeviceSyncs++
-	p.mu.Unlock()
+	p.pool.mu.Lock()
+	p.pool.stats.DeviceSyncs++
+	p.pool.mu.Unlock()
 	var start time.Time // read the clock only for the event that reports it
-	if p.logOn(slog.LevelDebug) {
+	if p.pool.logOn(slog.LevelDebug) {
 		start = time.Now()
 	}
-	err := p.drv.SynchronizeDevice()
-	p.logSync(start, err)
+	err := p.pool.drv.SynchronizeDevice()
+	p.pool.logSync(start, err)
 	if err != nil {
 		return fmt.Errorf("chunk: wait for the device before unmapping: %w", err)
 	}
@@ -306,13 +306,13 @@ func (p Lender) SyncDevice() error {
 // Release leaves c mapped (and, if the unmap failed, maybe cleared).
 func (p Lender) Release(ptr acl.DevicePtr, c Chunk) error {
 	defer region(RegionRelease).End()
-	l, err := p.leaseOf("release", ptr, c)
+	l, err := p.pool.leaseOf("release", ptr, c)
 	if err != nil {
 		return err
 	}
-	scrub := p.scrub == ScrubOnRelease && l.holder != zeroed && l.shared == nil // a shared chunk is freed, and its bytes are another process's too
+	scrub := p.pool.scrub == ScrubOnRelease && l.holder != zeroed && l.shared == nil // a shared chunk is freed, and its bytes are another process's too
 	if scrub {
-		if err := p.drv.Memset(ptr, 0, p.size); err != nil {
+		if err := p.pool.drv.Memset(ptr, 0, p.pool.size); err != nil {
 			return fmt.Errorf("chunk: scrub at %v: %w", ptr, err)
 		}
 	}
@@ -321,11 +321,11 @@ func (p Lender) Release(ptr acl.DevicePtr, c Chunk) error {
 	}
 	if scrub {
 		// Only now: while mapped, the tenant could still write into it.
-		p.mu.Lock()
-		p.stats.Scrubs++
+		p.pool.mu.Lock()
+		p.pool.stats.Scrubs++
 		l.holder = zeroed
-		p.setLease(c.Handle, l)
-		p.mu.Unlock()
+		p.pool.setLease(c.Handle, l)
+		p.pool.mu.Unlock()
 	}
 	return nil
 }

@@ -87,17 +87,17 @@ type Member struct {
 // under pressure and, if refill is set, to refill its headroom from the
 // pool's background worker (which Join starts). Leave ends the membership.
 func (p Lender) Join(c Client, refill bool) (*Member, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+	p.pool.mu.Lock()
+	defer p.pool.mu.Unlock()
+	if p.pool.closed {
 		return nil, ErrClosed
 	}
-	m := &Member{p: p.Pool, c: c}
+	m := &Member{p: p.pool, c: c}
 	if refill {
-		m.w = p.workerLocked()
+		m.w = p.pool.workerLocked()
 	}
-	m.last.Store(p.tick.Add(1))
-	p.members = append(p.members, m)
+	m.last.Store(p.pool.tick.Add(1))
+	p.pool.members = append(p.pool.members, m)
 	return m, nil
 }
 

@@ -13,22 +13,9 @@ import (
 	"github.com/vmarena/vmarena/internal/units"
 )
 
-// ErrBudget is returned (wrapped, together with acl.ErrOutOfMemory) when a
-// Get would take the pool past Config.Budget and nothing could be reclaimed.
-var ErrBudget = errors.New("chunk: pool budget exhausted")
-
 // errBudgetShort is take's shortage of budget; a growth that fails words
 // the error afresh (Pool.failed).
 var errBudgetShort = fmt.Errorf("%w: %w", ErrBudget, acl.ErrOutOfMemory)
-
-// ErrClosed is returned by a Pool after Close.
-var ErrClosed = errors.New("chunk: pool closed")
-
-// ErrMapped is matched by the error of a Map that mapped the chunk, failed
-// after that (granting access or scrubbing), and could not unmap it again:
-// the chunk is still mapped at the address, without access or unscrubbed,
-// and must be unmapped before it is Put back.
-var ErrMapped = errors.New("chunk: left mapped by a failed Map")
 
 // Scrub says when a pool clears a chunk's bytes, so that no tenant reads
 // bytes another tenant wrote.
@@ -126,7 +113,7 @@ type Config struct {
 	// structured records. nil, the default, logs nothing and costs nothing.
 	Logger *slog.Logger
 	// Shareable allocates chunks that can be exported to another process
-	// (Export; arena.Share). ACL exports any allocation; a driver that
+	// (Export; arena's Buffer.Share). ACL exports any allocation; a driver that
 	// shares file descriptors (acl.SharingFD) exports only those made with
 	// PhysicalMemProp.HandleType = MemHandleTypePOSIX, which on the host
 	// driver cost a descriptor and a kernel memory area each. New fails with
@@ -408,13 +395,13 @@ func (p Lender) GetFor(t Tenant) (Chunk, error) {
 // n chunks that exceed the budget by themselves fail at once, before any
 // driver call.
 func (p Lender) Acquire(t Tenant, n int) ([]Chunk, error) {
-	if err := p.checkAsk(n); err != nil {
+	if err := p.pool.checkAsk(n); err != nil {
 		return nil, err
 	}
 	if t == 0 {
 		t = NewTenant()
 	}
-	tk := &taker{p: p.Pool, t: t, n: n}
+	tk := &taker{p: p.pool, t: t, n: n}
 	var g Growth
 	if err := p.Grow(context.Background(), &g, t, tk, MayRelieve); err != nil {
 		return nil, err
@@ -461,7 +448,7 @@ func (tk *taker) Lock()                   {}
 // the pressure next (Lender.Grow), which is. On failure it returns dst as it
 // was.
 func (p Lender) TakeFree(dst []Chunk, t Tenant, n int) ([]Chunk, error) {
-	return p.acquire(dst, t, n, takeFree)
+	return p.pool.acquire(dst, t, n, takeFree)
 }
 
 // TryAcquire is TakeFree for speculative growth (the background worker's
@@ -469,7 +456,7 @@ func (p Lender) TakeFree(dst []Chunk, t Tenant, n int) ([]Chunk, error) {
 // and fails with an error matching acl.ErrOutOfMemory, since the memory
 // being freed is for that growth. Its shortages count as failures.
 func (p Lender) TryAcquire(dst []Chunk, t Tenant, n int) ([]Chunk, error) {
-	return p.acquire(dst, t, n, standAside)
+	return p.pool.acquire(dst, t, n, standAside)
 }
 
 // The ways an acquire may take its chunks.
@@ -519,10 +506,10 @@ func (p *Pool) acquire(dst []Chunk, t Tenant, n int, mode acquireMode) ([]Chunk,
 	got := dst
 	short, err := p.take(t, end, &got)
 	if err != nil {
-		return dst[:base], errors.Join(err, p.putAll(got[base:]))
+		return dst[:base], errors.Join(err, p.putBack(got[base:]))
 	}
 	if short != nil {
-		perr := p.putAll(got[base:])
+		perr := p.putBack(got[base:])
 		if mode == takeFree { // its caller relieves next, and that counts
 			return dst[:base], errors.Join(short, perr)
 		}
@@ -674,38 +661,56 @@ func (p *Pool) putAll(cs []Chunk) error {
 // chunk that is not out of this pool (put back twice, or never got). Should
 // the driver fail to free the chunk, the pool keeps it in the cache, where
 // Trim and Close try again and report the error.
-func (p Lender) Put(c Chunk) error {
-	p.mu.Lock()
-	l, ok := p.out[c.Handle]
+func (p Lender) Put(c Chunk) error { return p.put(c, true) }
+
+// putBack returns what an acquire took before it fell short to where it
+// came from, without telling the waiters: nothing came back that was not
+// obtainable before the acquire, so no waiter can be served by it. Telling
+// them would wake a waiting growth with its own failed try, which would then
+// try again at once, and again, until its deadline.
+func (p *Pool) putBack(cs []Chunk) error {
+	var errs []error
+	for _, c := range cs {
+		errs = append(errs, p.lend().put(c, false))
+	}
+	return errors.Join(errs...)
+}
+
+// put is Put; notify says whether the waiters are told.
+func (p Lender) put(c Chunk, notify bool) error {
+	p.pool.mu.Lock()
+	l, ok := p.pool.out[c.Handle]
 	if !ok {
-		p.mu.Unlock()
+		p.pool.mu.Unlock()
 		return fmt.Errorf("chunk: %w: put of chunk %#x, which is not out of this pool", acl.ErrInvalidParam, uintptr(c.Handle))
 	}
 	if l.shared != nil {
-		return p.putSharedLocked(c, l) // freed, never cached
+		return p.pool.putSharedLocked(c, l) // freed, never cached
 	}
-	delete(p.out, c.Handle)
-	p.stats.InUse--
+	delete(p.pool.out, c.Handle)
+	p.pool.stats.InUse--
 	e := entry{c.Handle, l.holder}
-	if !p.closed && len(p.cache) < p.maxCached {
-		p.cache = append(p.cache, e)
-		p.stats.Cached++
-		p.releasedLocked() // wait.go
-		others := p.dev.waiters.Load() > p.wq.n.Load()
-		p.mu.Unlock()
+	if !p.pool.closed && len(p.pool.cache) < p.pool.maxCached {
+		p.pool.cache = append(p.pool.cache, e)
+		p.pool.stats.Cached++
+		if notify {
+			p.pool.releasedLocked() // wait.go
+		}
+		others := notify && p.pool.dev.waiters.Load() > p.pool.wq.n.Load()
+		p.pool.mu.Unlock()
 		if others {
 			// A growth of another pool waiting for the device's memory can
 			// have this pool free its cache (its relief trims its peers).
-			p.dev.wakeHeads(p.Pool)
+			p.pool.dev.wakeHeads(p.pool)
 		}
 		return nil
 	}
-	if !p.closed {
-		p.stats.Evictions++
+	if !p.pool.closed {
+		p.pool.stats.Evictions++
 	}
-	p.freeing++
-	p.mu.Unlock()
-	_ = p.free(e) // a failure keeps the chunk cached, for Trim and Close to retry
+	p.pool.freeing++
+	p.pool.mu.Unlock()
+	_ = p.pool.freeNotify(e, notify) // a failure keeps the chunk cached, for Trim and Close to retry
 	return nil
 }
 
@@ -713,7 +718,10 @@ func (p Lender) Put(c Chunk) error {
 // back to the cache (past its bound if need be) so that it is not lost. The
 // caller counted e in freeing, with mu held, when it took e out of the cache
 // or the chunks out.
-func (p *Pool) free(e entry) error {
+func (p *Pool) free(e entry) error { return p.freeNotify(e, true) }
+
+// freeNotify is free; notify says whether the waiters are told.
+func (p *Pool) freeNotify(e entry, notify bool) error {
 	err := p.drv.FreePhysical(e.h)
 	p.mu.Lock()
 	p.freeing--
@@ -727,7 +735,9 @@ func (p *Pool) free(e entry) error {
 	}
 	p.held -= p.size
 	p.mu.Unlock()
-	p.freed() // wait.go
+	if notify {
+		p.freed() // wait.go
+	}
 	return nil
 }
 
@@ -811,11 +821,12 @@ func (p *Pool) Close() error {
 // to: taking and giving back chunks, mapping and unmapping them, ordering
 // their unmaps after device work, membership, relief under pressure, the
 // queue of waiting growths, and sharing with other processes. Package arena
-// is its user; it is exported for those who write an arena of their own. A
-// user of a pool needs only the Pool's own methods.
+// is its user; it is exported for those who write an arena of their own. It
+// carries none of the Pool's own methods (Close, SetBudget, Stats, …): a
+// user of a pool needs only those, and the protocol does not hand them on.
 //
 // A Lender is a small value; Pool.Lender returns one.
-type Lender struct{ *Pool }
+type Lender struct{ pool *Pool }
 
 // Lender returns the pool's protocol with its arenas.
 func (p *Pool) Lender() Lender { return Lender{p} }

@@ -240,11 +240,6 @@ const (
 	Speculative
 )
 
-// ErrBusy is the error of a speculative growth that found, at an address
-// it maps into, a chunk a relief claimed or that is being unmapped: its
-// client asks again later.
-var ErrBusy = errors.New("chunk: a chunk in the growth's way is being settled")
-
 // maxReliefs bounds the reliefs of one growth: a growth whose relief found
 // memory that was no longer enough when it placed it (its own chunks waiting
 // for the device were unmapped meanwhile, say) goes round again at most this
@@ -267,9 +262,9 @@ const maxReliefs = 3
 // while it waits. A growth stopped (Placer.Unlock's channel) tries Place
 // once more, which says why it cannot go on.
 func (p Lender) Grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode GrowMode) error {
-	p.growing.Add(1) // the rule of ErrDeadlock waits for it
+	p.pool.growing.Add(1) // the rule of ErrDeadlock waits for it
 	err := p.grow(ctx, g, t, pl, mode)
-	p.growing.Add(-1)
+	p.pool.growing.Add(-1)
 	return err
 }
 
@@ -277,7 +272,7 @@ func (p Lender) grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode G
 	relieving := false
 	defer func() {
 		if relieving {
-			p.relieving.Add(-1)
+			p.pool.relieving.Add(-1)
 		}
 	}()
 	g.set(GrowLocked)
@@ -301,7 +296,7 @@ func (p Lender) grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode G
 		case !st.Busy.IsZero():
 			g.set(GrowBlocked)
 			stop := pl.Unlock()
-			sched.At(sched.GrowBlocked, p.Pool)
+			sched.At(sched.GrowBlocked, p.pool)
 			werr := st.Busy.Wait(ctx, stop)
 			pl.Lock()
 			g.set(GrowLocked)
@@ -312,22 +307,22 @@ func (p Lender) grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode G
 			continue
 		case reliefs == maxReliefs:
 			g.set(GrowFailed)
-			return p.failed(st.Missing, st.Short, nil)
+			return p.pool.failed(st.Missing, st.Short, nil)
 		}
 		if err := ctx.Err(); err != nil {
 			g.set(GrowFailed)
-			return p.failed(st.Missing, st.Short, err)
+			return p.pool.failed(st.Missing, st.Short, err)
 		}
 		if !relieving {
 			relieving = true
 			g.relieved.Store(true)
-			p.relieving.Add(1)
+			p.pool.relieving.Add(1)
 		}
 		reliefs++
 		g.set(GrowRelieving)
 		stop := pl.Unlock()
 		var rerr error
-		have, rerr = p.relieve(ctx, stop, t, st.Missing, g, st.Short)
+		have, rerr = p.pool.relieve(ctx, stop, t, st.Missing, g, st.Short)
 		pl.Lock()
 		g.set(GrowLocked)
 		if rerr != nil {
@@ -336,7 +331,7 @@ func (p Lender) grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode G
 			if rerr == errNoProgress {
 				cause = nil
 			}
-			return errors.Join(p.failed(st.Missing, st.Short, cause), p.putAll(have))
+			return errors.Join(p.pool.failed(st.Missing, st.Short, cause), p.pool.putAll(have))
 		}
 	}
 }

@@ -73,16 +73,6 @@ const maxFreeEvents = 64
 
 func (q *pending) init() { q.byAddr = make(map[acl.DevicePtr]*item) }
 
-// errFallback says that ReleaseAfter could not order the release with
-// events, and that the caller must use the synchronous path.
-var errFallback = errors.New("chunk: stream-ordered release unavailable")
-
-// ErrNoOrder is matched by the error of ReleaseAfter when it could not order
-// the release with events (an event call failed): nothing was released, and
-// the caller releases the chunks the synchronous way (SyncDevice, then
-// Release). Stats.SyncFallbacks counts it.
-var ErrNoOrder = errFallback
-
 // ReleaseAfter hands the chunks ms, mapped and out of this pool, back to the
 // pool to be unmapped once the work queued now on streams has run, and
 // returns without waiting. In ScrubOnRelease mode their clears are queued on
@@ -110,38 +100,38 @@ func (p Lender) releaseAfter(owner *Member, ms []Mapped, streams []acl.Stream) e
 		return fmt.Errorf("chunk: release after: %w: no stream", acl.ErrInvalidParam)
 	}
 	for _, m := range ms {
-		if _, err := p.leaseOf("release", m.At, m.C); err != nil {
+		if _, err := p.pool.leaseOf("release", m.At, m.C); err != nil {
 			return err
 		}
 	}
 	scrubbed := 0
-	if p.scrub == ScrubOnRelease {
+	if p.pool.scrub == ScrubOnRelease {
 		for _, m := range ms {
-			if p.isShared(m.C) {
+			if p.pool.isShared(m.C) {
 				continue // freed, and its bytes are another process's too
 			}
-			if err := p.drv.MemsetAsync(m.At, 0, p.size, streams[0]); err != nil {
-				return p.fallback(nil, fmt.Errorf("scrub at %v: %w", m.At, err))
+			if err := p.pool.drv.MemsetAsync(m.At, 0, p.pool.size, streams[0]); err != nil {
+				return p.pool.fallback(nil, fmt.Errorf("scrub at %v: %w", m.At, err))
 			}
 			scrubbed++
 		}
 	}
 	evs := make([]acl.Event, 0, len(streams))
 	for _, s := range streams {
-		ev, err := p.event()
+		ev, err := p.pool.event()
 		if err != nil {
-			return p.fallback(evs, err)
+			return p.pool.fallback(evs, err)
 		}
 		evs = append(evs, ev)
-		if err := p.drv.RecordEvent(ev, s); err != nil {
-			return p.fallback(evs, fmt.Errorf("record on stream %#x: %w", uintptr(s), err))
+		if err := p.pool.drv.RecordEvent(ev, s); err != nil {
+			return p.pool.fallback(evs, fmt.Errorf("record on stream %#x: %w", uintptr(s), err))
 		}
 	}
-	p.mu.Lock()
-	p.stats.Scrubs += int64(scrubbed)
-	p.stats.ScrubsAsync += int64(scrubbed)
-	p.mu.Unlock()
-	p.enqueueEvents(owner, ms, evs, false, scrubbed > 0)
+	p.pool.mu.Lock()
+	p.pool.stats.Scrubs += int64(scrubbed)
+	p.pool.stats.ScrubsAsync += int64(scrubbed)
+	p.pool.mu.Unlock()
+	p.pool.enqueueEvents(owner, ms, evs, false, scrubbed > 0)
 	return nil
 }
 
@@ -152,7 +142,7 @@ func (p *Pool) fallback(evs []acl.Event, err error) error {
 	p.stats.SyncFallbacks++
 	p.mu.Unlock()
 	p.recycle(evs)
-	return fmt.Errorf("%w: %w", errFallback, err)
+	return fmt.Errorf("%w: %w", ErrNoOrder, err)
 }
 
 // enqueue hands chunks a member (owner) gave a relief (mapped, lowest
@@ -273,25 +263,6 @@ func (p *Pool) dropEvents() error {
 	return p.destroyEvents(evs)
 }
 
-// Pending reports whether a chunk of this pool waits at ptr for the device.
-func (p Lender) Pending(ptr acl.DevicePtr) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	_, ok := p.pending.byAddr[ptr]
-	return ok
-}
-
-// Reclaim takes back, for its tenant, the chunk waiting for the device at
-// ptr, still mapped there: no driver call, and no wait. ok is false when no
-// chunk waits at ptr, or when the one there is busy: claimed by a relief, or
-// being unmapped. Then busy says what to wait for (holding nothing) before
-// trying again.
-func (p Lender) Reclaim(ptr acl.DevicePtr) (c Chunk, ok bool, busy Busy) {
-	var into [1]Chunk
-	n, busy := p.ReclaimRun(ptr, into[:])
-	return into[0], n == 1, busy
-}
-
 // ReclaimRun takes back, for their tenant, the chunks waiting for the device
 // in the len(into) chunk-sized slots from ptr, still mapped there: into[i]
 // gets the chunk of slot i, or stays the zero Chunk where none waits. It
@@ -300,20 +271,20 @@ func (p Lender) Reclaim(ptr acl.DevicePtr) (c Chunk, ok bool, busy Busy) {
 // for before trying again. It returns how many it took, and allocates
 // nothing.
 func (p Lender) ReclaimRun(ptr acl.DevicePtr, into []Chunk) (n int, busy Busy) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.pending.byAddr) == 0 {
+	p.pool.mu.Lock()
+	defer p.pool.mu.Unlock()
+	if len(p.pool.pending.byAddr) == 0 {
 		return 0, Busy{}
 	}
 	for i := range into {
-		at := p.at(ptr, i)
-		if it := p.pending.byAddr[at]; it != nil && it.state.busy() {
-			return 0, Busy{p.Pool, at}
+		at := p.pool.at(ptr, i)
+		if it := p.pool.pending.byAddr[at]; it != nil && it.state.busy() {
+			return 0, Busy{p.pool, at}
 		}
 	}
 	for i := range into {
-		if it := p.pending.byAddr[p.at(ptr, i)]; it != nil {
-			p.settleLocked(it, chunkMapped, true)
+		if it := p.pool.pending.byAddr[p.pool.at(ptr, i)]; it != nil {
+			p.pool.settleLocked(it, chunkMapped, true)
 			into[i] = it.C
 			n++
 		}
@@ -326,17 +297,17 @@ func (p Lender) ReclaimRun(ptr acl.DevicePtr, into []Chunk) (n int, busy Busy) {
 // order; busy is one that is (zero when none is): wait for it, and call
 // again for the rest.
 func (p Lender) ReclaimRange(base acl.DevicePtr, size uintptr) (out []Mapped, busy Busy) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for at, it := range p.pending.byAddr {
+	p.pool.mu.Lock()
+	defer p.pool.mu.Unlock()
+	for at, it := range p.pool.pending.byAddr {
 		if at < base || uintptr(at-base) >= size {
 			continue
 		}
 		if it.state.busy() {
-			busy = Busy{p.Pool, at}
+			busy = Busy{p.pool, at}
 			continue
 		}
-		p.settleLocked(it, chunkMapped, true)
+		p.pool.settleLocked(it, chunkMapped, true)
 		out = append(out, it.Mapped)
 	}
 	return out, busy
@@ -713,10 +684,10 @@ func (b *batch) unmapper() (Unmapper, bool) {
 // unmapped or taken back. A client that keeps books of its mappings (an
 // Unmapper) reads them when it starts keeping them.
 func (p Lender) PendingIn(base acl.DevicePtr, size uintptr) []Mapped {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.pool.mu.Lock()
+	defer p.pool.mu.Unlock()
 	var out []Mapped
-	for at, it := range p.pending.byAddr {
+	for at, it := range p.pool.pending.byAddr {
 		if at >= base && uintptr(at-base) < size && it.state != chunkUnmapping {
 			out = append(out, it.Mapped)
 		}
@@ -733,32 +704,32 @@ func (p Lender) PendingIn(base acl.DevicePtr, size uintptr) []Mapped {
 // holds even then).
 func (p Lender) WaitStreams(ctx context.Context, streams []acl.Stream) error {
 	if len(streams) == 0 {
-		return p.syncCtx(ctx)
+		return p.pool.syncCtx(ctx)
 	}
 	evs := make([]acl.Event, 0, len(streams))
-	defer func() { p.recycle(evs) }()
+	defer func() { p.pool.recycle(evs) }()
 	for _, s := range streams {
-		ev, err := p.event()
+		ev, err := p.pool.event()
 		if err == nil {
 			evs = append(evs, ev)
-			err = p.drv.RecordEvent(ev, s)
+			err = p.pool.drv.RecordEvent(ev, s)
 		}
 		if err != nil {
-			p.mu.Lock()
-			p.stats.SyncFallbacks++
-			p.mu.Unlock()
-			return p.syncCtx(ctx)
+			p.pool.mu.Lock()
+			p.pool.stats.SyncFallbacks++
+			p.pool.mu.Unlock()
+			return p.pool.syncCtx(ctx)
 		}
 	}
 	delay := pendingPollMin
 	for _, ev := range evs {
 		for {
-			done, err := p.drv.QueryEvent(ev)
+			done, err := p.pool.drv.QueryEvent(ev)
 			if err != nil {
-				p.mu.Lock()
-				p.stats.SyncFallbacks++
-				p.mu.Unlock()
-				return p.syncCtx(ctx)
+				p.pool.mu.Lock()
+				p.pool.stats.SyncFallbacks++
+				p.pool.mu.Unlock()
+				return p.pool.syncCtx(ctx)
 			}
 			if done {
 				break

@@ -106,7 +106,7 @@ func (p *Pool) putSharedLocked(c Chunk, l lease) error {
 // read-only (ExportReadOnly) cannot be exported read-write, nor the other
 // way round.
 func (p Lender) Export(c Chunk, pid int32) (acl.ShareableHandle, error) {
-	return p.export(c, pid, false)
+	return p.pool.export(c, pid, false)
 }
 
 // ExportReadOnly is Export of a shareable form the importer can only read,
@@ -115,7 +115,7 @@ func (p Lender) Export(c Chunk, pid int32) (acl.ShareableHandle, error) {
 // and CUDA cannot, and the importer's own API enforces it). This process's
 // mapping of c stays writable.
 func (p Lender) ExportReadOnly(c Chunk, pid int32) (acl.ShareableHandle, error) {
-	return p.export(c, pid, true)
+	return p.pool.export(c, pid, true)
 }
 
 func (p *Pool) export(c Chunk, pid int32, readOnly bool) (acl.ShareableHandle, error) {
@@ -174,56 +174,56 @@ func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 	if t == 0 {
 		t = NewTenant()
 	}
-	p.dev.note(t)
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	p.pool.dev.note(t)
+	p.pool.mu.Lock()
+	if p.pool.closed {
+		p.pool.mu.Unlock()
 		return Chunk{}, ErrClosed
 	}
-	if b := p.budget.Load(); b != 0 && p.held+p.size > b {
-		held := p.held
-		p.stats.Failures++
-		p.mu.Unlock()
+	if b := p.pool.budget.Load(); b != 0 && p.pool.held+p.pool.size > b {
+		held := p.pool.held
+		p.pool.stats.Failures++
+		p.pool.mu.Unlock()
 		return Chunk{}, fmt.Errorf("%w: %w: %d of %d bytes held, importing %d more", ErrBudget, acl.ErrOutOfMemory,
-			held, b, p.size)
+			held, b, p.pool.size)
 	}
-	p.held += p.size
-	p.mu.Unlock()
+	p.pool.held += p.pool.size
+	p.pool.mu.Unlock()
 
-	h, err := p.drv.MemImportFromShareableHandle(s, p.drv.Device())
+	h, err := p.pool.drv.MemImportFromShareableHandle(s, p.pool.drv.Device())
 
-	p.mu.Lock()
+	p.pool.mu.Lock()
 	if err != nil {
-		p.held -= p.size
-		p.stats.Failures++
-		p.mu.Unlock()
+		p.pool.held -= p.pool.size
+		p.pool.stats.Failures++
+		p.pool.mu.Unlock()
 		return Chunk{}, fmt.Errorf("chunk: import %v: %w", s, err)
 	}
-	l, ok := p.out[h]
+	l, ok := p.pool.out[h]
 	if !ok {
-		p.out[h] = lease{tenant: t, holder: t, shared: &shared{imported: true, holders: 1}}
-		p.stats.InUse++
-		p.stats.Imported++
-		p.mu.Unlock()
+		p.pool.out[h] = lease{tenant: t, holder: t, shared: &shared{imported: true, holders: 1}}
+		p.pool.stats.InUse++
+		p.pool.stats.Imported++
+		p.pool.mu.Unlock()
 		return Chunk{h}, nil
 	}
 	// The driver handed back memory the pool holds already, with one more
 	// reference (ACL's rule). Drop that reference: the pool's first one
 	// keeps the memory, and counts it once.
-	p.held -= p.size
-	p.mu.Unlock()
+	p.pool.held -= p.pool.size
+	p.pool.mu.Unlock()
 	var ferr error
-	if err := p.freeShared(doomedRef{h: h, extra: true}); err != nil {
+	if err := p.pool.freeShared(doomedRef{h: h, extra: true}); err != nil {
 		ferr = fmt.Errorf("chunk: import %v: drop the second reference: %w", s, err)
 	}
 	if l.shared == nil || !l.shared.imported {
 		return Chunk{}, errors.Join(ferr, fmt.Errorf("chunk: import %v: %w: the driver returned chunk %#x, which the pool lent out as its own",
 			s, acl.ErrInvalidHandle, uintptr(h)))
 	}
-	p.mu.Lock()
+	p.pool.mu.Lock()
 	l.shared.holders++
-	p.stats.Imported++
-	p.mu.Unlock()
+	p.pool.stats.Imported++
+	p.pool.mu.Unlock()
 	return Chunk{h}, nil
 }
 
@@ -236,23 +236,23 @@ func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 // any others: Release or ReleaseAfter, then Put.
 func (p Lender) MapImported(ptr acl.DevicePtr, cs []Chunk, readOnly bool) error {
 	for i, c := range cs {
-		if _, err := p.leaseOf("map", p.at(ptr, i), c); err != nil {
+		if _, err := p.pool.leaseOf("map", p.pool.at(ptr, i), c); err != nil {
 			return err
 		}
 	}
 	for i, c := range cs {
-		at := p.at(ptr, i)
-		if err := p.drv.MapMem(at, p.size, 0, c.Handle, 0); err != nil {
-			return p.unmapRange(ptr, cs[:i], LeftNoAccess, fmt.Errorf("chunk: map at %v: %w", at, err))
+		at := p.pool.at(ptr, i)
+		if err := p.pool.drv.MapMem(at, p.pool.size, 0, c.Handle, 0); err != nil {
+			return p.pool.unmapRange(ptr, cs[:i], LeftNoAccess, fmt.Errorf("chunk: map at %v: %w", at, err))
 		}
 	}
-	desc := p.access
-	if readOnly && p.drv.Caps().ReadOnly {
-		desc = acl.ReadWrite(p.drv.Device())
+	desc := p.pool.access
+	if readOnly && p.pool.drv.Caps().ReadOnly {
+		desc = acl.ReadWrite(p.pool.drv.Device())
 		desc[0].Flags = acl.MemAccessRead
 	}
-	if err := p.grant(ptr, len(cs), desc); err != nil {
-		return p.unmapRange(ptr, cs, LeftNoAccess, err)
+	if err := p.pool.grant(ptr, len(cs), desc); err != nil {
+		return p.pool.unmapRange(ptr, cs, LeftNoAccess, err)
 	}
 	return nil
 }

@@ -23,39 +23,39 @@ import (
 // chunk stays out, with the caller, who still owns it (to map it again, or
 // to try again).
 func (p Lender) Free(c Chunk) error {
-	p.mu.Lock()
-	l, ok := p.out[c.Handle]
+	p.pool.mu.Lock()
+	l, ok := p.pool.out[c.Handle]
 	if !ok {
-		p.mu.Unlock()
+		p.pool.mu.Unlock()
 		return fmt.Errorf("chunk: %w: free of chunk %#x, which is not out of this pool", acl.ErrInvalidParam, uintptr(c.Handle))
 	}
 	if l.shared != nil {
-		return p.putSharedLocked(c, l) // freed, never cached
+		return p.pool.putSharedLocked(c, l) // freed, never cached
 	}
 	// Off the books before the call that makes the handle's value free:
 	// the driver may hand the value to the next MallocPhysical at once, and
 	// that chunk's lease must not be the one deleted.
-	delete(p.out, c.Handle)
-	p.stats.InUse--
-	p.freeing++ // on its way back: a growth short of memory waits for it (roomNow)
-	p.mu.Unlock()
-	err := p.drv.FreePhysical(c.Handle)
-	p.mu.Lock()
-	p.freeing--
+	delete(p.pool.out, c.Handle)
+	p.pool.stats.InUse--
+	p.pool.freeing++ // on its way back: a growth short of memory waits for it (roomNow)
+	p.pool.mu.Unlock()
+	err := p.pool.drv.FreePhysical(c.Handle)
+	p.pool.mu.Lock()
+	p.pool.freeing--
 	if err != nil {
 		// The driver kept it, so its value is still this chunk's.
-		p.out[c.Handle] = l
-		p.stats.InUse++
-		p.mu.Unlock()
+		p.pool.out[c.Handle] = l
+		p.pool.stats.InUse++
+		p.pool.mu.Unlock()
 		return fmt.Errorf("chunk: free: %w", err)
 	}
-	p.stats.Frees++
-	p.held -= p.size
-	p.mu.Unlock()
-	p.freed() // wait.go
+	p.pool.stats.Frees++
+	p.pool.held -= p.pool.size
+	p.pool.mu.Unlock()
+	p.pool.freed() // wait.go
 	return nil
 }
 
 // Shared reports whether c, a chunk out of this pool, is shared with
 // another process: exported (Export) or imported (Import).
-func (p Lender) Shared(c Chunk) bool { return p.isShared(c) }
+func (p Lender) Shared(c Chunk) bool { return p.pool.isShared(c) }

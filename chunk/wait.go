@@ -2,7 +2,6 @@ package chunk
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -17,18 +16,6 @@ import (
 // that can make memory obtainable, and the rule that fails the youngest
 // waiter when every holder of the memory waits. The events and the rule are
 // told in docs/design.md ("Pressure").
-
-// ErrDeadlock is returned by Waiter.Wait, wrapped with acl.ErrOutOfMemory,
-// when waiting cannot serve the growth: every member of the pool that holds
-// its memory waits for memory too, no chunk waits for the device or is on
-// its way back to the driver, no growth is relieving pressure, and what the
-// budget leaves, the cache holds and the members hold idle would not serve
-// the first waiter. The youngest waiter whose member holds memory gets it at
-// once, as a serving engine preempts its youngest sequence: what its caller
-// then frees serves the others. The rule cannot see memory another goroutine
-// of a waiting member might still free; failing the youngest is then an
-// early preemption, and nothing is lost (a failed growth changes nothing).
-var ErrDeadlock = errors.New("chunk: deadlock avoided: every member holding the pool's memory waits for memory")
 
 // errDeadlock is Wait's error: ErrDeadlock, matching acl.ErrOutOfMemory.
 var errDeadlock = fmt.Errorf("%w: %w", ErrDeadlock, acl.ErrOutOfMemory)
@@ -59,12 +46,12 @@ type Waiter struct {
 // on its device). Take it before a try that may fail, and pass it to
 // Enqueue: a release between the failure and the Enqueue is then not
 // missed.
-func (p Lender) Mark() uint64 { return p.dev.gen.Load() }
+func (p Lender) Mark() uint64 { return p.pool.dev.gen.Load() }
 
 // Enqueue puts a waiter at the tail of the pool's queue and returns it. If
 // the queue was empty and memory came back since mark, the waiter is woken
 // at once. It fails with ErrClosed after Close.
-func (p Lender) Enqueue(mark uint64) (*Waiter, error) { return p.enqueueWaiter(mark, nil, nil, 0) }
+func (p Lender) Enqueue(mark uint64) (*Waiter, error) { return p.pool.enqueueWaiter(mark, nil, nil, 0) }
 
 // Enqueue is Lender.Enqueue for a growth g of the member that lacked need
 // chunks at its last try: the member's own failed tries (Failed) do not
@@ -210,7 +197,7 @@ func (w *Waiter) Done() {
 }
 
 // Waiters returns how many growths wait for memory in the pool's queue.
-func (p Lender) Waiters() int { return int(p.wq.n.Load()) }
+func (p Lender) Waiters() int { return int(p.pool.wq.n.Load()) }
 
 // Dropped tells the pool that the member dropped bytes it used, which the
 // pool may now reclaim for a waiter. It takes the pool's lock only when a

@@ -296,9 +296,9 @@ func (p *Pool) fill(target, limit int) (int, error) {
 // Config.WorkerCPU that has used more than its share waits for credit before
 // that round, and Settle with it; Close answers it at once.
 func (p Lender) Settle() {
-	p.mu.Lock()
-	w := p.w
-	p.mu.Unlock()
+	p.pool.mu.Lock()
+	w := p.pool.w
+	p.pool.mu.Unlock()
 	if w == nil {
 		return
 	}

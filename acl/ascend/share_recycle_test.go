@@ -108,7 +108,7 @@ func TestShareTokenGivenBackOverDouble(t *testing.T) {
 		binary.LittleEndian.PutUint32(ack[8:], 2) // failed
 		g.io = ipc.Send(theirs, ack, nil, true)
 	}()
-	err = a.Share(mine, b, arena.ShareOptions{PID: os.Getpid()})
+	err = b.Share(mine, arena.ShareOptions{PID: os.Getpid()})
 	g := <-done
 	require.NoError(t, g.io)
 	require.ErrorIs(t, err, arena.ErrPeer, "the consumer said it failed")

@@ -653,20 +653,12 @@ func TestOpenErrors(t *testing.T) {
 // $VMARENA_CUDA_LIBRARY names the library when the Config does not.
 func TestLibraryFromEnv(t *testing.T) {
 	f := newFake(t)
-	t.Setenv(EnvLibrary, f.path)
+	t.Setenv(LibraryEnv, f.path)
 	d, err := Open(Config{})
 	require.NoError(t, err)
 	require.Equal(t, f.path, d.lib.path)
 	require.NoError(t, d.Close())
-	// The variable's first name is still read when the new one is unset,
-	// and never over it.
-	t.Setenv(EnvLibrary, "")
-	t.Setenv(EnvLibraryShort, f.path)
-	d, err = Open(Config{})
-	require.NoError(t, err)
-	require.Equal(t, f.path, d.lib.path)
-	require.NoError(t, d.Close())
-	t.Setenv(EnvLibrary, filepath.Join(t.TempDir(), "first.so"))
+	t.Setenv(LibraryEnv, filepath.Join(t.TempDir(), "first.so"))
 	_, err = Open(Config{})
 	require.ErrorContains(t, err, "first.so")
 	// An explicit path wins over the variable, and is the only one tried.

@@ -16,7 +16,7 @@ import (
 func TestDeviceSelector(t *testing.T) {
 	path, set, requireClean := cuda.NewFakeLibrary(t)
 	set("devices", 2)
-	t.Setenv(cuda.EnvLibrary, path)
+	t.Setenv(cuda.LibraryEnv, path)
 	for spec, want := range map[string]string{"cuda": "cuda:0", "cuda:1": "cuda:1", "CUDA:0": "cuda:0", "auto": "cuda:0"} {
 		c, err := device.Open(spec)
 		require.NoError(t, err, spec)
@@ -33,7 +33,7 @@ func TestDeviceSelector(t *testing.T) {
 // to the host driver.
 func TestDeviceSelectorNoDriver(t *testing.T) {
 	missing := t.TempDir() + "/libcuda.so.1"
-	t.Setenv(cuda.EnvLibrary, missing)
+	t.Setenv(cuda.LibraryEnv, missing)
 	_, err := device.Open("cuda")
 	require.ErrorIs(t, err, acl.ErrNotSupported)
 	require.ErrorContains(t, err, missing)

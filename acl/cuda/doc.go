@@ -7,8 +7,7 @@
 // The CUDA driver library is loaded at run time with purego: no cgo and no
 // CUDA headers at build time, and a machine without CUDA builds and runs
 // everything else. [Open] loads, in this order of precedence, Config.Library,
-// else $VMARENA_CUDA_LIBRARY ([EnvLibrary]; the older $VMARENA_CUDA_LIB when it
-// is unset), else "libcuda.so.1" through the
+// else $VMARENA_CUDA_LIBRARY ([LibraryEnv]), else "libcuda.so.1" through the
 // dynamic loader's search path; only the first that is set is tried. Every
 // symbol is resolved by its exact exported name with Dlsym and RegisterFunc:
 // the _v2 name where cuda.h renames a function with a macro

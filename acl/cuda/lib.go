@@ -7,13 +7,10 @@ import (
 
 // Library names.
 const (
-	// EnvLibrary is the environment variable naming the CUDA driver library
+	// LibraryEnv is the environment variable naming the CUDA driver library
 	// to load when Config.Library is empty (tests point it at the test
 	// double), named as the ACL binding's VMARENA_ASCEND_LIBRARY is.
-	EnvLibrary = "VMARENA_CUDA_LIBRARY"
-	// EnvLibraryShort is the variable's first name, still read when
-	// EnvLibrary is unset.
-	EnvLibraryShort = "VMARENA_CUDA_LIB"
+	LibraryEnv = "VMARENA_CUDA_LIBRARY"
 	// DefaultLibrary is the soname of the CUDA driver library, found by the
 	// dynamic loader's search path. The unversioned libcuda.so is usually a
 	// development link or the toolkit's stub, so it is never tried.
@@ -190,17 +187,15 @@ var optionalSymbols = map[string]bool{
 }
 
 // libraryPath returns the library Open loads for cfg: Config.Library, else
-// $VMARENA_CUDA_LIBRARY, else $VMARENA_CUDA_LIB, else DefaultLibrary. The
-// first one set is the only one tried, so an explicit choice never silently
+// $VMARENA_CUDA_LIBRARY, else DefaultLibrary. The first one set is the only
+// one tried, so an explicit choice never silently
 // loads another driver.
 func libraryPath(cfg Config) string {
 	if cfg.Library != "" {
 		return cfg.Library
 	}
-	for _, env := range []string{EnvLibrary, EnvLibraryShort} {
-		if p := os.Getenv(env); p != "" {
-			return p
-		}
+	if p := os.Getenv(LibraryEnv); p != "" {
+		return p
 	}
 	return DefaultLibrary
 }

@@ -109,7 +109,7 @@ func TestShareSendsWhatItExportedOverDouble(t *testing.T) {
 		copy(ack, "VMAACK02")
 		g.err = ipc.Send(theirs, ack, nil, true)
 	}()
-	require.NoError(t, a.Share(mine, b, arena.ShareOptions{PID: os.Getpid()}))
+	require.NoError(t, b.Share(mine, arena.ShareOptions{PID: os.Getpid()}))
 	g := <-done
 	require.NoError(t, g.err)
 	require.Len(t, g.links, 2)

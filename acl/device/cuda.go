@@ -15,7 +15,7 @@ func openCUDA(n int) (acl.Driver, error) {
 	if err != nil {
 		hint := "see docs/cuda.md"
 		if errors.Is(err, acl.ErrNotSupported) {
-			hint = "set " + cuda.EnvLibrary + " to the CUDA driver library (" + cuda.DefaultLibrary +
+			hint = "set " + cuda.LibraryEnv + " to the CUDA driver library (" + cuda.DefaultLibrary +
 				", installed with the NVIDIA driver; not the toolkit's stub); see docs/cuda.md"
 		}
 		return nil, &openError{spec: fmt.Sprintf("cuda:%d", n), kind: "cuda", err: err, hint: hint}

@@ -18,9 +18,6 @@ import (
 	"github.com/vmarena/vmarena/acl/host"
 )
 
-// EnvVar is the environment variable [FromEnv] reads (acl.DeviceEnv).
-const EnvVar = acl.DeviceEnv
-
 // The package registers [Open] as the process's device selector, so that
 // importing it, even for its side effect alone, makes the zero arena.Config
 // honour $VMARENA_DEVICE for every device:
@@ -50,7 +47,7 @@ type Choice struct {
 // FromEnv opens the driver $VMARENA_DEVICE names (see [Open]). Its error is
 // one line that names the variable (acl.DeviceEnvError).
 func FromEnv() (Choice, error) {
-	spec := os.Getenv(EnvVar)
+	spec := os.Getenv(acl.DeviceEnv)
 	c, err := Open(spec)
 	if err != nil {
 		return Choice{}, acl.DeviceEnvError(spec, err)

@@ -40,7 +40,7 @@ func TestOpenHost(t *testing.T) {
 // With no device runtime on the machine, auto falls back to the host driver
 // and says why. (On a machine with an NPU or GPU it picks that instead.)
 func TestAuto(t *testing.T) {
-	t.Setenv(EnvVar, "")
+	t.Setenv(acl.DeviceEnv, "")
 	c, err := FromEnv()
 	require.NoError(t, err)
 	t.Cleanup(func() { c.Driver.Close() })

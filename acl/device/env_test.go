@@ -52,7 +52,7 @@ func runFromEnv(t *testing.T, spec string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"=1", EnvVar+"="+spec)
+	cmd.Env = append(os.Environ(), envChild+"=1", acl.DeviceEnv+"="+spec)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
@@ -83,7 +83,7 @@ func TestEnvDeviceIsBounded(t *testing.T) {
 	} {
 		t.Run(strings.ReplaceAll(spec, "/", "_"), func(t *testing.T) {
 			msg := runFromEnv(t, spec)
-			assert.True(t, strings.HasPrefix(msg, EnvVar+"="), "%q does not name the variable first", msg)
+			assert.True(t, strings.HasPrefix(msg, acl.DeviceEnv+"="), "%q does not name the variable first", msg)
 			assert.NotContains(t, msg, "\n", "one line")
 			assert.Contains(t, msg, want)
 		})
@@ -94,14 +94,14 @@ func TestEnvDeviceIsBounded(t *testing.T) {
 // and a device number past an int32 opens nothing.
 func TestEnvDeviceErrors(t *testing.T) {
 	for _, spec := range []string{"host:4294967296", "host:2147483648", "cuda:-1", "model:/dev/zero", "model:/dev/null"} {
-		t.Setenv(EnvVar, spec)
+		t.Setenv(acl.DeviceEnv, spec)
 		c, err := FromEnv()
 		require.Error(t, err, spec)
 		assert.Nil(t, c.Driver, spec)
 		assert.ErrorIs(t, err, acl.ErrInvalidParam, spec)
 		assert.Equal(t, 1, strings.Count(err.Error(), spec), "%s: the value once: %v", spec, err)
 	}
-	t.Setenv(EnvVar, "host:2147483647")
+	t.Setenv(acl.DeviceEnv, "host:2147483647")
 	c, err := FromEnv()
 	require.NoError(t, err, "the largest device number is a number")
 	require.NoError(t, c.Driver.Close())

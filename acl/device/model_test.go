@@ -29,7 +29,7 @@ func TestOpenModel(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, p.WriteJSON(f))
 	require.NoError(t, f.Close())
-	t.Setenv(EnvVar, "model:"+path)
+	t.Setenv(acl.DeviceEnv, "model:"+path)
 	c, err := FromEnv()
 	require.NoError(t, err)
 	assert.Equal(t, "model:Mine", c.Driver.Name())

@@ -36,11 +36,6 @@ type Config struct {
 	// written, on host memory made lazily per physical allocation (see the
 	// package documentation), and a read returns what was written.
 	NoData bool
-	// Data is what the model does by default; it is kept so that code
-	// written when bytes had to be asked for still compiles.
-	//
-	// Deprecated: the model keeps bytes unless NoData is set.
-	Data bool
 	// Untimed charges nothing: the books, the rules and the order of
 	// stream work without the modelled time, for tests of logic alone.
 	Untimed bool
@@ -139,7 +134,6 @@ func New(cfg Config) (*Driver, error) {
 	if cfg.MaxReserve == 0 {
 		cfg.MaxReserve = acl.MaxReserve
 	}
-	cfg.Data = !cfg.NoData
 	if cfg.Device < 0 || cfg.Capacity >= 1<<62 {
 		return nil, fmt.Errorf("model: %w: device %d, capacity %d", acl.ErrInvalidParam, cfg.Device, cfg.Capacity)
 	}

@@ -37,7 +37,6 @@ package metrics
 
 import (
 	"encoding/json"
-	"errors"
 	"expvar"
 	"fmt"
 	"slices"
@@ -195,9 +194,6 @@ type member[T any] struct {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry { return &Registry{} }
-
-// ErrDuplicate is returned when a name is taken already.
-var ErrDuplicate = errors.New("metrics: name already registered")
 
 // AddArena exports a under name (its "arena" label). Names are unique among
 // the registry's arenas. From then on the arena times its growths for the

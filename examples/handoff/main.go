@@ -5,7 +5,7 @@
 // The prefill process writes every layer's keys and values for a prompt into
 // arenas whose chunks can be exported, starts the decode process (this same
 // binary, run with -decode) with one end of a socketpair, and shares each
-// cache with it (arena.Share): the decoder, and no other process, maps the
+// cache with it (Buffer.Share): the decoder, and no other process, maps the
 // very chunks the prefill process wrote (arena.Import) into reservations of
 // its own. The prefill process then closes its arenas and ends: the device
 // keeps the memory for the decoder. The decoder generates more tokens,
@@ -136,7 +136,7 @@ func prefill() (err error) {
 	}()
 	for l := range *layers {
 		for kind := range 2 {
-			a, err := arena.New(arena.Config{Pool: pool, Reserve: int64(*prompt*row) + 64<<20})
+			a, err := arena.New(arena.Config{Pool: pool, Reserve: *prompt*row + 64<<20})
 			if err != nil {
 				return err
 			}
@@ -257,7 +257,7 @@ func decodeMain() (err error) {
 		err = errors.Join(err, pool.Close())
 	}()
 	for i := range own {
-		a, err := arena.New(arena.Config{Pool: pool, Reserve: int64(*newToks*row) + 64<<20})
+		a, err := arena.New(arena.Config{Pool: pool, Reserve: *newToks*row + 64<<20})
 		if err != nil {
 			return err
 		}

@@ -253,11 +253,11 @@ func load(pool *chunk.Pool, name string, wBytes, kvBytes int, seed byte) (*model
 // alloc makes the arenas and copies the checkpoint in.
 func (m *model) alloc(wBytes, kvBytes int) error {
 	var err error
-	m.weights, err = arena.New(arena.Config{Pool: m.pool, Reserve: int64(wBytes), Tag: m.wtag})
+	m.weights, err = arena.New(arena.Config{Pool: m.pool, Reserve: wBytes, Tag: m.wtag})
 	if err != nil {
 		return err
 	}
-	m.kv, err = arena.New(arena.Config{Pool: m.pool, Reserve: int64(kvBytes), Tag: m.ktag})
+	m.kv, err = arena.New(arena.Config{Pool: m.pool, Reserve: kvBytes, Tag: m.ktag})
 	if err != nil {
 		return err
 	}

@@ -42,7 +42,7 @@ type entry struct {
 
 // The lines of .ci/run that run documented commands, or supersets of them.
 const (
-	ciTests     = "go test -race -count=1 -json ./..."
+	ciTests     = "go test -race -count=1 -timeout 30m -json ./..."
 	ciBench     = "go test -run '^$' -bench . -benchtime=1x ./..."
 	ciModel     = "VMARENA_MODEL_SEEDS=8 VMARENA_FAULT_OPS=200 VMARENA_RANDOM_SEEDS=32 go test -count=1 -run '^TestModel' -v ./arena"
 	ciFuzz      = "go test -run '^$' -fuzz '^FuzzModel$' -fuzztime=4000x -fuzzminimizetime=100x ./arena"
@@ -56,6 +56,14 @@ const (
 	noNPU      = "no ACL runtime (libascendcl.so) could be loaded"
 	noGPU      = "libcuda.so.1: cannot open shared object file"
 	quickBench = "-quick -count 1"
+	// quickOne is quickBench under one reading of the model, for the
+	// commands behind benchmarks.md's current figures: their other reading
+	// is the same code, which the commands above run.
+	quickOne = quickBench + " -readings profile"
+	// quickServer scales the server-size runs down past their own sizes.
+	quickServer = quickOne + " -kv-slots 4 -kv-layers 4 -kv-hidden 512 -kv-requests 8"
+	// quickTRT scales the fixed-length (1024/1024) runs down to two sequences.
+	quickTRT = quickOne + " -kv-slots 2 -kv-requests 2"
 )
 
 // table maps every command of README.md and docs/ to how CI runs it.
@@ -76,6 +84,7 @@ var table = []entry{
 	{cmd: "go test -json ./acl/ascend | go run ./internal/skipcheck -v", how: asWritten},
 	{cmd: "go test ./internal/boundary", how: byCI, line: ciTests},
 	{cmd: "go test ./internal/leakgate", how: byCI, line: ciTests},
+	{cmd: "go test ./internal/apicheck -update", how: asWritten},
 
 	// The benchmark suite.
 	// The full suite takes minutes (2.5–3 on the host driver, 1.7–2.6 on the
@@ -93,6 +102,19 @@ var table = []entry{
 	{cmd: "go run ./bench -device model:h200 -strategies all -readings profile -img docs/img/model", how: scaledDown, flags: quickBench},
 	{cmd: "go run ./bench -device model:h200 -workloads kv -strategies arena,realloc -chunk 16MiB", how: scaledDown, flags: quickBench},
 	{cmd: "go run ./bench -device model:h200 -strategies arena-eager,realloc -kv-budget-factor 0", how: scaledDown, flags: quickBench},
+	// The current figures of benchmarks.md: the server-size and fixed-length
+	// runs are scaled down past their own sizes too (later flags win).
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc", how: scaledDown, flags: quickOne},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc -kv-compute 1ms", how: scaledDown, flags: quickOne},
+	{cmd: "taskset -c 0 go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc -kv-compute 1ms", how: scaledDown, flags: quickOne},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching -chunk 16MiB", how: scaledDown, flags: quickOne},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged -kv-slots 64 -kv-layers 80 -kv-hidden 8192 -kv-requests 64 -kv-prompt 64:1024 -kv-gen 32:256", how: scaledDown, flags: quickServer},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged -kv-slots 64 -kv-layers 80 -kv-hidden 8192 -kv-requests 64 -kv-prompt 64:1024 -kv-gen 32:256 -chunk 16MiB", how: scaledDown, flags: quickServer},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc -kv-compute 1ms -kv-slots 64 -kv-layers 80 -kv-hidden 8192 -kv-requests 128 -kv-prompt 64:1024 -kv-gen 32:256", how: scaledDown, flags: quickServer},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc -kv-compute 1ms -kv-slots 64 -kv-layers 80 -kv-hidden 8192 -kv-requests 128 -kv-prompt 64:1024 -kv-gen 32:256 -chunk 16MiB", how: scaledDown, flags: quickServer},
+	{cmd: "go run ./bench -device model:h200 -workloads models -micro=false -count 3 -strategies arena,paged,caching", how: scaledDown, flags: quickOne},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged -kv-prompt 1024:1024 -kv-gen 1024:1024 -kv-slots 16 -kv-requests 32 -chunk 2MiB", how: scaledDown, flags: quickTRT},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged -kv-prompt 1024:1024 -kv-gen 1024:1024 -kv-slots 16 -kv-requests 32 -chunk 16MiB", how: scaledDown, flags: quickTRT},
 	{cmd: "go run ./bench -workloads swap -micro=false -swap-size 1GiB -swap-reps 5", how: scaledDown, flags: "-swap-size 128MiB -swap-reps 3"},
 	{cmd: "go test ./bench", how: byCI, line: ciTests},
 	{cmd: "VMARENA_OFFLOAD_MIB=1024 go test ./arena -run '^$' -bench OffloadVsCopy -benchtime 1x", how: scaledDown, flags: "-short"},

@@ -62,13 +62,13 @@ func (s *arenaStrategy) Name() string {
 func (s *arenaStrategy) Pool() *chunk.Pool { return s.pool }
 
 func (s *arenaStrategy) Open(max int64) (Region, error) {
-	cfg := arena.Config{Pool: s.pool, Reserve: max}
+	cfg := arena.Config{Pool: s.pool, Reserve: int(max)}
 	if !s.eager {
-		cfg.Tenant, cfg.Headroom = s.tenant, s.cfg.Headroom
+		cfg.Tenant, cfg.Headroom = s.tenant, int(s.cfg.Headroom)
 		if cfg.Headroom > 0 && s.cfg.MaxHeadroom > 0 {
-			cfg.MaxHeadroom = s.cfg.MaxHeadroom
+			cfg.MaxHeadroom = int(s.cfg.MaxHeadroom)
 			if max > 0 {
-				cfg.MaxHeadroom = min(cfg.MaxHeadroom, max) // a region smaller than it learns less
+				cfg.MaxHeadroom = min(cfg.MaxHeadroom, int(max)) // a region smaller than it learns less
 			}
 		}
 		if s.cfg.Stream != 0 {
@@ -122,7 +122,7 @@ func (r *arenaRegion) Alloc(n, align int64) (int64, error) {
 }
 
 func (r *arenaRegion) Ptr(off, n int64) (acl.DevicePtr, error) {
-	b, err := r.a.Slice(int(off), int(n))
+	b, err := r.a.Slice(int(off), int(off+n))
 	if err != nil {
 		return 0, err
 	}

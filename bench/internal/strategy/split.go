@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/arena"
@@ -80,13 +81,29 @@ func (r *arenaRegion) Sleep() error {
 	return r.a.Sleep(context.Background(), arena.Discard)
 }
 
+// WakeWait is how long Wake waits for memory when there is too little to
+// wake a region at once.
+const WakeWait = time.Millisecond
+
 // Wake maps the region's memory back at its addresses (Arena.Wake): what it
-// held must be copied in again.
+// held must be copied in again. Where the memory is not there, it waits at
+// most WakeWait for it and fails with an error that matches
+// acl.ErrOutOfMemory, the region still asleep: the serving loop that wakes a
+// model is the one whose sequences free memory, so a Wake that waited for
+// them would wait for itself (Arena.Wake waits until its context is done).
 func (r *arenaRegion) Wake() error {
 	if r.eager {
 		return errors.ErrUnsupported
 	}
-	return r.a.Wake(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), WakeWait)
+	defer cancel()
+	err := r.a.Wake(ctx)
+	if err != nil && ctx.Err() != nil && !errors.Is(err, acl.ErrOutOfMemory) {
+		// The deadline passed before the first try (a loaded machine): no
+		// memory was looked for, and the region is as it was.
+		err = fmt.Errorf("%w: %w", acl.ErrOutOfMemory, err)
+	}
+	return err
 }
 
 // A Blob is one allocation of raw driver memory that lives as long as a

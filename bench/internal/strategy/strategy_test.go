@@ -3,6 +3,7 @@ package strategy
 import (
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -186,4 +187,44 @@ func TestCachingExpandableFollowsTheDriver(t *testing.T) {
 		assert.True(t, h.Live().Zero(), "%+v", h.Live())
 		require.NoError(t, h.Close())
 	}
+}
+
+// A model's Wake on the serving loop must not wait for memory only that
+// loop can free: with another model holding the whole budget, the sleeping
+// model's Wake fails (out of memory, still asleep) instead of waiting
+// forever, and succeeds once the memory is back.
+func TestArenaWakeWithoutMemoryFails(t *testing.T) {
+	cd := newDriver(t, 0)
+	st, err := New("arena", Config{Driver: cd, Budget: 8 * mib})
+	require.NoError(t, err)
+	require.NoError(t, st.Prepare())
+	parts, err := Split(st, []int64{4 * mib, 4 * mib})
+	require.NoError(t, err)
+
+	a, err := parts[0].Open(8 * mib)
+	require.NoError(t, err)
+	require.NoError(t, a.Grow(4*mib))
+	require.NoError(t, a.(Sleeper).Sleep())
+	b, err := parts[1].Open(8 * mib)
+	require.NoError(t, err)
+	require.NoError(t, b.Grow(8*mib), "the sleeping model's memory went back: the whole budget")
+
+	done := make(chan error, 1)
+	go func() { done <- a.(Sleeper).Wake() }()
+	select {
+	case err = <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("Wake waited for memory that only its caller could free")
+	}
+	require.ErrorIs(t, err, acl.ErrOutOfMemory)
+
+	require.NoError(t, b.Truncate(0))
+	require.NoError(t, b.Trim())
+	require.NoError(t, a.(Sleeper).Wake(), "the memory is back")
+	require.NoError(t, a.Close())
+	require.NoError(t, b.Close())
+	for _, p := range parts {
+		require.NoError(t, p.Close())
+	}
+	require.NoError(t, st.Close())
 }

@@ -299,7 +299,7 @@ func (e *Env) touch(r strategy.Region, off, n int64) error {
 // them), elsewhere with the driver's copy.
 func (e *Env) write(r strategy.Region, off int64, src []byte) error {
 	if a := strategy.Arena(r); a != nil {
-		b, err := a.Slice(int(off), len(src))
+		b, err := a.Slice(int(off), int(off)+len(src))
 		if err != nil {
 			return err
 		}

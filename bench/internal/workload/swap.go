@@ -85,7 +85,7 @@ func (c Swap) Measure(drv acl.Driver) (r SwapResult, err error) {
 	copy(reloadSrc, host)
 	tenant := chunk.NewTenant() // one model: its memory needs no clearing between its arenas
 	newArena := func() (*arena.Arena, arena.Buffer, error) {
-		a, err := arena.New(arena.Config{Pool: pool, Reserve: size, Tenant: tenant})
+		a, err := arena.New(arena.Config{Pool: pool, Reserve: int(size), Tenant: tenant})
 		if err != nil {
 			return nil, arena.Buffer{}, err
 		}
@@ -195,7 +195,7 @@ func (c Swap) Measure(drv acl.Driver) (r SwapResult, err error) {
 				return err
 			}
 			var err error
-			if ra, err = arena.New(arena.Config{Pool: pool, Reserve: size, Tenant: tenant}); err != nil {
+			if ra, err = arena.New(arena.Config{Pool: pool, Reserve: int(size), Tenant: tenant}); err != nil {
 				return err
 			}
 			rb, err := ra.Alloc(int(size), 1)

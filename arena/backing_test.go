@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -69,7 +70,7 @@ func (f *flakyRegistrar) Deregister(m acl.Mapping) error {
 // callback is the arena's callback: arena.RegisterWith on the flaky
 // registrar, which is told whether the event is an undo. It checks that the
 // arena's events come one at a time, in order of generation.
-func (f *flakyRegistrar) callback(t *testing.T, events *int, log *eventLog) func(arena.BackingChange) error {
+func (f *flakyRegistrar) callback(t *testing.T, events *atomic.Int64, log *eventLog) func(arena.BackingChange) error {
 	reg := arena.RegisterWith(f)
 	var mu sync.Mutex
 	busy, last := false, uint64(0)
@@ -82,7 +83,7 @@ func (f *flakyRegistrar) callback(t *testing.T, events *int, log *eventLog) func
 			t.Errorf("event of generation %d after one of %d", ch.Generation, last)
 		}
 		busy, last = true, ch.Generation
-		*events++
+		events.Add(1) // shared by the arenas, whose events may run at once
 		var ps []string
 		for _, m := range ch.Mappings {
 			ps = append(ps, fmt.Sprintf("%#x", uintptr(m.Ptr)))
@@ -154,7 +155,7 @@ func registrationTable(t *testing.T, seed uint64, steps int) {
 		flaky  *flakyRegistrar
 		stream bool
 	}
-	var events int
+	var events atomic.Int64
 	var log eventLog
 	mk := func(cfg arena.Config) tenant {
 		cfg.Pool, cfg.Reserve = pool, 32*cs
@@ -280,7 +281,7 @@ func registrationTable(t *testing.T, seed uint64, steps int) {
 	require.NoError(t, hd.Close())
 	refusals := ts[0].flaky.refused + ts[1].flaky.refused
 	t.Logf("%d steps, %d with a fault or a refusal (%d driver faults, %d refusals by the library), %d events; the protocol held at every step, every mapping registered at %d rests",
-		steps, faults, fd.Injected(faultdriver.Any), refusals, events, soft)
+		steps, faults, fd.Injected(faultdriver.Any), refusals, events.Load(), soft)
 	_ = hard
 }
 

@@ -2,7 +2,10 @@ package arena_test
 
 import (
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -151,4 +154,85 @@ func TestCloseReleaseFailsKeepsRegistration(t *testing.T) {
 	require.NoError(t, pool.Close())
 	require.True(t, hd.Live().Zero(), "%+v", hd.Live())
 	require.NoError(t, hd.Close())
+}
+
+// An arena's events come one at a time, in order of generation, even when
+// two goroutines change its backing at once: here the pool's worker, which
+// unmaps the chunks a Shrink with streams handed it (without the arena's
+// lock), is held inside its Unmapping callback while a TrapStale Truncate
+// unmaps the arena's other chunks on the caller's goroutine (under the
+// arena's lock). The Truncate's event waits for the worker's to end, and
+// comes after it, with a later generation.
+func TestBackingEventsInOrderAcrossGoroutines(t *testing.T) {
+	e := newSleepEnv(t)
+	s, err := e.hd.CreateStream()
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.hd.DestroyStream(s)) })
+	a := e.arena(t, arena.Config{Streams: []acl.Stream{s}, TrapStale: true})
+	_, err = a.Alloc(3*sleepChunk, 1)
+	require.NoError(t, err)
+	require.NoError(t, a.Grow(2*sleepChunk)) // two chunks of headroom above Len
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	var mu sync.Mutex
+	busy := false
+	var got []arena.BackingChange
+	var overlap []string
+	require.NoError(t, a.OnBackingChange(func(c arena.BackingChange) error {
+		mu.Lock()
+		if busy {
+			overlap = append(overlap, fmt.Sprintf("%v %v gen %d", c.Phase, c.Cause, c.Generation))
+		}
+		busy = true
+		got = append(got, c)
+		hold := c.Phase == arena.BackingUnmapping && c.Cause == arena.BackingShrink
+		mu.Unlock()
+		if hold {
+			close(entered)
+			<-release
+		}
+		mu.Lock()
+		busy = false
+		mu.Unlock()
+		return nil
+	}))
+	require.NoError(t, a.Shrink()) // the headroom to the pool, still mapped: its worker unmaps it
+	<-entered
+
+	truncated := make(chan error, 1)
+	go func() { truncated <- a.Truncate(0) }() // unmaps the three chunks in use
+	select {
+	case err := <-truncated:
+		t.Errorf("Truncate returned (%v) while an event of the arena was being delivered", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if t.Failed() {
+		return
+	}
+	require.NoError(t, <-truncated)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, overlap, "events delivered during another of the same arena")
+	var last uint64
+	sawShrink, sawTrap := false, false
+	for _, c := range got {
+		if c.Cause != arena.BackingAttach { // what was there when it registered: the current generation
+			require.Greater(t, c.Generation, last, "event %v %v of generation %d after one of %d", c.Phase, c.Cause, c.Generation, last)
+		}
+		last = c.Generation
+		switch c.Cause {
+		case arena.BackingShrink:
+			sawShrink = true
+		case arena.BackingTrapStale:
+			require.True(t, sawShrink, "the Truncate's event came before the worker's")
+			sawTrap = true
+			require.Len(t, c.Mappings, 3)
+			for _, m := range c.Mappings {
+				require.NotZero(t, m.Handle, "a mapping's handle")
+				require.Equal(t, uintptr(sleepChunk), m.Size)
+			}
+		}
+	}
+	require.True(t, sawTrap)
 }

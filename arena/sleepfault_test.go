@@ -66,6 +66,95 @@ func TestCopyRacingSleepIsNotLost(t *testing.T) {
 	require.True(t, bytes.Equal(old, contents(t, b)), "the wake restored what the sleep copied, and the refused copy changed nothing")
 }
 
+// gatedCopy blocks the MemcpyHtoD calls to one address, once armed, until
+// release: a copy that has passed its checks and is inside the driver.
+type gatedCopy struct {
+	acl.Driver
+	mu      sync.Mutex
+	at      acl.DevicePtr
+	entered chan struct{}
+	release chan struct{}
+}
+
+// arm gates the next copy to at, and returns the channels: closed when it
+// enters, to close to let it go.
+func (d *gatedCopy) arm(at acl.DevicePtr) (entered, release chan struct{}) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.at, d.entered, d.release = at, make(chan struct{}), make(chan struct{})
+	return d.entered, d.release
+}
+
+func (d *gatedCopy) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
+	d.mu.Lock()
+	gate := d.entered != nil && dst == d.at
+	entered, release := d.entered, d.release
+	if gate {
+		d.entered = nil
+	}
+	d.mu.Unlock()
+	if gate {
+		close(entered)
+		<-release
+	}
+	return d.Driver.MemcpyHtoD(dst, src)
+}
+
+func (d *gatedCopy) Unwrap() acl.Driver { return d.Driver }
+
+// A CopyIn already under way when an Offload Sleep begins (past its checks,
+// inside the driver) ends before the sleep copies the arena to the host:
+// were the sleep to copy and go on meanwhile, the copy would land after the
+// sleep's copy of those bytes and return nil, and the wake would bring the
+// old bytes back. Forced: the copy is held inside the driver while the
+// sleep starts; should the sleep reach the end of its first copy step
+// meanwhile, the copy is let go there, before the unmap.
+func TestCopyUnderWayBeforeSleepIsNotLost(t *testing.T) {
+	hd, err := host.New(host.Config{Capacity: 64 << 20})
+	require.NoError(t, err)
+	defer func() { require.True(t, hd.Live().Zero(), "%+v", hd.Live()); require.NoError(t, hd.Close()) }()
+	d := &gatedCopy{Driver: hd}
+	a, err := arena.New(arena.Config{Driver: d, Reserve: 32 << 20})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, a.Close()) }()
+	b, old := fill(t, a, 3*sleepChunk, 4)
+	fresh := bytes.Repeat([]byte{0xA5}, b.Len())
+
+	entered, release := d.arm(b.Ptr())
+	copyDone := make(chan struct{})
+	copyErr := make(chan error, 1)
+	go func() { copyErr <- arena.CopyIn(b, fresh); close(copyDone) }()
+	<-entered
+	copied := make(chan struct{})
+	defer sched.Set(func(p sched.Point, who any) {
+		if p == sched.SleepCopied && who == a {
+			select {
+			case <-copied:
+			default:
+				close(copied) // the sleep copied while the CopyIn was under way
+				<-copyDone
+			}
+		}
+	})()
+	slept := make(chan error, 1)
+	go func() { slept <- a.Sleep(context.Background(), arena.Offload) }()
+	select {
+	case <-copied:
+	case <-time.After(200 * time.Millisecond): // the sleep waits for the copy
+	}
+	close(release)
+	err = <-copyErr
+	require.NoError(t, <-slept)
+	require.NoError(t, a.Wake(context.Background()))
+	got := contents(t, b)
+	if err != nil {
+		require.ErrorIs(t, err, arena.ErrAsleep)
+		require.True(t, bytes.Equal(old, got), "a refused copy changed the bytes")
+		return
+	}
+	require.True(t, bytes.Equal(fresh, got), "CopyIn returned nil, and after the wake its bytes are lost")
+}
+
 // gatedMalloc blocks the first MallocPhysical after arm until release.
 type gatedMalloc struct {
 	acl.Driver
@@ -444,6 +533,34 @@ func TestWakeAllIsAllOrNothing(t *testing.T) {
 	require.NoError(t, arena.WakeTag(context.Background(), nil, "w-weights"))
 	require.NoError(t, arena.WakeAll(context.Background(), []*arena.Arena{sc.k, sc.v}))
 	require.True(t, bytes.Equal(sc.kwant, contents(t, sc.kb)))
+}
+
+// A Wake of an arena on a private pool whose map fails gives the chunks it
+// took back to the pool, and frees them (a sleeping arena's private pool
+// holds nothing); should those frees fail too, the chunks stay in the
+// pool's cache. Sleep again, which returns nil only when nothing is held on
+// the arena's behalf, frees them.
+func TestSleepAgainFreesWhatAFailedWakeCached(t *testing.T) {
+	e := newSleepEnv(t)
+	a := newArena(t, e, arena.Config{Driver: e.fd}, true)
+	b, want := fill(t, a, 4*sleepChunk, 5)
+	require.NoError(t, a.Sleep(context.Background(), arena.Offload))
+	require.Zero(t, e.hd.Live().Handles)
+
+	e.fd.FailNth(faultdriver.MapMem, 2, 0)         // the wake's second map
+	e.fd.FailAfter(faultdriver.FreePhysical, 0, 0) // and every free of the chunks it gives back
+	require.Error(t, a.Wake(context.Background()))
+	e.fd.Clear()
+	require.True(t, a.Asleep())
+	require.NotZero(t, a.Pool().Stats().Cached, "the double fault left chunks in the private pool's cache")
+
+	require.NoError(t, a.Sleep(context.Background(), arena.Offload), "Sleep again")
+	l := e.hd.Live()
+	require.Zero(t, l.Handles, "asleep after a Sleep that returned nil, with chunks kept for it: %+v", l)
+	require.Zero(t, l.Mappings, "%+v", l)
+	require.Zero(t, a.Pool().Stats().HeldBytes)
+	require.NoError(t, a.Wake(context.Background()))
+	require.True(t, bytes.Equal(want, contents(t, b)))
 }
 
 // A Wake waiting for memory that nobody gives back waits quietly: what its

@@ -1,12 +1,19 @@
 // Command swap runs two models that take turns on one device. Each model has
-// a weights arena and a KV-cache arena, tagged arena.TagWeights and
-// arena.TagKV, in a pool of its own. When a model yields the device, its
-// weights go to sleep in Offload mode (copied to pinned host memory, then
-// every chunk freed) and its KV cache in Discard mode (freed, contents
-// dropped); when its turn comes back, Wake maps memory at the same
-// addresses and copies the weights back. Every Buffer's device pointer is
-// the same across the swap, so nothing that holds one (a captured graph, a
-// kernel argument) needs telling.
+// a weights arena and a KV-cache arena, tagged with the model's name and
+// arena.TagWeights or arena.TagKV, in one pool whose budget holds one model
+// at a time. When a model yields the device, its weights go to sleep in
+// Offload mode (copied to pinned host memory, then every chunk freed) and
+// its KV cache in Discard mode (freed, contents dropped); when its turn
+// comes back, Wake maps memory at the same addresses and copies the weights
+// back, both arenas at once, all or nothing (WakeAll): a model never wakes
+// with half its memory. Every Buffer's device pointer is the same across the
+// swap, so nothing that holds one (a captured graph, a kernel argument)
+// needs telling.
+//
+// A model whose turn is asked for while the other still holds the budget
+// waits for the memory, as a growth does (Wake waits until its ctx is
+// done): the example asks for the second model's wake while the first is
+// serving, and the wake proceeds when the first one sleeps.
 //
 // It checks after every wake that the weights are byte for byte what was
 // loaded and at the same address, reports the device's free memory while a
@@ -88,7 +95,8 @@ type result struct {
 // check them and to reload them) and its KV cache.
 type model struct {
 	name       string
-	pool       *chunk.Pool
+	pool       *chunk.Pool // the device's, shared by the models
+	wtag, ktag arena.Tag   // its weights' tag and its KV cache's
 	weights    *arena.Arena
 	kv         *arena.Arena
 	w          arena.Buffer
@@ -108,21 +116,39 @@ func run(w io.Writer) (res result, err error) {
 	wBytes, kvBytes := *weightsMiB<<20, *kvMiB<<20
 	ctx := context.Background()
 
+	// One pool for the device, whose budget holds one model (and a quarter
+	// more): only one model is on the device at a time.
+	pool, err := chunk.New(drv, chunk.Config{Budget: int64(wBytes+kvBytes) * 5 / 4})
+	if err != nil {
+		return res, err
+	}
+	defer func() { err = errors.Join(err, pool.Close()) }()
 	models := make([]*model, 2)
 	for i := range models {
-		m, err := load(drv, fmt.Sprintf("model-%c", 'A'+i), wBytes, kvBytes, byte(i+1))
-		if err != nil {
-			return res, err
-		}
-		defer m.close()
-		models[i] = m
-		// Only one model is on the device at a time: the other sleeps.
-		if i > 0 {
-			if err := models[i].sleep(ctx); err != nil {
+		if i > 0 { // the model before yields the budget
+			if err := models[i-1].sleep(ctx); err != nil {
 				return res, err
 			}
 		}
+		m, lerr := load(pool, fmt.Sprintf("model-%c", 'A'+i), wBytes, kvBytes, byte(i+1))
+		if lerr != nil {
+			return res, lerr
+		}
+		defer func() { err = errors.Join(err, m.close()) }()
+		models[i] = m
 	}
+	// model-B serves; model-A's turn is asked for meanwhile, and its wake
+	// waits for the memory model-B holds, until model-B sleeps.
+	a, b := models[0], models[1]
+	if err := b.work(); err != nil {
+		return res, err
+	}
+	waited, err := wakeWhileHeld(ctx, a, b)
+	if err != nil {
+		return res, err
+	}
+	fmt.Fprintf(w, "%s's wake, asked while %s held the budget, waited %v for its memory, until %s slept\n",
+		a.name, b.name, waited.Round(time.Millisecond), b.name)
 	free0, _, _ := drv.GetMemInfo(acl.HBMMem)
 	fmt.Fprintf(w, "two models of %s weights and %s KV cache; %s of the device free with one asleep\n",
 		units.Bytes(int64(wBytes)), units.Bytes(int64(kvBytes)), units.IEC(int64(free0)))
@@ -143,6 +169,9 @@ func run(w io.Writer) (res result, err error) {
 		}
 		t2 := clk.now()
 		wallWake += time.Since(w1)
+		if err := next.verify(); err != nil { // outside the timing: a server would not check
+			return res, err
+		}
 		slept += t1 - t0
 		woke += t2 - t1
 		fmt.Fprintf(w, "turn %d: %s sleeps in %v, %s wakes in %v\n", turn+1, active.name,
@@ -177,13 +206,41 @@ func run(w io.Writer) (res result, err error) {
 // ratio is a full reload's time over a wake's.
 func (r result) ratio() float64 { return float64(r.reload) / float64(r.wake) }
 
-// load makes a model's arenas and loads its weights.
-func load(drv acl.Driver, name string, wBytes, kvBytes int, seed byte) (*model, error) {
-	pool, err := chunk.New(drv, chunk.Config{})
-	if err != nil {
-		return nil, err
+// wakeWhileHeld asks for a's wake while b holds the memory a needs: the
+// wake waits in the pool's queue until b sleeps, then restores a's weights,
+// which it checks. It returns how long the wake waited.
+func wakeWhileHeld(ctx context.Context, a, b *model) (time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	t0 := time.Now()
+	done := make(chan struct{})
+	var werr error
+	var took time.Duration
+	go func() {
+		defer close(done)
+		werr = a.wake(ctx)
+		took = time.Since(t0)
+	}()
+	// Once the wake waits for memory, b yields the device.
+	for a.pool.Stats().Waiters == 0 {
+		select {
+		case <-done:
+			return 0, errors.Join(werr, fmt.Errorf("%s woke while %s held the budget: it did not wait", a.name, b.name))
+		case <-time.After(time.Millisecond):
+		}
 	}
-	m := &model{name: name, pool: pool, checkpoint: make([]byte, wBytes)}
+	serr := b.sleep(ctx)
+	<-done
+	if err := errors.Join(werr, serr); err != nil {
+		return 0, err
+	}
+	return took, a.verify()
+}
+
+// load makes a model's arenas and loads its weights.
+func load(pool *chunk.Pool, name string, wBytes, kvBytes int, seed byte) (*model, error) {
+	m := &model{name: name, pool: pool, checkpoint: make([]byte, wBytes),
+		wtag: arena.Tag(name + "/" + string(arena.TagWeights)), ktag: arena.Tag(name + "/" + string(arena.TagKV))}
 	for i := range m.checkpoint {
 		m.checkpoint[i] = byte(i*131+i>>13) ^ seed
 	}
@@ -196,11 +253,11 @@ func load(drv acl.Driver, name string, wBytes, kvBytes int, seed byte) (*model, 
 // alloc makes the arenas and copies the checkpoint in.
 func (m *model) alloc(wBytes, kvBytes int) error {
 	var err error
-	m.weights, err = arena.New(arena.Config{Pool: m.pool, Reserve: wBytes, Tag: arena.TagWeights})
+	m.weights, err = arena.New(arena.Config{Pool: m.pool, Reserve: wBytes, Tag: m.wtag})
 	if err != nil {
 		return err
 	}
-	m.kv, err = arena.New(arena.Config{Pool: m.pool, Reserve: kvBytes, Tag: arena.TagKV})
+	m.kv, err = arena.New(arena.Config{Pool: m.pool, Reserve: kvBytes, Tag: m.ktag})
 	if err != nil {
 		return err
 	}
@@ -226,6 +283,11 @@ func (m *model) work() error {
 	if err := arena.Fill(kv, 0x5A); err != nil {
 		return err
 	}
+	return m.verify()
+}
+
+// verify checks that the weights are byte for byte the checkpoint.
+func (m *model) verify() error {
 	got := make([]byte, m.w.Len())
 	if err := arena.CopyOut(got, m.w); err != nil {
 		return err
@@ -238,19 +300,18 @@ func (m *model) work() error {
 
 // sleep gives the model's memory back: weights offloaded, KV discarded.
 func (m *model) sleep(ctx context.Context) error {
-	if err := arena.SleepTag(ctx, m.pool, arena.TagWeights, arena.Offload); err != nil {
+	if err := arena.SleepTag(ctx, m.pool, m.wtag, arena.Offload); err != nil {
 		return err
 	}
-	return arena.SleepTag(ctx, m.pool, arena.TagKV, arena.Discard)
+	return arena.SleepTag(ctx, m.pool, m.ktag, arena.Discard)
 }
 
-// wake brings it back and checks the weights are where and what they were.
+// wake brings it back, weights and KV cache together or not at all (each
+// waiting for memory until ctx is done), and checks the weights are where
+// they were.
 func (m *model) wake(ctx context.Context) error {
 	ptr := m.w.Ptr()
-	if err := arena.WakeTag(ctx, m.pool, arena.TagWeights); err != nil {
-		return err
-	}
-	if err := arena.WakeTag(ctx, m.pool, arena.TagKV); err != nil {
+	if err := arena.WakeAll(ctx, append(arena.Tagged(m.pool, m.wtag), arena.Tagged(m.pool, m.ktag)...)); err != nil {
 		return err
 	}
 	if m.w.Ptr() != ptr {
@@ -272,9 +333,5 @@ func (m *model) reload(wBytes, kvBytes int) error {
 }
 
 func (m *model) close() error {
-	var errs []error
-	for _, a := range []*arena.Arena{m.weights, m.kv} {
-		errs = append(errs, a.Close())
-	}
-	return errors.Join(append(errs, m.pool.Close())...)
+	return errors.Join(m.weights.Close(), m.kv.Close())
 }

@@ -18,6 +18,9 @@ func TestRun(t *testing.T) {
 	if res.modelled || res.wake <= 0 || res.reload <= 0 || !strings.Contains(out.String(), "wall-clock times") {
 		t.Errorf("on the host driver: %+v\n%s", res, out.String())
 	}
+	if !strings.Contains(out.String(), "model-A's wake, asked while model-B held the budget, waited") {
+		t.Errorf("the wake that waits for memory is not shown:\n%s", out.String())
+	}
 }
 
 // TestWakeBeatsReloadOnTheModel checks the claim the example prints, on the

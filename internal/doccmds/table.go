@@ -122,6 +122,7 @@ var table = []entry{
 	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged -kv-prompt 1024:1024 -kv-gen 1024:1024 -kv-slots 16 -kv-requests 32 -chunk 16MiB", how: scaledDown, flags: quickTRT},
 	{cmd: "go run ./bench -workloads swap -micro=false -swap-size 1GiB -swap-reps 5", how: scaledDown, flags: "-swap-size 128MiB -swap-reps 3"},
 	{cmd: "go test ./bench", how: byCI, line: ciTests},
+	{cmd: "VMARENA_OFFLOAD_MIB=1024 go test ./arena -run '^$' -bench OffloadVsCopy -benchtime 1x", how: scaledDown, flags: "-short"},
 	{cmd: "go run ./bench -calibrate -device cuda", how: needsDevice, want: noGPU},
 	{cmd: "go run ./bench -calibrate -device cuda -profile-out h200-mine.json", how: needsDevice, want: noGPU},
 	{cmd: "VMARENA_DEVICE=model:h200-mine.json go run ./bench", how: needsDevice, want: "model: profile h200-mine.json: open h200-mine.json: no such file or directory"},

@@ -29,3 +29,14 @@ func TestIDDiffersBetweenGoroutines(t *testing.T) {
 		ids[id] = true
 	}
 }
+
+// BenchmarkID is what a call into an arena costs while one of its
+// callbacks runs on another goroutine (otherwise the arena reads one
+// atomic word and does not call ID).
+func BenchmarkID(b *testing.B) {
+	for b.Loop() {
+		if ID() == 0 {
+			b.Fatal("no goroutine number")
+		}
+	}
+}

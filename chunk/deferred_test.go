@@ -380,6 +380,29 @@ func TestCloseSettlesPending(t *testing.T) {
 	assert.Zero(t, e.d.Live().Events, "the pool's events are destroyed")
 }
 
+// CloseContext's wait for the device ends with its ctx, while a kernel
+// still reads the chunks: the pool is closed, those chunks stay mapped, and
+// a later Close, once the kernel ended, unmaps and frees them.
+func TestCloseContextEndsItsWait(t *testing.T) {
+	e := newStreamed(t)
+	kernel := make(chan struct{})
+	require.NoError(t, e.d.Launch(e.s, e.base, g, kernel))
+	require.NoError(t, e.p.Lender().ReleaseAfter([]chunk.Mapped{{At: e.base, C: e.c}}, []acl.Stream{e.s}))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	err := e.p.CloseContext(ctx) // the kernel runs until the test ends it: a wait that ignored ctx would hang here
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "1 chunks still wait for the device")
+	assert.Equal(t, 1, e.d.Live().Mappings, "still mapped under the kernel")
+	_, err = e.p.Lender().Acquire(0, 1)
+	require.ErrorIs(t, err, chunk.ErrClosed, "closed all the same")
+	close(kernel)
+	require.NoError(t, e.p.Close(), "a later Close finishes")
+	assert.Zero(t, e.d.Live().Mappings)
+	assert.Zero(t, e.d.Live().Handles)
+	assert.Zero(t, e.d.Live().Events)
+}
+
 func TestAcquireArguments(t *testing.T) {
 	d := newDriver(t, 8<<20)
 	p, err := chunk.New(d, chunk.Config{})

@@ -791,7 +791,16 @@ func (p *Pool) Stats() Stats {
 // freed as they are Put back; the first Close reports them as an error, since
 // their tenants leaked them or have not closed yet. Close is safe to call
 // more than once; a later call frees what an earlier one could not.
-func (p *Pool) Close() error {
+func (p *Pool) Close() error { return p.CloseContext(context.Background()) }
+
+// CloseContext is Close whose wait for the device ends when ctx is done: it
+// then returns an error wrapping ctx's, the pool closed (no growth, no
+// worker) with the chunks whose device work has not ended still mapped and
+// its cache freed; a later Close or CloseContext finishes. The wait polls the
+// chunks' events, so it is cut short while a kernel runs; chunks that have
+// no event (a driver without events, or an event that failed) need a
+// device-wide wait, which no context can cut short.
+func (p *Pool) CloseContext(ctx context.Context) error {
 	if p == nil {
 		return nil
 	}
@@ -805,7 +814,7 @@ func (p *Pool) Close() error {
 		w.stop()
 		leave(p)
 	}
-	err := p.settleAll()
+	err := p.settleAll(ctx)
 	p.mu.Lock()
 	inUse := p.stats.InUse
 	p.mu.Unlock()

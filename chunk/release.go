@@ -462,18 +462,41 @@ func (p *Pool) unclaim(bs []*batch) {
 	p.mu.Unlock()
 }
 
-// settleAll waits for every chunk waiting for the device and unmaps it, or
-// for the goroutine unmapping it. It returns the first error of an unmap
-// (the chunk stays waiting).
-func (p *Pool) settleAll() error {
+// settleAll waits for every chunk waiting for the device and unmaps it (or
+// waits for the goroutine unmapping it), or, when ctx is done first, stops
+// and says how many still wait. With a ctx
+// that can be done it polls the batches' events instead of blocking on them.
+func (p *Pool) settleAll(ctx context.Context) error {
 	var errs []error
+	polled := ctx.Done() != nil
 	for _, b := range p.batches() {
-		if !p.complete(b, true) {
+		if ctx.Err() != nil {
+			break
+		}
+		var ok bool
+		if polled && !b.sync {
+			ok = poll(ctx, nil, func() bool { return p.complete(b, false) }) == nil
+			if !ok && ctx.Err() != nil {
+				break
+			}
+		} else {
+			ok = p.complete(b, true)
+		}
+		if !ok {
 			errs = append(errs, fmt.Errorf("chunk: the device could not say when %d pending chunks are free", len(b.items)))
 			continue
 		}
 		if n := p.unmapBatch(b, true); n < 0 {
 			errs = append(errs, fmt.Errorf("chunk: %d pending chunks could not be unmapped", -n))
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		n := 0
+		for _, b := range p.batches() {
+			n += len(b.items)
+		}
+		if n > 0 {
+			errs = append(errs, fmt.Errorf("chunk: close: %d chunks still wait for the device (close again to finish): %w", n, err))
 		}
 	}
 	return errors.Join(errs...)

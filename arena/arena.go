@@ -370,13 +370,13 @@ var errNotMade = fmt.Errorf("arena: %w: the Arena was not made by New", ErrInval
 // returns why it cannot.
 func (a *Arena) lock() error {
 	if a == nil {
-		return ErrClosed
+		return errClosed
 	}
 	if a.drv == nil {
 		return errNotMade
 	}
 	if a.ev.owner.Load() != 0 && a.inCallback() {
-		return ErrCallback
+		return errCallback
 	}
 	a.mu.Lock()
 	if err := a.lifeNow().err(); err != nil {
@@ -394,7 +394,7 @@ func (a *Arena) lockGrow(ctx context.Context) error {
 		return a.lock()
 	}
 	if a.ev.owner.Load() != 0 && a.inCallback() {
-		return ErrCallback
+		return errCallback
 	}
 	if err := lockCtx(ctx, &a.growMu); err != nil {
 		return fmt.Errorf("arena: wait for the arena's growth under way: %w", err)
@@ -539,7 +539,7 @@ func (a *Arena) Pool() *chunk.Pool {
 // above Len asks the pool's worker to refill it, without waiting.
 func (a *Arena) Alloc(size, align int) (Buffer, error) {
 	if a == nil {
-		return Buffer{}, ErrClosed
+		return Buffer{}, errClosed
 	}
 	if size < 0 || align <= 0 || align&(align-1) != 0 || uint64(align) > a.maxAlign {
 		return Buffer{}, a.badAlloc(size, align)

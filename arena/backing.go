@@ -192,7 +192,7 @@ func (a *Arena) Generation() uint64 {
 // later (the pool's unmaps). An arena takes at most 64 callbacks.
 func (a *Arena) OnBackingChange(fn func(BackingChange) error) error {
 	if a == nil {
-		return ErrClosed
+		return errClosed
 	}
 	if a.drv == nil {
 		return errNotMade
@@ -201,12 +201,12 @@ func (a *Arena) OnBackingChange(fn func(BackingChange) error) error {
 		return fmt.Errorf("arena: on backing change: %w: nil callback", ErrInvalid)
 	}
 	if a.inCallback() {
-		return ErrCallback
+		return errCallback
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.lifeNow() == lifeClosed || a.lifeNow() == lifeClosing {
-		return ErrClosed
+		return errClosed
 	}
 	a.ev.mu.Lock()
 	defer a.ev.mu.Unlock()

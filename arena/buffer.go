@@ -67,7 +67,7 @@ func (b Buffer) String() string {
 // dropped before.
 func (a *Arena) Slice(i, j int) (Buffer, error) {
 	if a == nil {
-		return Buffer{}, ErrClosed
+		return Buffer{}, errClosed
 	}
 	if i < 0 || j < i {
 		return Buffer{}, fmt.Errorf("arena: slice [%d:%d]: %w", i, j, ErrRange)
@@ -140,7 +140,7 @@ func hold(x, y *Arena) held {
 func callbackErr(x, y *Arena) error {
 	for _, a := range [2]*Arena{x, y} {
 		if a != nil && a.ev.owner.Load() != 0 && a.inCallback() {
-			return ErrCallback
+			return errCallback
 		}
 	}
 	return nil

@@ -66,7 +66,7 @@ func (a *Arena) ExportDMABuf() (DMABuf, error) {
 		return DMABuf{}, errNotMade
 	}
 	if a.ev.owner.Load() != 0 && a.inCallback() {
-		return DMABuf{}, ErrCallback
+		return DMABuf{}, errCallback
 	}
 	exp, ok := a.drv.(acl.DMABufExporter)
 	if !ok {

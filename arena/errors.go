@@ -10,10 +10,15 @@ import (
 )
 
 // Sentinels callers branch on with errors.Is, all of them here (each
-// package of the module keeps its sentinels in its errors.go).
+// package of the module keeps its sentinels in its errors.go). One rule for
+// their texts, in every package of the module: a sentinel's text names the
+// condition alone, without a package prefix; an error a function returns
+// names its package once, first ("arena: grow 4 MiB: reservation
+// exhausted: ..."), so a sentinel returned as it is goes out wrapped in its
+// package's prefix (errClosed).
 var (
 	// ErrClosed: the arena was closed, or the shared pool it draws from was.
-	ErrClosed = errors.New("arena: closed")
+	ErrClosed = errors.New("closed")
 	// ErrExhausted: the request does not fit in the reservation. Growth past
 	// Config.Reserve is impossible by design (the base never moves); create
 	// the arena with a larger reservation.
@@ -34,11 +39,11 @@ var (
 	// ErrAsleep is returned by Alloc (beyond the fast path's reach), Grow,
 	// Truncate, Reset, Shrink and the copies of an arena that is asleep: its
 	// memory was given back to the device by Sleep, and Wake brings it back.
-	ErrAsleep = errors.New("arena: asleep")
+	ErrAsleep = errors.New("asleep")
 	// ErrShared is returned by Sleep while a chunk of the arena is shared with
 	// another process (Share): the other process maps that memory, so the
 	// arena cannot give it back or change it under that process.
-	ErrShared = errors.New("arena: memory shared with another process")
+	ErrShared = errors.New("memory shared with another process")
 	// ErrStale: the buffer's allocation was dropped (Truncate or Reset below
 	// its end, Sleep in Discard mode, Close), so its range may hold another
 	// allocation now. Copies through it, views of it and Share of it fail with
@@ -48,12 +53,12 @@ var (
 	// OnBackingChange callbacks: the callback runs while the arena changes its
 	// memory (holding its lock, for the changes it makes), and such a call would
 	// wait for itself. It is refused instead.
-	ErrCallback = errors.New("arena: called from its own backing-change callback")
+	ErrCallback = errors.New("called from its own backing-change callback")
 	// ErrPeer is matched by every error the other process of a Share or Import
 	// reported about itself (a *PeerError): what it says is its own account,
 	// and never matches this process's sentinels (ErrOutOfMemory, ErrRefused,
 	// the acl errors).
-	ErrPeer = errors.New("arena: the other process failed")
+	ErrPeer = errors.New("the other process failed")
 
 	// ErrOutOfMemory is acl.ErrOutOfMemory: the device, or the pool's budget,
 	// has no memory left.
@@ -67,6 +72,12 @@ var (
 	ErrDeadlock = chunk.ErrDeadlock
 	// ErrInvalid is acl.ErrInvalidParam: a bad argument or Config.
 	ErrInvalid = acl.ErrInvalidParam
+)
+
+// The sentinels as the arena returns them alone: with its prefix.
+var (
+	errClosed   = fmt.Errorf("arena: %w", ErrClosed)
+	errCallback = fmt.Errorf("arena: %w", ErrCallback)
 )
 
 // errClosedBuffer is the error of a copy through a buffer of a closed

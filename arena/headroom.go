@@ -133,13 +133,13 @@ func (a *Arena) wantHeadroom(end uint64) {
 func (a *Arena) Prefetch(n int) error {
 	switch {
 	case a == nil:
-		return ErrClosed
+		return errClosed
 	case a.drv == nil:
 		return errNotMade
 	case n < 0:
 		return fmt.Errorf("arena: prefetch: %w: negative size %d", ErrInvalid, n)
 	case a.lifeNow() == lifeClosed || a.lifeNow() == lifeClosing:
-		return ErrClosed
+		return errClosed
 	case a.lifeNow() == lifeImported:
 		return errFixed
 	case a.lifeNow() != lifeOpen:

@@ -53,11 +53,11 @@ func (l lifecycle) err() error {
 	case lifeOpen:
 		return nil
 	case lifeClosing, lifeClosed:
-		return ErrClosed
+		return errClosed
 	case lifeImported:
 		return errFixed
 	}
-	return errAsleep // sleeping, asleep, waking
+	return errAsleepAlone // sleeping, asleep, waking
 }
 
 // transient reports whether l is a transition that Close, Sleep and Wake
@@ -100,7 +100,7 @@ func (a *Arena) lifeChanged() chan struct{} {
 // held; on error mu is not held.
 func (a *Arena) awaitTransition(ctx context.Context) (lifecycle, error) {
 	if a.ev.owner.Load() != 0 && a.inCallback() {
-		return 0, ErrCallback
+		return 0, errCallback
 	}
 	if err := a.lockMu(ctx); err != nil {
 		return 0, err

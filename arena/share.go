@@ -475,7 +475,7 @@ func (e *opError) Unwrap() error { return e.err }
 // (closeHandles).
 func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ int, hs []acl.ShareableHandle, err error) {
 	if a.ev.owner.Load() != 0 && a.inCallback() {
-		return 0, nil, ErrCallback
+		return 0, nil, errCallback
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()

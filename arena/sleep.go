@@ -171,7 +171,7 @@ func (a *Arena) DropHostCopy() error {
 		return nil
 	}
 	if a.ev.owner.Load() != 0 && a.inCallback() {
-		return ErrCallback
+		return errCallback
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -234,12 +234,12 @@ func (a *Arena) Sleep(ctx context.Context, mode SleepMode) error {
 	}
 	l, err := a.lockSleep(ctx)
 	if err != nil {
-		return fmt.Errorf("arena: sleep: %w", err)
+		return wrapOp("arena: sleep", err)
 	}
 	err = a.sleepLocked(ctx, l, mode)
 	a.mu.Unlock()
 	if err != nil {
-		return fmt.Errorf("arena: sleep (%v): %w", mode, err)
+		return wrapOp(fmt.Sprintf("arena: sleep (%v)", mode), err)
 	}
 	return nil
 }
@@ -250,7 +250,7 @@ func (a *Arena) Sleep(ctx context.Context, mode SleepMode) error {
 // waited.
 func (a *Arena) lockSleep(ctx context.Context) (lifecycle, error) {
 	if a == nil {
-		return 0, ErrClosed
+		return 0, errClosed
 	}
 	if a.drv == nil {
 		return 0, errNotMade
@@ -607,7 +607,7 @@ func (a *Arena) freeHeldOf(st *sleepState) error {
 // awake arena does nothing; ctx is checked before any driver call.
 func (a *Arena) Wake(ctx context.Context) error {
 	if _, _, err := a.wake(ctx); err != nil {
-		return fmt.Errorf("arena: wake: %w", err)
+		return wrapOp("arena: wake", err)
 	}
 	return nil
 }
@@ -1168,3 +1168,6 @@ const (
 
 // errAsleep is the error of an operation refused while asleep.
 var errAsleep = fmt.Errorf("%w: Wake it first", ErrAsleep)
+
+// errAsleepAlone is errAsleep as an operation returns it alone.
+var errAsleepAlone = fmt.Errorf("arena: %w", errAsleep)

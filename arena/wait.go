@@ -50,7 +50,7 @@ func (a *Arena) AllocContext(ctx context.Context, size, align int) (Buffer, erro
 		}
 	}
 	if a == nil {
-		return Buffer{}, ErrClosed
+		return Buffer{}, errClosed
 	}
 	if size < 0 || align <= 0 || align&(align-1) != 0 || uint64(align) > a.maxAlign {
 		return Buffer{}, a.badAlloc(size, align)

@@ -1,26 +1,32 @@
 package chunk
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
-// Sentinels callers branch on with errors.Is, all of them here.
+// Sentinels callers branch on with errors.Is, all of them here. Their texts
+// name the condition alone; an error the package returns names it once,
+// first ("chunk: pool budget exhausted: ..."), so a sentinel returned as it
+// is goes out with the prefix (errClosed, errBusy).
 var (
 	// ErrBudget is returned (wrapped, together with acl.ErrOutOfMemory) when a
 	// Get would take the pool past Config.Budget and nothing could be reclaimed.
-	ErrBudget = errors.New("chunk: pool budget exhausted")
+	ErrBudget = errors.New("pool budget exhausted")
 
 	// ErrClosed is returned by a Pool after Close.
-	ErrClosed = errors.New("chunk: pool closed")
+	ErrClosed = errors.New("pool closed")
 
 	// ErrMapped is matched by the error of a Map that mapped the chunk, failed
 	// after that (granting access or scrubbing), and could not unmap it again:
 	// the chunk is still mapped at the address, without access or unscrubbed,
 	// and must be unmapped before it is Put back.
-	ErrMapped = errors.New("chunk: left mapped by a failed Map")
+	ErrMapped = errors.New("left mapped by a failed Map")
 
 	// ErrBusy is the error of a speculative growth that found, at an address
 	// it maps into, a chunk a relief claimed or that is being unmapped: its
 	// client asks again later.
-	ErrBusy = errors.New("chunk: a chunk in the growth's way is being settled")
+	ErrBusy = errors.New("a chunk in the growth's way is being settled")
 
 	// ErrDeadlock is returned by Waiter.Wait, wrapped with acl.ErrOutOfMemory,
 	// when waiting cannot serve the growth: every member of the pool that holds
@@ -32,11 +38,17 @@ var (
 	// then frees serves the others. The rule cannot see memory another goroutine
 	// of a waiting member might still free; failing the youngest is then an
 	// early preemption, and nothing is lost (a failed growth changes nothing).
-	ErrDeadlock = errors.New("chunk: deadlock avoided: every member holding the pool's memory waits for memory")
+	ErrDeadlock = errors.New("deadlock avoided: every member holding the pool's memory waits for memory")
 
 	// ErrNoOrder is matched by the error of ReleaseAfter when it could not order
 	// the release with events (an event call failed): nothing was released, and
 	// the caller releases the chunks the synchronous way (SyncDevice, then
 	// Release). Stats.SyncFallbacks counts it.
-	ErrNoOrder = errors.New("chunk: stream-ordered release unavailable")
+	ErrNoOrder = errors.New("stream-ordered release unavailable")
+)
+
+// The sentinels as the package returns them alone: with its prefix.
+var (
+	errClosed = fmt.Errorf("chunk: %w", ErrClosed)
+	errBusy   = fmt.Errorf("chunk: %w", ErrBusy)
 )

@@ -65,7 +65,7 @@ type LeftMappedError struct {
 
 // Error describes the failure.
 func (e *LeftMappedError) Error() string {
-	return fmt.Sprintf("%v: %d chunks left mapped: %v", ErrMapped, len(e.Left), e.Err)
+	return fmt.Sprintf("chunk: %v: %d chunks left mapped: %v", ErrMapped, len(e.Left), e.Err)
 }
 
 // Unwrap returns the cause.

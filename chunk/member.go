@@ -90,7 +90,7 @@ func (p Lender) Join(c Client, refill bool) (*Member, error) {
 	p.pool.mu.Lock()
 	defer p.pool.mu.Unlock()
 	if p.pool.closed {
-		return nil, ErrClosed
+		return nil, errClosed
 	}
 	m := &Member{p: p.pool, c: c}
 	if refill {

@@ -15,7 +15,7 @@ import (
 
 // errBudgetShort is take's shortage of budget; a growth that fails words
 // the error afresh (Pool.failed).
-var errBudgetShort = fmt.Errorf("%w: %w", ErrBudget, acl.ErrOutOfMemory)
+var errBudgetShort = fmt.Errorf("chunk: %w: %w", ErrBudget, acl.ErrOutOfMemory)
 
 // Scrub says when a pool clears a chunk's bytes, so that no tenant reads
 // bytes another tenant wrote.
@@ -357,7 +357,7 @@ func (p *Pool) SetBudget(n int64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return ErrClosed
+		return errClosed
 	}
 	old := p.budget.Load()
 	p.budget.Store(uintptr(n))
@@ -477,7 +477,7 @@ func (p *Pool) checkAsk(n int) error {
 		p.mu.Lock()
 		p.stats.Failures++
 		p.mu.Unlock()
-		err := fmt.Errorf("%w: %w: %d chunks of %s asked, more than the whole budget, %s", ErrBudget,
+		err := fmt.Errorf("chunk: %w: %w: %d chunks of %s asked, more than the whole budget, %s", ErrBudget,
 			acl.ErrOutOfMemory, n, units.IEC(int64(p.size)), units.Bytes(int64(b)))
 		p.logOOM(n, p.Stats(), err)
 		return err
@@ -562,7 +562,7 @@ func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, ErrClosed
+		return nil, errClosed
 	}
 	for len(*got) < n && len(p.cache) > 0 {
 		i := len(p.cache) - 1

@@ -289,7 +289,7 @@ func (p Lender) grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode G
 			return nil
 		case mode == Speculative && !st.Busy.IsZero():
 			g.set(GrowFailed)
-			return ErrBusy
+			return errBusy
 		case mode == Speculative:
 			g.set(GrowFailed)
 			return st.Short // TryAcquire counted it
@@ -347,7 +347,7 @@ func (p *Pool) failed(n int, short, cause error) error {
 	st := p.Stats() // one view, for the error and the record alike
 	err := short
 	if errors.Is(short, ErrBudget) {
-		err = fmt.Errorf("%w: %w: %s held (%d chunks in use, %d cached, %d waiting for the device), %d chunks of %s asked",
+		err = fmt.Errorf("chunk: %w: %w: %s held (%d chunks in use, %d cached, %d waiting for the device), %d chunks of %s asked",
 			ErrBudget, acl.ErrOutOfMemory, budgetView(st), st.InUse, st.Cached, st.Pending, n, units.IEC(int64(p.size)))
 	}
 	if cause != nil {

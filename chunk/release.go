@@ -142,7 +142,7 @@ func (p *Pool) fallback(evs []acl.Event, err error) error {
 	p.stats.SyncFallbacks++
 	p.mu.Unlock()
 	p.recycle(evs)
-	return fmt.Errorf("%w: %w", ErrNoOrder, err)
+	return fmt.Errorf("chunk: %w: %w", ErrNoOrder, err)
 }
 
 // enqueue hands chunks a member (owner) gave a relief (mapped, lowest

@@ -178,13 +178,13 @@ func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 	p.pool.mu.Lock()
 	if p.pool.closed {
 		p.pool.mu.Unlock()
-		return Chunk{}, ErrClosed
+		return Chunk{}, errClosed
 	}
 	if b := p.pool.budget.Load(); b != 0 && p.pool.held+p.pool.size > b {
 		held := p.pool.held
 		p.pool.stats.Failures++
 		p.pool.mu.Unlock()
-		return Chunk{}, fmt.Errorf("%w: %w: %d of %d bytes held, importing %d more", ErrBudget, acl.ErrOutOfMemory,
+		return Chunk{}, fmt.Errorf("chunk: %w: %w: %d of %d bytes held, importing %d more", ErrBudget, acl.ErrOutOfMemory,
 			held, b, p.pool.size)
 	}
 	p.pool.held += p.pool.size

@@ -18,7 +18,7 @@ import (
 // told in docs/design.md ("Pressure").
 
 // errDeadlock is Wait's error: ErrDeadlock, matching acl.ErrOutOfMemory.
-var errDeadlock = fmt.Errorf("%w: %w", ErrDeadlock, acl.ErrOutOfMemory)
+var errDeadlock = fmt.Errorf("chunk: %w: %w", ErrDeadlock, acl.ErrOutOfMemory)
 
 // waitq is the pool's queue of waiters. The queue is guarded by Pool.mu; n
 // mirrors its length so that a release can skip the lock when nobody waits.
@@ -66,7 +66,7 @@ func (p *Pool) enqueueWaiter(mark uint64, m *Member, g *Growth, need int) (*Wait
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, ErrClosed
+		return nil, errClosed
 	}
 	p.wq.q = append(p.wq.q, w)
 	p.wq.n.Add(1)

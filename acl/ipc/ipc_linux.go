@@ -134,7 +134,7 @@ func recv(c *net.UnixConn, b []byte, maxFDs int) (fds []int, cred *Cred, pidfd i
 			case cr != nil && got == 0:
 				cred = cr
 			case cr != nil && n > 0 && (cred == nil || *cr != *cred):
-				return fds, nil, pidfd, fmt.Errorf("%w: the message's pieces came from process %d and process %d", ErrNotPeer, credPID(cred), cr.PID)
+				return fds, nil, pidfd, fmt.Errorf("ipc: %w: the message's pieces came from process %d and process %d", ErrNotPeer, credPID(cred), cr.PID)
 			}
 			if perr != nil {
 				return fds, nil, pidfd, perr

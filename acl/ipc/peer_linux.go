@@ -53,15 +53,15 @@ func (p *Peer) sent(cred *Cred, pidfd int) error {
 	}
 	switch {
 	case p == nil:
-		return fmt.Errorf("%w: no peer to compare with", ErrNotPeer)
+		return fmt.Errorf("ipc: %w: no peer to compare with", ErrNotPeer)
 	case cred == nil:
-		return fmt.Errorf("%w: the message carried no credentials (enable them before it is read)", ErrNotPeer)
+		return fmt.Errorf("ipc: %w: the message carried no credentials (enable them before it is read)", ErrNotPeer)
 	case *cred != p.Cred:
-		return fmt.Errorf("%w: a message from process %d (uid %d, gid %d), not from the peer", ErrNotPeer, cred.PID, cred.UID, cred.GID)
+		return fmt.Errorf("ipc: %w: a message from process %d (uid %d, gid %d), not from the peer", ErrNotPeer, cred.PID, cred.UID, cred.GID)
 	case msg != nil && p.Proc != nil:
 		// One PID, and both pidfds hold a live process: one process.
 		if same, err := Same(p.Proc, msg); err != nil || !same {
-			return fmt.Errorf("%w: the message came from another process than the peer's pidfd holds (%v)", ErrNotPeer, err)
+			return fmt.Errorf("ipc: %w: the message came from another process than the peer's pidfd holds (%v)", ErrNotPeer, err)
 		}
 	}
 	return nil
@@ -128,7 +128,7 @@ func identify(c *net.UnixConn, sent *Cred, pidfd int, msg bool) (*Peer, error) {
 		if pidfd >= 0 {
 			_ = unix.Close(pidfd)
 		}
-		return nil, fmt.Errorf("%w: the message names no process (PID 0, uid %d): sent without credentials before they were enabled, or from a PID namespace not visible here", ErrNotPeer, sent.UID)
+		return nil, fmt.Errorf("ipc: %w: the message names no process (PID 0, uid %d): sent without credentials before they were enabled, or from a PID namespace not visible here", ErrNotPeer, sent.UID)
 	}
 	p := &Peer{Cred: *sent, Via: "SCM_CREDENTIALS"}
 	return p, p.pin(pidfd)

@@ -5,5 +5,5 @@ import "errors"
 // Sentinels callers branch on with errors.Is, all of them here.
 var (
 	// ErrDuplicate is returned when a name is taken already.
-	ErrDuplicate = errors.New("metrics: name already registered")
+	ErrDuplicate = errors.New("name already registered")
 )

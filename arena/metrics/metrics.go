@@ -225,7 +225,7 @@ func add[T any](r *Registry, list *[]member[T], name string, v T) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if slices.ContainsFunc(*list, func(m member[T]) bool { return m.name == name }) {
-		return fmt.Errorf("%w: %q", ErrDuplicate, name)
+		return fmt.Errorf("metrics: %w: %q", ErrDuplicate, name)
 	}
 	*list = append(*list, member[T]{name, v})
 	return nil
@@ -374,11 +374,11 @@ type bucket struct {
 // panic when the name is taken: it returns an error matching ErrDuplicate.
 func (r *Registry) Publish(name string) (err error) {
 	if expvar.Get(name) != nil {
-		return fmt.Errorf("%w: expvar %q", ErrDuplicate, name)
+		return fmt.Errorf("metrics: %w: expvar %q", ErrDuplicate, name)
 	}
 	defer func() {
 		if recover() != nil { // published by someone else since Get
-			err = fmt.Errorf("%w: expvar %q", ErrDuplicate, name)
+			err = fmt.Errorf("metrics: %w: expvar %q", ErrDuplicate, name)
 		}
 	}()
 	expvar.Publish(name, r)

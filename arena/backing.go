@@ -1,6 +1,7 @@
 package arena
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -262,17 +263,12 @@ func (a *Arena) mappings() []acl.Mapping {
 			add(m.At, m.C)
 		}
 	}
-	slices.SortFunc(ms, func(x, y acl.Mapping) int {
-		switch {
-		case x.Ptr < y.Ptr:
-			return -1
-		case x.Ptr > y.Ptr:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(ms, byPtr)
 	return ms
 }
+
+// byPtr orders mappings by address.
+func byPtr(x, y acl.Mapping) int { return cmp.Compare(x.Ptr, y.Ptr) }
 
 // inCallback reports whether the calling goroutine is running one of the
 // arena's callbacks.
@@ -395,15 +391,7 @@ func (a *Arena) aclMappings(ms []chunk.Mapped) []acl.Mapping {
 	for i, m := range ms {
 		out[i] = acl.Mapping{Ptr: m.At, Size: uintptr(a.chunkSize), Handle: m.C.Handle}
 	}
-	slices.SortFunc(out, func(x, y acl.Mapping) int {
-		switch {
-		case x.Ptr < y.Ptr:
-			return -1
-		case x.Ptr > y.Ptr:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, byPtr)
 	return out
 }
 

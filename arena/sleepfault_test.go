@@ -563,18 +563,15 @@ func TestSleepAgainFreesWhatAFailedWakeCached(t *testing.T) {
 	require.True(t, bytes.Equal(want, contents(t, b)))
 }
 
-// A Wake waiting for memory that nobody gives back waits quietly: what its
-// own failed try gives back (the chunks it got before the device ran out,
-// freed again) does not wake it, so it does not spin allocating and freeing
-// until its deadline. Two pools share a device of 4 chunks; the other holds
-// 3 in use; the sleeping arena needs 3.
-func TestWakeWaitIsQuiet(t *testing.T) {
+// twoPools is a device of 4 chunks with two pools on it, and a maker of
+// arenas in either pool that closes them at the end.
+func twoPools(t *testing.T) (fd *faultdriver.Driver, mine, other *chunk.Pool, newArena func(*chunk.Pool) *arena.Arena) {
 	hd, err := host.New(host.Config{Capacity: 4 * sleepChunk})
 	require.NoError(t, err)
-	fd := faultdriver.New(hd)
-	mine, err := chunk.New(fd, chunk.Config{})
+	fd = faultdriver.New(hd)
+	mine, err = chunk.New(fd, chunk.Config{})
 	require.NoError(t, err)
-	other, err := chunk.New(fd, chunk.Config{})
+	other, err = chunk.New(fd, chunk.Config{})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, mine.Close())
@@ -582,59 +579,47 @@ func TestWakeWaitIsQuiet(t *testing.T) {
 		require.True(t, hd.Live().Zero(), "leaked: %+v", hd.Live())
 		require.NoError(t, hd.Close())
 	})
-	newArena := func(p *chunk.Pool) *arena.Arena {
+	newArena = func(p *chunk.Pool) *arena.Arena {
 		a, err := arena.New(arena.Config{Pool: p, Reserve: 32 << 20})
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, a.Close()) })
 		return a
 	}
-	v, o := newArena(mine), newArena(other)
-	fill(t, v, 3*sleepChunk, 1)
-	require.NoError(t, v.Sleep(context.Background(), arena.Discard))
-	require.NoError(t, mine.Trim())
-	fill(t, o, 3*sleepChunk, 2)
+	return fd, mine, other, newArena
+}
 
+// waitIsQuiet runs wait, a wait for 3 chunks on a device where the other
+// pool holds 3 of 4 in use, and checks it ends out of memory after a few
+// tries, not one per wake-up of its own.
+func waitIsQuiet(t *testing.T, fd *faultdriver.Driver, wait func(ctx context.Context) error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	before := fd.Calls(faultdriver.MallocPhysical)
-	err = v.Wake(ctx)
-	require.ErrorIs(t, err, arena.ErrOutOfMemory)
-	require.True(t, v.Asleep())
+	require.ErrorIs(t, wait(ctx), arena.ErrOutOfMemory)
 	mallocs := fd.Calls(faultdriver.MallocPhysical) - before
 	t.Logf("allocations during the wait: %d", mallocs)
 	assert.LessOrEqual(t, mallocs, int64(8), "a wait that nothing serves makes a few tries, not one per wake-up of its own")
 }
 
+// A Wake waiting for memory that nobody gives back waits quietly: what its
+// own failed try gives back (the chunks it got before the device ran out,
+// freed again) does not wake it, so it does not spin allocating and freeing
+// until its deadline.
+func TestWakeWaitIsQuiet(t *testing.T) {
+	fd, mine, other, newArena := twoPools(t)
+	v := newArena(mine)
+	fill(t, v, 3*sleepChunk, 1)
+	require.NoError(t, v.Sleep(context.Background(), arena.Discard))
+	require.NoError(t, mine.Trim())
+	fill(t, newArena(other), 3*sleepChunk, 2)
+	waitIsQuiet(t, fd, v.Wake)
+	require.True(t, v.Asleep())
+}
+
 // GrowContext waits as quietly as Wake does (TestWakeWaitIsQuiet).
 func TestGrowWaitIsQuiet(t *testing.T) {
-	hd, err := host.New(host.Config{Capacity: 4 * sleepChunk})
-	require.NoError(t, err)
-	fd := faultdriver.New(hd)
-	mine, err := chunk.New(fd, chunk.Config{})
-	require.NoError(t, err)
-	other, err := chunk.New(fd, chunk.Config{})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		require.NoError(t, mine.Close())
-		require.NoError(t, other.Close())
-		require.True(t, hd.Live().Zero(), "leaked: %+v", hd.Live())
-		require.NoError(t, hd.Close())
-	})
-	newArena := func(p *chunk.Pool) *arena.Arena {
-		a, err := arena.New(arena.Config{Pool: p, Reserve: 32 << 20})
-		require.NoError(t, err)
-		t.Cleanup(func() { require.NoError(t, a.Close()) })
-		return a
-	}
-	v, o := newArena(mine), newArena(other)
-	fill(t, o, 3*sleepChunk, 2)
-
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	before := fd.Calls(faultdriver.MallocPhysical)
-	err = v.GrowContext(ctx, 3*sleepChunk)
-	require.ErrorIs(t, err, arena.ErrOutOfMemory)
-	mallocs := fd.Calls(faultdriver.MallocPhysical) - before
-	t.Logf("allocations during the wait: %d", mallocs)
-	assert.LessOrEqual(t, mallocs, int64(8), "a wait that nothing serves makes a few tries, not one per wake-up of its own")
+	fd, mine, other, newArena := twoPools(t)
+	v := newArena(mine)
+	fill(t, newArena(other), 3*sleepChunk, 2)
+	waitIsQuiet(t, fd, func(ctx context.Context) error { return v.GrowContext(ctx, 3*sleepChunk) })
 }

@@ -28,3 +28,32 @@ func ExamplePool() {
 	fmt.Printf("chunk %d MiB, hits %d, misses %d, cached %d\n", s.ChunkSize>>20, s.Hits, s.Misses, s.Cached)
 	// Output: chunk 4 MiB, hits 1, misses 1, cached 1
 }
+
+// A pool given a budget and no chunk size chooses its chunks from the
+// budget: the granularity for a small one, larger chunks (fewer driver
+// calls) for a large one.
+func ExampleSizeFor() {
+	const granularity = 2 << 20
+	for _, budget := range []int64{0, 1 << 30, 16 << 30, 80 << 30, 1 << 40} {
+		fmt.Printf("budget %4d GiB: %2d MiB chunks\n", budget>>30, chunk.SizeFor(budget, granularity)>>20)
+	}
+
+	drv, err := host.New(host.Config{Capacity: 64 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer drv.Close()
+	pool, err := chunk.New(drv, chunk.Config{Budget: 16 << 30})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	fmt.Printf("the pool chose %d MiB\n", pool.ChunkSize()>>20)
+	// Output:
+	// budget    0 GiB:  2 MiB chunks
+	// budget    1 GiB:  2 MiB chunks
+	// budget   16 GiB:  8 MiB chunks
+	// budget   80 GiB: 32 MiB chunks
+	// budget 1024 GiB: 64 MiB chunks
+	// the pool chose 8 MiB
+}

@@ -77,7 +77,13 @@ const DefaultMaxCached = 256
 // HBM, a 256-chunk reuse cache and no budget.
 type Config struct {
 	// Size is the chunk size in bytes, a multiple of the driver's
-	// granularity. 0 means the granularity (2 MiB on ACL).
+	// granularity. 0 lets the pool choose: with no Budget, the granularity
+	// (2 MiB on ACL); with one, the size SizeFor gives the Budget (the power
+	// of two nearest Budget/BudgetChunks, from the granularity to
+	// MaxAutoSize), so that a large budget is mapped in few driver calls and
+	// a small one wastes little (an arena holds at most one partial chunk
+	// beyond its length, and many arenas share one budget). The size is
+	// fixed at New: SetBudget does not change it.
 	Size int
 	// MaxCached bounds the reuse cache, in chunks. 0 means DefaultMaxCached;
 	// a negative value disables the cache.
@@ -272,7 +278,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	}
 	size := uintptr(cfg.Size)
 	if size == 0 {
-		size = g
+		size = autoSize(cfg.Budget, g, caps.ReserveLimit())
 	}
 	if size%g != 0 {
 		return nil, bad("Config.Size %s is not a multiple of the driver's granularity, %s", units.Bytes(int64(size)), units.Bytes(int64(g)))
@@ -337,7 +343,8 @@ func isNilPointer(d acl.Driver) bool {
 // Driver returns the pool's driver.
 func (p *Pool) Driver() acl.Driver { return p.drv.(traced).Driver }
 
-// ChunkSize returns the size of every chunk, in bytes.
+// ChunkSize returns the size of every chunk, in bytes: Config.Size, or the
+// size the pool chose for Config.Size 0 (see SizeFor). It never changes.
 func (p *Pool) ChunkSize() int { return int(p.size) }
 
 // Budget returns the most physical bytes the pool holds (Config.Budget, or
@@ -345,7 +352,9 @@ func (p *Pool) ChunkSize() int { return int(p.size) }
 func (p *Pool) Budget() int64 { return int64(p.budget.Load()) }
 
 // SetBudget changes the most physical bytes the pool holds; 0 removes the
-// cap. Raising it wakes the first growth waiting for memory. Lowering it
+// cap. The chunk size stays what New chose (from Config.Budget, when
+// Config.Size was 0): chunks already handed out, cached and mapped are all
+// of one size. Raising it wakes the first growth waiting for memory. Lowering it
 // below what the pool holds takes nothing back at once: growths fail, or
 // reclaim, until the pool is under it again, and Trim frees the cache. It
 // fails with acl.ErrInvalidParam for a negative budget, and with ErrClosed

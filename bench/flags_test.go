@@ -176,3 +176,31 @@ func TestModelSpec(t *testing.T) {
 		}
 	}
 }
+
+// -chunk 0 gives the arena the size its pool would choose for the
+// workload's budget (chunk.SizeFor), and the budget's two chunks per slot
+// are counted in that size; an explicit -chunk wins.
+func TestChunkZeroIsThePoolsChoice(t *testing.T) {
+	const gran = 2 << 20
+	server := []string{"-kv-slots", "64", "-kv-layers", "80", "-kv-hidden", "8192", "-kv-requests", "64", "-kv-prompt", "64:1024", "-kv-gen", "32:256"}
+	for _, c := range []struct {
+		args  []string
+		chunk int64
+	}{
+		{nil, gran}, // the default size: a 5 GiB budget keeps the granularity
+		{server, 8 << 20},
+		{append([]string{"-chunk", "16MiB"}, server...), 16 << 20},
+		{[]string{"-chunk", "4MiB"}, 4 << 20},
+	} {
+		o, err := parseFlags(c.args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := o.arenaChunk(o.kv, gran); got != c.chunk {
+			t.Errorf("%q: arena chunk %d, want %d", c.args, got, c.chunk)
+		}
+		if got, want := o.budget(o.kv, gran), o.kv.Budget(c.chunk); got != want {
+			t.Errorf("%q: budget %d, want %d (slack in %d-byte chunks)", c.args, got, want, c.chunk)
+		}
+	}
+}

@@ -202,7 +202,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.readings, "readings", "both", "on the device model: run under the profile's readings of the unmeasured coefficients (profile), their pessimistic bounds (pessimistic: model:NAME,pessimistic), or both, one after the other")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "with -fresh=false: write a CPU profile of the runs to this file")
 	fs.BoolVar(&o.fresh, "fresh", true, "run each strategy's run in a fresh process (this program started again), so that no run finds the device state another left; false: all in this process")
-	fs.Var(sizeFlag{&o.chunk}, "chunk", "arena chunk `size`: a multiple of the driver's granularity (2MiB on ACL, CUDA and the host driver), e.g. 4MiB or 64MiB; 0: the granularity")
+	fs.Var(sizeFlag{&o.chunk}, "chunk", "arena chunk `size`: a multiple of the driver's granularity (2MiB on ACL, CUDA and the host driver), e.g. 4MiB or 64MiB; 0, the default: the pool's own choice for the workload's budget (chunk.SizeFor), the granularity where it has none")
 	fs.IntVar(&o.maxCached, "cache", 0, "arena pool reuse cache, in chunks (0: the pool's default; -1: none)")
 	fs.Float64Var(&o.growth, "growth", 2, "realloc growth factor, above 1")
 	fs.StringVar(&o.scrub, "scrub", "reuse", "arena pool scrub policy: reuse (the default), release, never")
@@ -402,19 +402,42 @@ func checkDirs(flags ...string) error {
 // checkBudgets checks the budgets the workloads were given against what
 // their longest requests need on a driver of granularity gran.
 func (o *options) checkBudgets(gran int64) error {
-	chunk := gran
-	if o.chunk > 0 {
-		chunk = o.chunk
-	}
 	if slices.Contains(o.workloads, "kv") {
-		if err := o.kv.CheckBudget(chunk); err != nil {
+		if err := o.kv.CheckBudget(o.arenaChunk(o.kv, gran)); err != nil {
 			return err
 		}
 	}
 	if slices.Contains(o.workloads, "models") {
-		return o.models.CheckBudget(chunk)
+		return o.models.CheckBudget(o.arenaChunk(o.models, gran))
 	}
 	return nil
+}
+
+// arenaChunk is the arena's chunk size for workload w on a driver of
+// granularity gran: -chunk, or with -chunk 0 the size the pool chooses
+// (chunk.SizeFor) for the workload's budget with its slack counted in
+// granules. The budget's slack (two chunks per slot) is then counted in
+// these chunks (budget), and the arena's pool is given this size: the
+// pool's rule applied to the budget it would have before that slack, so
+// that the size and the budget do not define each other.
+func (o *options) arenaChunk(w workload.Workload, gran int64) int64 {
+	if o.chunk > 0 {
+		return o.chunk
+	}
+	return int64(chunk.SizeFor(w.Budget(gran), int(gran)))
+}
+
+// chunkSource says where arenaChunk's size comes from.
+func (o *options) chunkSource() string {
+	if o.chunk > 0 {
+		return "-chunk"
+	}
+	return "the pool's choice for the budget"
+}
+
+// budget is workload w's budget, its slack in the arena's chunks.
+func (o *options) budget(w workload.Workload, gran int64) int64 {
+	return w.Budget(o.arenaChunk(w, gran))
 }
 
 func (o *options) workload(name string) workload.Workload {
@@ -520,15 +543,11 @@ func (o *options) fitModels(d acl.Driver, gran int64) error {
 	if !slices.Contains(o.workloads, "models") {
 		return nil
 	}
-	chunk := gran
-	if o.chunk > 0 {
-		chunk = o.chunk
-	}
 	_, total, err := d.GetMemInfo(acl.HBMMem)
 	if err != nil {
 		return fmt.Errorf("device memory: %w", err)
 	}
-	need := o.models.Budget(chunk)
+	need := o.budget(o.models, gran)
 	if uint64(need) <= uint64(total) {
 		return nil
 	}
@@ -663,6 +682,10 @@ func runReading(o *options, stdout io.Writer) error {
 	}
 	for _, w := range o.workloads {
 		fmt.Fprintf(stdout, "  %-8s %s\n", w+":", o.workload(w).Describe())
+		if wl := o.workload(w); wl.Budget(s.gran) > 0 {
+			fmt.Fprintf(stdout, "  %-8s arena chunk %s (%s), budget %s\n", "", workload.HumanBytes(o.arenaChunk(wl, s.gran)),
+				o.chunkSource(), workload.HumanBytes(o.budget(wl, s.gran)))
+		}
 	}
 	fmt.Fprintln(stdout)
 
@@ -807,13 +830,10 @@ func writeFile(path string, write func(io.Writer) error) error {
 // wrapper, and checks that everything was given back.
 func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(float64)) (*workload.Result, error) {
 	o := s.opts
-	chunkSize := s.gran
-	if o.chunk > 0 {
-		chunkSize = o.chunk
-	}
+	chunkSize := o.arenaChunk(w, s.gran)
 	budget := w.Budget(chunkSize)
 	cd := counting.New(s.drv, budget)
-	cfg := strategy.Config{Driver: cd, Chunk: o.chunk, MaxCached: o.maxCached,
+	cfg := strategy.Config{Driver: cd, Chunk: chunkSize, MaxCached: o.maxCached,
 		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize,
 		MaxHeadroom: int64(o.maxHead) * chunkSize, Ahead: o.ahead,
 		WorkerCPU: o.workerCPU, Warm: o.warm, RegisterCost: o.registerCost}

@@ -172,6 +172,11 @@ type report struct {
 	Swap     *swapSummary  `json:"swap,omitempty"`
 	Targets  []target      `json:"targets"`
 	Series   []series      `json:"series"`
+	// ArenaChunk is the arena's chunk size per workload with a budget
+	// (-chunk, or the pool's choice for the budget), and Budget the budget
+	// every strategy ran under.
+	ArenaChunk map[string]int64 `json:"arena_chunk"`
+	Budget     map[string]int64 `json:"budget"`
 }
 
 // swapSummary is the swap workload's measurements and their ratios.
@@ -236,8 +241,12 @@ func (s *suite) report() *report {
 		r.Modelled = m.Modelled()
 	}
 	cfgs := map[string]any{}
+	r.ArenaChunk, r.Budget = map[string]int64{}, map[string]int64{}
 	for _, w := range o.workloads {
 		cfgs[w] = o.workload(w)
+		if wl := o.workload(w); wl.Budget(s.gran) > 0 {
+			r.ArenaChunk[w], r.Budget[w] = o.arenaChunk(wl, s.gran), o.budget(wl, s.gran)
+		}
 	}
 	r.Configs = cfgs
 	for _, w := range o.workloads {
@@ -639,10 +648,7 @@ func (r *report) host() bool { return r.Device == "host" }
 func (r *report) targets() []target {
 	ts := append(r.servingTargets(), r.modelsTargets()...)
 	o := r.s.opts
-	chunkSize := r.Gran
-	if o.chunk > 0 {
-		chunkSize = o.chunk
-	}
+	chunkSize := o.arenaChunk(o.kv, r.Gran)
 	if a, c := r.row("kv", "arena"), r.row("kv", "realloc"); a != nil && c != nil {
 		mem, wall := r.perRun("kv", "realloc", "arena")
 		ratio := median(mem)
@@ -695,7 +701,7 @@ func (r *report) targets() []target {
 			fmt.Sprintf("%s vs %s + %d×(%s + %s) = %s; held with what is free to take: %s (budget %s)",
 				workload.HumanBytes(a.PeakCommitted), workload.HumanBytes(a.PeakLive), a.Regions, workload.HumanBytes(headroom),
 				workload.HumanBytes(chunkSize), workload.HumanBytes(limit), workload.HumanBytes(a.PeakPhysical),
-				workload.HumanBytes(r.s.opts.kv.Budget(chunkSize))), a.PeakCommitted <= limit})
+				workload.HumanBytes(o.budget(o.kv, r.Gran))), a.PeakCommitted <= limit})
 		if c := r.row("kv", "realloc"); c != nil && a.PeakLive > 0 {
 			ts = append(ts, target{"kv: realloc-and-copy peak physical (for reference)", "≈ 2× peak live",
 				fmt.Sprintf("%.2f× peak live (arena committed %.2f×)", float64(c.PeakPhysical)/float64(c.PeakLive),
@@ -716,6 +722,7 @@ func (r *report) targets() []target {
 		}
 		// The headroom is mapped and unused by design: it is what the
 		// caller asked to keep ready, on top of the one chunk of slack.
+		chunkSize := o.arenaChunk(o.workload(w), r.Gran)
 		limit, want := int64(a.Regions)*chunkSize, "waste ≤ 1 chunk per arena"
 		if o.headroom > 0 {
 			limit, want = int64(a.Regions)*(int64(o.headroom)*chunkSize+chunkSize), "waste ≤ headroom + 1 chunk per arena"

@@ -37,7 +37,7 @@ func newArena(cfg Config, eager bool) (*arenaStrategy, error) {
 				if err != nil {
 					return nil, fmt.Errorf("strategy arena: %w", err)
 				}
-				size = int64(g)
+				size = int64(chunk.SizeFor(cfg.Budget, int(g))) // what the pool will choose
 			}
 			pc.MaxCached = int(cfg.Budget / size)
 		}

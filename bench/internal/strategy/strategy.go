@@ -112,7 +112,8 @@ const Align = 256
 // Config configures a strategy.
 type Config struct {
 	Driver acl.Driver
-	// Chunk is the arena's chunk size; 0 means the driver's granularity.
+	// Chunk is the arena's chunk size; 0 means the pool's choice
+	// (chunk.SizeFor: from Budget, the granularity without one).
 	Chunk int64
 	// MaxCached bounds the arena pool's reuse cache, in chunks (0: the
 	// pool's default; negative: no cache).

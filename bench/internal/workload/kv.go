@@ -112,11 +112,11 @@ func (c KV) MaxBytes() int64 {
 // Describe says in one line what the configuration does.
 func (c KV) Describe() string {
 	b := "no budget"
-	if n := c.Budget(2 << 20); n > 0 {
-		b = "budget " + HumanBytes(n)
-		if c.BudgetBytes == 0 {
-			b += fmt.Sprintf(" (%g× peak live + 2 chunks per slot)", c.BudgetFactor)
-		}
+	switch {
+	case c.BudgetBytes > 0:
+		b = "budget " + HumanBytes(c.BudgetBytes)
+	case c.Budget(2<<20) > 0:
+		b = fmt.Sprintf("budget %g× peak live (%s) + 2 chunks per slot", c.BudgetFactor, HumanBytes(c.PeakLive()))
 	}
 	compute := ""
 	if c.StepCompute > 0 || c.Roofline {

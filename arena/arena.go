@@ -1056,17 +1056,18 @@ func (a *Arena) unmapStrays(giveBack func(chunk.Chunk) error) error {
 // dropTop gives back the chunks keep.. at the top of the arena, for cause:
 // with streams, to the pool to be unmapped once the work queued on them now
 // has run (the arena does not wait; the pool tells the callbacks before it
-// unmaps them); without, or if that cannot be ordered, after waiting for
-// the device, unmapping them here, top down (a failed unmap, or a callback
-// that refuses, maps back what was unmapped, and the arena is as it was).
-// Cap drops to keep chunks on success. Call with mu held and the state
-// frozen.
-func (a *Arena) dropTop(keep int, sync bool, cause BackingCause) error {
+// unmaps them); without, or if that cannot be ordered, after the device
+// has been waited for (here, unless waited says the caller has since they
+// were dropped), unmapping them here, top down (a failed unmap, or a
+// callback that refuses, maps back what was unmapped, and the arena is as
+// it was). Cap drops to keep chunks on success. Call with mu held and the
+// state frozen.
+func (a *Arena) dropTop(keep int, waited bool, cause BackingCause) error {
 	n := len(a.chunks)
 	if keep >= n {
 		return nil
 	}
-	if len(a.streams) > 0 && !sync {
+	if len(a.streams) > 0 {
 		ms := make([]chunk.Mapped, 0, n-keep)
 		for i := keep; i < n; i++ {
 			ms = append(ms, chunk.Mapped{At: a.at(i), C: a.chunks[i]})
@@ -1083,9 +1084,12 @@ func (a *Arena) dropTop(keep int, sync bool, cause BackingCause) error {
 		if !errors.Is(err, chunk.ErrNoOrder) {
 			return err
 		}
+		waited = false // the events' failure: the work on the streams was not waited for
 	}
-	if err := a.lend.SyncDevice(); err != nil {
-		return err
+	if !waited {
+		if err := a.lend.SyncDevice(); err != nil {
+			return err
+		}
 	}
 	if err := a.detach(keep, cause); err != nil {
 		return err
@@ -1257,9 +1261,11 @@ func (a *Arena) Reset() error { return a.Truncate(0) }
 // granularity): afterwards Cap is Len rounded up to the chunk size. With
 // Config.Streams it returns at once: the chunks are unmapped by the pool once
 // the work queued on those streams has run, without a device-wide wait.
-// Without streams it waits for the device, then unmaps; if an unmap fails,
-// the chunks already unmapped are mapped back (their physical memory was
-// kept, so no data is lost) and the arena is as it was.
+// Without streams it waits for the whole device, holding no lock (the
+// arena's other calls go on meanwhile; a Truncate, Reset or Shrink among
+// them makes it wait again), then unmaps; if an unmap fails, the chunks
+// already unmapped are mapped back (their physical memory was kept, so no
+// data is lost) and the arena is as it was.
 func (a *Arena) Shrink() error { return a.shrinkTo(0) }
 
 // ShrinkTo is Shrink keeping n bytes: it gives back the chunks wholly above
@@ -1276,27 +1282,80 @@ func (a *Arena) ShrinkTo(n int) error {
 	return a.shrinkTo(uint64(n))
 }
 
-// shrinkTo is Shrink keeping keep bytes.
+// shrinkWaits bounds the waits for the device that a Shrink without streams
+// makes before it takes the arena's lock: a wait is made again when a
+// Truncate, Reset or Shrink ran meanwhile (the work queued before it on the
+// memory it dropped may not have been waited for), and past the bound the
+// last wait is made under the lock.
+const shrinkWaits = 4
+
+// shrinkTo is Shrink keeping keep bytes. Without streams its unmaps wait
+// for the whole device, and it makes that wait first, holding nothing: the
+// memory above Len when the wait began is then free of device work, which
+// holds for what it gives back as long as no Truncate, Reset or Shrink ran
+// meanwhile (the state word's epoch tells); when one did, it waits again.
 func (a *Arena) shrinkTo(keep uint64) error {
+	defer region(RegionShrink).End()
+	wait := false // the locked part found memory to unmap: wait for the device first
+	for i := 0; ; i++ {
+		last := i == shrinkWaits || a == nil || len(a.streams) > 0
+		waited, epoch := false, uint64(0)
+		if !last && (wait || a.shrinks(keep)) {
+			epoch = a.state.Load() & epochMask
+			sched.At(sched.ShrinkWait, a)
+			if err := a.lend.SyncDevice(); err != nil {
+				return fmt.Errorf("arena: shrink: %w", err)
+			}
+			sched.At(sched.ShrinkWaited, a)
+			waited = true
+		}
+		retry, err := a.shrinkLocked(keep, waited, epoch, last)
+		if !retry {
+			return err
+		}
+		wait = true
+	}
+}
+
+// shrinks reports, without the arena's lock, whether a Shrink keeping keep
+// bytes looks likely to unmap anything: a hint, checked again under the lock.
+func (a *Arena) shrinks(keep uint64) bool {
+	if a == nil || a.drv == nil {
+		return false
+	}
+	top := min(max(a.state.Load()&lenMask, keep), a.reserved)
+	return a.cap.Load() > a.roundUp(top)
+}
+
+// shrinkLocked is shrinkTo under the arena's lock. waited says the device
+// was waited for since the state word's epoch was epoch; when it was not
+// (waited false, or the epoch moved on) and there is something to unmap
+// without streams, it changes nothing and asks for a wait (retry), unless
+// last: then it waits for the device itself, under the lock.
+func (a *Arena) shrinkLocked(keep uint64, waited bool, epoch uint64, last bool) (retry bool, err error) {
 	if err := a.lock(); err != nil {
-		return err
+		return false, err
 	}
 	defer a.mu.Unlock()
 	a.member.Touch()
-	defer region(RegionShrink).End()
 	s := a.freeze()
 	defer a.thaw(s, s&lenMask)
-	c := a.cap.Load()
-	if err := a.unstray(false); err != nil {
-		return fmt.Errorf("arena: shrink: %w", err)
-	}
+	waited = waited && s&epochMask == epoch
 	top := min(max(s&lenMask, keep), a.reserved)
-	if err := a.dropTop(int(a.roundUp(top)/a.chunkSize), false, BackingShrink); err != nil {
-		return fmt.Errorf("arena: shrink: %w", err)
+	keepChunks := int(a.roundUp(top) / a.chunkSize)
+	if !waited && !last && (len(a.strays) > 0 || keepChunks < len(a.chunks)) {
+		return true, nil
+	}
+	c := a.cap.Load()
+	if err := a.unstray(waited); err != nil {
+		return false, fmt.Errorf("arena: shrink: %w", err)
+	}
+	if err := a.dropTop(keepChunks, waited, BackingShrink); err != nil {
+		return false, fmt.Errorf("arena: shrink: %w", err)
 	}
 	a.floor.Store(s & lenMask)
 	a.obs.gaveBack(a, EventShrink, c)
-	return nil
+	return false, nil
 }
 
 // Close unmaps every chunk, releases the reservation, and returns the chunks

@@ -49,7 +49,7 @@
 //	reserved ──Grow / Alloc / the worker's refill (map chunks)──▶ mapped ──Alloc──▶ in use
 //	in use ──Truncate/Reset──▶ mapped (kept: reusing it costs no driver call)
 //	mapped ──Shrink, ShrinkTo──▶ waiting ──events done──▶ reserved
-//	       (no streams: wait for the device, unmap) ──▶ reserved
+//	       (no streams: wait for the device holding no lock, unmap) ──▶ reserved
 //	mapped ──given to another arena's growth under pressure──▶ claimed ──its events done, unmapped──▶ reserved
 //	waiting ──Grow into it again──▶ mapped (taken back where it lies)
 //	all ──Close (waits for the device work)──▶ released
@@ -103,7 +103,7 @@
 // first stream, ahead of the caller's next work there; its own host copies
 // (CopyIn, CopyOut, Copy, Fill) wait for those clears. Without streams it
 // waits for the whole device before unmapping (SynchronizeDevice, once per
-// batch) and clears synchronously. Close waits for the streams, under a
+// batch; Shrink makes that wait holding no lock) and clears synchronously. Close waits for the streams, under a
 // context with CloseContext.
 //
 // # Hot path

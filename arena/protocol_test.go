@@ -460,3 +460,103 @@ func TestWakeHonoursItsDeadline(t *testing.T) {
 	require.NoError(t, k.Wake(context.Background()))
 	assert.Equal(t, 2*wg, k.Len())
 }
+
+// shrinkScene is an arena without streams on a pool of its own, and a
+// stream of the same device on which the test queues kernels.
+func shrinkScene(t *testing.T) (*host.Driver, *chunk.Pool, acl.Stream, *arena.Arena) {
+	t.Helper()
+	d := isoDriver(t, 64<<20)
+	pool, err := chunk.New(d, chunk.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
+	a := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+	return d, pool, newStream(t, d), a
+}
+
+// A Shrink without streams waits for the whole device before it unmaps,
+// and makes that wait holding nothing: while a kernel on another stream
+// keeps the device busy, the arena's growth and its snapshot go on, and the
+// Shrink returns once the kernel ends.
+func TestShrinkWithoutStreamsWaitsHoldingNothing(t *testing.T) {
+	d, pool, s, a := shrinkScene(t)
+	o := isoArena(t, arena.Config{Driver: d, Reserve: 4 << 20})
+	require.NoError(t, o.Grow(wg))
+	kernel := make(chan struct{})
+	finish := sync.OnceFunc(func() { close(kernel) })
+	t.Cleanup(finish)
+	require.NoError(t, d.Launch(s, o.Base(), wg, kernel)) // on another arena's memory
+
+	require.NoError(t, a.Grow(4*wg))
+	_, err := a.Alloc(wg, 1)
+	require.NoError(t, err)
+	shrunk := make(chan error, 1)
+	go func() { shrunk <- a.Shrink() }()
+	// SyncDevice counts its wait before it makes it.
+	for pool.Stats().DeviceSyncs == 0 {
+		select {
+		case err := <-shrunk:
+			t.Fatalf("Shrink returned (%v) with the kernel still running", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+
+	grown := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		err := a.Grow(5 * wg) // past Cap: maps, under the arena's lock
+		_ = a.Stats()
+		grown <- err
+	}()
+	require.NoError(t, returns(t, "Grow beside a Shrink waiting for the device", grown, start, 0, finish))
+	select {
+	case err := <-shrunk:
+		t.Fatalf("Shrink returned (%v) with the kernel still running", err)
+	default:
+	}
+	finish()
+	require.NoError(t, <-shrunk)
+	assert.Equal(t, wg, a.Cap(), "everything above Len given back, the chunk the Grow mapped meanwhile too")
+	assert.Zero(t, d.Faults())
+}
+
+// A Shrink without streams that has waited for the device, holding
+// nothing, waits again when a Truncate ran meanwhile: memory that Truncate
+// dropped may be under work queued after the first wait, and unmapping it
+// then would fault the device.
+func TestShrinkWaitsAgainAfterATruncate(t *testing.T) {
+	gs := newGates(t)
+	d, pool, s, a := shrinkScene(t)
+	require.NoError(t, a.Grow(4*wg))
+	_, err := a.Alloc(3*wg, 1)
+	require.NoError(t, err)
+
+	waited := gs.arm(sched.ShrinkWaited, a, 1)
+	shrunk := make(chan error, 1)
+	go func() { shrunk <- a.Shrink() }()
+	select {
+	case <-waited.hit:
+	case err := <-shrunk:
+		t.Fatalf("Shrink returned (%v) without a wait for the device before its lock", err)
+	}
+	// Between its wait and its lock: a kernel on the memory in use, then a
+	// Truncate that drops it.
+	kernel := make(chan struct{})
+	finish := sync.OnceFunc(func() { close(kernel) })
+	t.Cleanup(finish)
+	require.NoError(t, d.Launch(s, a.Base().Add(2*wg), wg, kernel))
+	require.NoError(t, a.Truncate(wg))
+	gs.reset()
+
+	for pool.Stats().DeviceSyncs < 2 {
+		select {
+		case err := <-shrunk:
+			finish()
+			t.Fatalf("Shrink returned (%v) without waiting again for the device: faults %d", err, d.Faults())
+		case <-time.After(time.Millisecond):
+		}
+	}
+	finish()
+	require.NoError(t, <-shrunk)
+	assert.Equal(t, wg, a.Cap())
+	assert.Zero(t, d.Faults())
+}

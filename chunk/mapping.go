@@ -101,13 +101,9 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 		return 0, nil
 	}
 	var buf [16]lease // no heap allocation for a run of up to 16 chunks
-	ls := buf[:0]
-	for i, c := range cs {
-		l, err := p.pool.leaseOf("map", p.pool.at(ptr, i), c)
-		if err != nil {
-			return 0, err
-		}
-		ls = append(ls, l)
+	ls, err := p.pool.leasesOf("map", ptr, cs, buf[:0])
+	if err != nil {
+		return 0, err
 	}
 	for i, c := range cs {
 		at := p.pool.at(ptr, i)
@@ -260,6 +256,22 @@ func (p *Pool) leaseOf(op string, ptr acl.DevicePtr, c Chunk) (lease, error) {
 		return lease{}, fmt.Errorf("chunk: %s at %v: %w: chunk %#x is not out of this pool", op, ptr, acl.ErrInvalidParam, uintptr(c.Handle))
 	}
 	return l, nil
+}
+
+// leasesOf appends to ls the leases of cs, mapped (or to be) side by side
+// from ptr, all of which must be out of this pool: leaseOf for a run, under
+// one hold of the pool's lock.
+func (p *Pool) leasesOf(op string, ptr acl.DevicePtr, cs []Chunk, ls []lease) ([]lease, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, c := range cs {
+		l, ok := p.out[c.Handle]
+		if !ok {
+			return nil, fmt.Errorf("chunk: %s at %v: %w: chunk %#x is not out of this pool", op, p.at(ptr, i), acl.ErrInvalidParam, uintptr(c.Handle))
+		}
+		ls = append(ls, l)
+	}
+	return ls, nil
 }
 
 // setLease records l for h, if h is still out (a caller that put the chunk

@@ -39,6 +39,8 @@ const (
 	WaitDeadlock  Point = "wait.deadlock"   // a waiter fails: every holder of the memory waits (chunk.ErrDeadlock)
 	ReleaseQueued Point = "release.queued"  // chunks were handed to wait for the device
 	ReleaseUnmap  Point = "release.unmap"   // a chunk that waited for the device is about to be unmapped
+	ShrinkWait    Point = "shrink.wait"     // a Shrink without streams holds nothing and is about to wait for the device
+	ShrinkWaited  Point = "shrink.waited"   // it has waited, and is about to take its arena's lock
 	ShareExported Point = "share.exported"  // Share exported the chunks and let go of its arena's lock, before it sends them
 )
 

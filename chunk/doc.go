@@ -27,7 +27,7 @@
 // expensive call. A chunk waiting for the device is still out: the budget
 // counts it, and nobody else gets it until it is unmapped. The chunk size
 // trades shrink granularity against driver calls per GiB: 2 MiB (the ACL
-// granularity) unmaps finely; 64 MiB maps a GiB in 16 calls. A pool given a
+// granularity) unmaps finely; 32 MiB maps a GiB in 32 calls. A pool given a
 // Budget and no Size chooses from the budget ([SizeFor]: the power of two
 // nearest Budget/[BudgetChunks], from the granularity to [MaxAutoSize]), so
 // that a large cache takes few calls and a small one wastes little; the

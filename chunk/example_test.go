@@ -54,6 +54,6 @@ func ExampleSizeFor() {
 	// budget    1 GiB:  2 MiB chunks
 	// budget   16 GiB:  8 MiB chunks
 	// budget   80 GiB: 32 MiB chunks
-	// budget 1024 GiB: 64 MiB chunks
+	// budget 1024 GiB: 32 MiB chunks
 	// the pool chose 8 MiB
 }

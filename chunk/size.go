@@ -12,10 +12,12 @@ const (
 	// power of two moves the size by up to √2 either way), while a 16 GiB
 	// budget is mapped in 8 MiB calls, a quarter of the calls of 2 MiB ones.
 	BudgetChunks = 2048
-	// MaxAutoSize caps the size a pool chooses: 64 MiB maps a GiB in 16
-	// calls, and beyond it the calls saved are few while each partial chunk
-	// wastes more.
-	MaxAutoSize = 64 << 20
+	// MaxAutoSize caps the size a pool chooses: 32 MiB maps a GiB in 32
+	// calls, and beyond it the calls saved are few while every arena holds
+	// at least one chunk, whatever it needs: a pool that holds several
+	// models' weights and hundreds of sequences' KV caches (a large budget,
+	// many small arenas) wastes more in 64 MiB chunks than the calls save.
+	MaxAutoSize = 32 << 20
 )
 
 // SizeFor returns the chunk size a pool chooses for Config.Size 0 and

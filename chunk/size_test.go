@@ -33,12 +33,14 @@ func TestSizeForRule(t *testing.T) {
 		{16 << 30, g, 8 * mib},            // 8 MiB exactly
 		{18058 * mib, g, 8 * mib},         // the bench's server-size budget
 		{54170 * mib, g, 32 * mib},        // three models' weights and their KV
-		{128 << 30, g, 64 * mib},          // MaxAutoSize exactly
+		{64 << 30, g, 32 * mib},           // MaxAutoSize exactly
+		{128 << 30, g, 32 * mib},          // past it: capped
 		{1 << 50, g, chunk.MaxAutoSize},   // huge: capped
 		{1<<63 - 1, g, chunk.MaxAutoSize}, // the largest budget
 		{64 << 30, 3 * mib, 30 * mib},     // 32 MiB rounded down to a multiple of 3 MiB
 		{8 << 30, 3 * mib, 3 * mib},       // 4 MiB rounds down to one granule
-		{1 << 40, 96 * mib, 96 * mib},     // a granularity above the cap
+		{16 << 30, 3 * mib, 6 * mib},      // 8 MiB rounds down to two
+		{1 << 40, 48 * mib, 48 * mib},     // a granularity above the cap
 		{16 << 30, 0, 0},                  // no granularity: nothing to choose
 	} {
 		t.Run(fmt.Sprintf("%d/%d", c.budget, c.g), func(t *testing.T) {

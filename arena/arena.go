@@ -964,44 +964,38 @@ func (a *Arena) giveBack(n0 int, slots []chunk.Chunk, back []bool) error {
 	return errors.Join(errs...)
 }
 
-// dropMapped gives back chunks mapped above Cap, outside the arena's
-// counts, that the device may still touch: ordered by events on the arena's
-// streams (the pool tells the callbacks, for cause, before it unmaps them),
-// or else by waiting for the device. Those it cannot unmap, or a callback
-// keeps, become strays. Call with mu held.
+// dropMapped gives back to the pool chunks mapped above Cap, outside the
+// arena's counts, that the device may still touch, without waiting: to be
+// unmapped once events recorded on the arena's streams complete, or, with
+// no streams (or no event), after a wait for the whole device that whoever
+// needs them next makes holding nothing (the arena's own next growth takes
+// them back where they lie). The pool tells the callbacks, for cause,
+// before it unmaps them. Those it cannot give back become strays. Call with
+// mu held.
 func (a *Arena) dropMapped(cause BackingCause, ms []chunk.Mapped) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	a.leave(cause, ms)
 	if len(a.streams) > 0 {
-		a.leave(cause, ms)
 		err := a.member.ReleaseAfter(ms, a.streams)
 		if !errors.Is(err, chunk.ErrNoOrder) {
-			return err
+			return a.strayOnError(ms, err)
 		}
 	}
-	if err := a.lend.SyncDevice(); err != nil {
+	return a.strayOnError(ms, a.member.ReleaseAfterDevice(ms))
+}
+
+// strayOnError keeps ms, which the pool refused to take back (err), as
+// strays, and returns err.
+func (a *Arena) strayOnError(ms []chunk.Mapped, err error) error {
+	if err != nil {
 		for _, m := range ms {
 			a.maps++ // a stray counts as mapped
 			a.strays = append(a.strays, stray{m.At, m.C})
 		}
-		return err
 	}
-	free, lerr := a.letGo(cause, ms)
-	errs := []error{lerr}
-	for i := len(ms) - 1; i >= 0; i-- {
-		m := ms[i]
-		if !free[i] {
-			a.maps++ // a stray counts as mapped
-			a.strays = append(a.strays, stray{m.At, m.C})
-			continue
-		}
-		if err := a.lend.Release(m.At, m.C); err != nil {
-			errs = append(errs, err, a.stillMapped(ms[i:i+1]))
-			a.maps++ // a stray counts as mapped
-			a.strays = append(a.strays, stray{m.At, m.C})
-			continue
-		}
-		errs = append(errs, a.lend.Put(m.C))
-	}
-	return errors.Join(errs...)
+	return err
 }
 
 // unstray unmaps the strays and gives them back to the pool, after waiting

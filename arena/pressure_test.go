@@ -821,6 +821,25 @@ func TestPressureKernelStress(t *testing.T) {
 
 	var kernels, tenants sync.WaitGroup
 	done := make(chan struct{})
+	// The machine's own lateness, beside the calls': how late a 1 ms timer
+	// (the kind a context's deadline is) fires on this loaded process. A
+	// call late by no more than this waited for the CPU, not for a kernel.
+	var timerLate atomic.Int64
+	kernels.Add(1)
+	go func() {
+		defer kernels.Done()
+		for {
+			start := time.Now()
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			over := int64(time.Since(start) - time.Millisecond)
+			for m := timerLate.Load(); over > m && !timerLate.CompareAndSwap(m, over); m = timerLate.Load() {
+			}
+		}
+	}()
 	var launched atomic.Int64
 	for k := range 3 { // arenas that keep kernels running over their memory
 		s := newStream(t, d)
@@ -972,7 +991,7 @@ func TestPressureKernelStress(t *testing.T) {
 	assert.Zero(t, pool.Lender().Waiters())
 	assert.Zero(t, d.Faults(), "no unmap under a kernel")
 	assert.Positive(t, launched.Load())
-	t.Logf("%d rounds, kernels of %v: %d served, %d refused, %d sleeps, %d closes, %d kernels; latest return %v past a deadline %v",
+	t.Logf("%d rounds, kernels of %v: %d served, %d refused, %d sleeps, %d closes, %d kernels; latest return %v past a deadline %v; a 1 ms timer fired up to %v late meanwhile",
 		rounds.Load(), kernelFor, served.Load(), refused.Load(), slept.Load(), closed.Load(), launched.Load(),
-		time.Duration(maxLate.Load()).Round(time.Millisecond), latest)
+		time.Duration(maxLate.Load()).Round(time.Millisecond), latest, time.Duration(timerLate.Load()).Round(time.Millisecond))
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
@@ -558,5 +559,52 @@ func TestShrinkWaitsAgainAfterATruncate(t *testing.T) {
 	finish()
 	require.NoError(t, <-shrunk)
 	assert.Equal(t, wg, a.Cap())
+	assert.Zero(t, d.Faults())
+}
+
+// A growth of an arena without streams that took back in place chunks
+// waiting for the device (a relief had claimed them, and given up) and then
+// fails gives them back to wait again, without waiting for the device
+// holding the arena's lock: with a kernel running on another stream, the
+// failed Grow returns at once, the arena as it was, and the chunks are
+// unmapped once the kernel has ended.
+func TestUndoWithoutStreamsHoldsNothing(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	fd := faultdriver.New(d)
+	pool, err := chunk.New(fd, chunk.Config{Budget: 3 * wg})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
+	s := newStream(t, d)
+	o := isoArena(t, arena.Config{Driver: d, Reserve: 4 << 20})
+	require.NoError(t, o.Grow(wg))
+	kernel := make(chan struct{})
+	finish := sync.OnceFunc(func() { close(kernel) })
+	t.Cleanup(finish)
+	require.NoError(t, d.Launch(s, o.Base(), wg, kernel)) // on another arena's memory
+
+	v := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20}) // no streams
+	require.NoError(t, v.Grow(2*wg))
+	require.NoError(t, v.Reset()) // idle: a relief may take its chunks
+	// x's relief claims v's two chunks, waits for the whole device (v has
+	// no streams), gives up at its deadline, and leaves them waiting.
+	x := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, x.GrowContext(ctx, 3*wg), context.DeadlineExceeded)
+	require.Zero(t, v.Cap(), "the relief took v's chunks")
+	require.Equal(t, 2, pool.Stats().Pending, "they wait for the device")
+
+	// v grows into them (taken back where they lie) and past them: the map
+	// of the fresh chunk fails, and the growth is undone.
+	fd.FailNth(faultdriver.MapMem, 1, 0)
+	grown := make(chan error, 1)
+	start := time.Now()
+	go func() { grown <- v.Grow(3 * wg) }()
+	err = returns(t, "a failed Grow giving back chunks that wait for the device", grown, start, 0, finish)
+	require.ErrorContains(t, err, faultdriver.InjectedMsg)
+	assert.Zero(t, v.Cap(), "the arena as it was")
+	assert.Equal(t, 2, pool.Stats().Pending, "waiting again")
+	finish()
+	require.NoError(t, v.Grow(2*wg), "taken back where they lie")
 	assert.Zero(t, d.Faults())
 }

@@ -13,7 +13,7 @@
 //	none ──Warm, Config.Ahead (worker)──▶ cached
 //	cached ──Acquire (hit)──▶ out;  out ──Put──▶ cached (cache full: FreePhysical ──▶ none)
 //	mapped ──SyncDevice, Release──▶ out                   (the device-wide fallback)
-//	mapped ──ReleaseAfter, or Give to a relief──▶ waiting for the device ──unmapped──▶ cached, or a growth's
+//	mapped ──ReleaseAfter, ReleaseAfterDevice, or Give to a relief──▶ waiting for the device ──unmapped──▶ cached, or a growth's
 //	cached ──Trim/Close, or a peer pool's device OOM (FreePhysical)──▶ none
 //	out ──Free (an arena going to sleep: FreePhysical, never cached)──▶ none
 //
@@ -102,7 +102,11 @@
 // each and returns at once; the chunks wait in the pool, still mapped, until
 // the events complete, and are then unmapped off the caller's path. A failed
 // event call falls back to SyncDevice (Stats.SyncFallbacks); a failed unmap
-// leaves the chunk waiting, to be tried again (Stats.ReleaseErrors).
+// leaves the chunk waiting, to be tried again (Stats.ReleaseErrors). A member
+// without streams that must give chunks back while it holds its own lock
+// hands them over with ReleaseAfterDevice: they wait for a device-wide wait
+// that whoever needs them next makes, holding nothing (a relief, Close), or
+// go back to the member where they lie.
 //
 // # The worker
 //

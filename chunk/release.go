@@ -92,6 +92,28 @@ func (m *Member) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
 	return m.p.lend().releaseAfter(m, ms, streams)
 }
 
+// ReleaseAfterDevice is ReleaseAfter for chunks no event can order: the
+// member's own chunks ms (mapped, lowest address first) wait in the pool
+// for a wait on the whole device, which whoever needs them next makes,
+// holding nothing: a relief that claims them, the member's own growth
+// taking them back where they lie (ReclaimRun: it needs no wait), or
+// Close. The worker never makes that wait. It never waits itself, so its
+// caller may hold its own lock. Its client, when an Unmapper, is told
+// before they are unmapped.
+func (m *Member) ReleaseAfterDevice(ms []Mapped) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	p := m.p
+	for _, mm := range ms {
+		if _, err := p.leaseOf("release", mm.At, mm.C); err != nil {
+			return err
+		}
+	}
+	p.enqueueEvents(m, ms, nil, false, false)
+	return nil
+}
+
 func (p Lender) releaseAfter(owner *Member, ms []Mapped, streams []acl.Stream) error {
 	if len(ms) == 0 {
 		return nil

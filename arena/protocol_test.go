@@ -608,3 +608,41 @@ func TestUndoWithoutStreamsHoldsNothing(t *testing.T) {
 	require.NoError(t, v.Grow(2*wg), "taken back where they lie")
 	assert.Zero(t, d.Faults())
 }
+
+// Memory given back while a growth waits for it goes to that growth, not to
+// the worker's refills: a refill of another arena's headroom (or a
+// Prefetch) stands aside while any growth on the device waits for memory,
+// as it does while one relieves pressure. Forced: the waiter is held after
+// its wake-up, before its retry, while the worker runs a round with a
+// Prefetch asked for.
+func TestRefillStandsAsideForAWaiter(t *testing.T) {
+	gs := newGates(t)
+	d := isoDriver(t, 64<<20)
+	pool, err := chunk.New(d, chunk.Config{Budget: 3 * wg})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
+	h := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+	_, err = h.Alloc(3*wg, 1) // the whole budget, in use
+	require.NoError(t, err)
+	a := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20, Headroom: wg})
+	w := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+
+	enqueued := gs.arm(sched.WaitEnqueued, pool, 1)
+	woken := gs.arm(sched.WaitWoken, pool, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	grown := make(chan error, 1)
+	go func() { grown <- w.GrowContext(ctx, wg) }()
+	<-enqueued.hit
+	close(enqueued.open)
+
+	require.NoError(t, h.Truncate(2*wg))
+	require.NoError(t, h.Shrink()) // one chunk back: the waiter's
+	<-woken.hit
+	require.NoError(t, a.Prefetch(wg))
+	pool.Lender().Settle() // a worker round, with the waiter between its wake-up and its retry
+	assert.Zero(t, a.Cap(), "the refill stood aside")
+	close(woken.open)
+	require.NoError(t, <-grown, "the waiter got the chunk given back")
+	assert.Equal(t, wg, w.Cap())
+}

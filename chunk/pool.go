@@ -461,9 +461,10 @@ func (p Lender) TakeFree(dst []Chunk, t Tenant, n int) ([]Chunk, error) {
 }
 
 // TryAcquire is TakeFree for speculative growth (the background worker's
-// refills of headroom): while a growth relieves pressure it takes nothing,
-// and fails with an error matching acl.ErrOutOfMemory, since the memory
-// being freed is for that growth. Its shortages count as failures.
+// refills of headroom, and prefetches): while a growth relieves pressure,
+// or any growth on the device waits for memory, it takes nothing, and fails
+// with an error matching acl.ErrOutOfMemory, since the memory being freed,
+// or given back, is for that growth. Its shortages count as failures.
 func (p Lender) TryAcquire(dst []Chunk, t Tenant, n int) ([]Chunk, error) {
 	return p.pool.acquire(dst, t, n, standAside)
 }
@@ -473,7 +474,7 @@ type acquireMode int
 
 const (
 	takeFree   acquireMode = iota // take only what is free now
-	standAside                    // takeFree, and nothing while a growth relieves
+	standAside                    // takeFree, and nothing while a growth relieves or waits
 )
 
 // checkAsk refuses, before any driver call, a negative ask and one larger
@@ -498,8 +499,13 @@ func (p *Pool) checkAsk(n int) error {
 // free now (nil dst: it makes a slice of its own). On failure it returns dst
 // as it was.
 func (p *Pool) acquire(dst []Chunk, t Tenant, n int, mode acquireMode) ([]Chunk, error) {
-	if mode == standAside && n > 0 && p.relieving.Load() > 0 {
-		return dst, fmt.Errorf("chunk: acquire %d chunks: %w: another growth is relieving pressure", n, acl.ErrOutOfMemory)
+	if mode == standAside && n > 0 {
+		switch {
+		case p.relieving.Load() > 0:
+			return dst, fmt.Errorf("chunk: acquire %d chunks: %w: another growth is relieving pressure", n, acl.ErrOutOfMemory)
+		case p.dev.waiters.Load() > 0:
+			return dst, fmt.Errorf("chunk: acquire %d chunks: %w: a growth waits for memory", n, acl.ErrOutOfMemory)
+		}
 	}
 	if err := p.checkAsk(n); err != nil {
 		return dst, err

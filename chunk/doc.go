@@ -116,7 +116,7 @@
 // arena's lock-free Alloc calls without blocking or allocating) with memory
 // that is free now (a speculative growth, TryAcquire: it never reclaims,
 // never passes the budget, never waits, and takes nothing while a growth
-// relieves pressure), and keeps
+// relieves pressure or waits for memory), and keeps
 // Config.Ahead fresh chunks in the cache. Waking a parked goroutine costs the
 // waker a system call (tens of microseconds in a virtual machine), so a
 // worker asked for something in the last 50 ms polls instead, every 250 µs

@@ -212,7 +212,8 @@ type Pool struct {
 	reliefMu sync.Mutex
 	tickets  uint64 // the last relief's Ticket
 	// relieving counts the growths relieving pressure now. TryAcquire
-	// stands aside meanwhile: a refill would take the memory they free.
+	// stands aside meanwhile (and while the device's waiters wait): a
+	// refill would take the memory they free.
 	relieving atomic.Int32
 	// growing counts the growths under way (Lender.Grow), speculative ones
 	// included: while one is, memory may move (wait.go, ErrDeadlock).

@@ -65,11 +65,27 @@ func newSceneOn(t *testing.T, d *host.Driver, drv acl.Driver, budget, idle int, 
 // until the returned function (also called at the end of the test) ends it.
 func (sc *scene) launch(t *testing.T, ptr acl.DevicePtr, n int) func() {
 	t.Helper()
+	return launchOn(t, sc.d, sc.s, ptr, n)
+}
+
+// launchOn queues on s a kernel over [ptr, ptr+n) that runs until the
+// returned function (also called at the end of the test) ends it.
+func launchOn(t *testing.T, d *host.Driver, s acl.Stream, ptr acl.DevicePtr, n int) func() {
+	t.Helper()
 	kernel := make(chan struct{})
-	require.NoError(t, sc.d.Launch(sc.s, ptr, uintptr(n), kernel))
+	require.NoError(t, d.Launch(s, ptr, uintptr(n), kernel))
 	finish := sync.OnceFunc(func() { close(kernel) })
 	t.Cleanup(finish)
 	return finish
+}
+
+// launchElsewhere is launchOn over a chunk of an arena of its own on d
+// (with a private pool): a kernel on another arena's memory.
+func launchElsewhere(t *testing.T, d *host.Driver, s acl.Stream) func() {
+	t.Helper()
+	o := isoArena(t, arena.Config{Driver: d, Reserve: 4 << 20})
+	require.NoError(t, o.Grow(wg))
+	return launchOn(t, d, s, o.Base(), wg)
 }
 
 // claim starts a Grow of x by n bytes whose relief claims the idle chunks
@@ -480,12 +496,7 @@ func shrinkScene(t *testing.T) (*host.Driver, *chunk.Pool, acl.Stream, *arena.Ar
 // Shrink returns once the kernel ends.
 func TestShrinkWithoutStreamsWaitsHoldingNothing(t *testing.T) {
 	d, pool, s, a := shrinkScene(t)
-	o := isoArena(t, arena.Config{Driver: d, Reserve: 4 << 20})
-	require.NoError(t, o.Grow(wg))
-	kernel := make(chan struct{})
-	finish := sync.OnceFunc(func() { close(kernel) })
-	t.Cleanup(finish)
-	require.NoError(t, d.Launch(s, o.Base(), wg, kernel)) // on another arena's memory
+	finish := launchElsewhere(t, d, s)
 
 	require.NoError(t, a.Grow(4*wg))
 	_, err := a.Alloc(wg, 1)
@@ -541,10 +552,7 @@ func TestShrinkWaitsAgainAfterATruncate(t *testing.T) {
 	}
 	// Between its wait and its lock: a kernel on the memory in use, then a
 	// Truncate that drops it.
-	kernel := make(chan struct{})
-	finish := sync.OnceFunc(func() { close(kernel) })
-	t.Cleanup(finish)
-	require.NoError(t, d.Launch(s, a.Base().Add(2*wg), wg, kernel))
+	finish := launchOn(t, d, s, a.Base().Add(2*wg), wg)
 	require.NoError(t, a.Truncate(wg))
 	gs.reset()
 
@@ -574,13 +582,7 @@ func TestUndoWithoutStreamsHoldsNothing(t *testing.T) {
 	pool, err := chunk.New(fd, chunk.Config{Budget: 3 * wg})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
-	s := newStream(t, d)
-	o := isoArena(t, arena.Config{Driver: d, Reserve: 4 << 20})
-	require.NoError(t, o.Grow(wg))
-	kernel := make(chan struct{})
-	finish := sync.OnceFunc(func() { close(kernel) })
-	t.Cleanup(finish)
-	require.NoError(t, d.Launch(s, o.Base(), wg, kernel)) // on another arena's memory
+	finish := launchElsewhere(t, d, newStream(t, d))
 
 	v := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20}) // no streams
 	require.NoError(t, v.Grow(2*wg))

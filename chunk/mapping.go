@@ -253,9 +253,14 @@ func (p *Pool) leaseOf(op string, ptr acl.DevicePtr, c Chunk) (lease, error) {
 	l, ok := p.out[c.Handle]
 	p.mu.Unlock()
 	if !ok {
-		return lease{}, fmt.Errorf("chunk: %s at %v: %w: chunk %#x is not out of this pool", op, ptr, acl.ErrInvalidParam, uintptr(c.Handle))
+		return lease{}, notOut(op, ptr, c)
 	}
 	return l, nil
+}
+
+// notOut is the error of op on c at ptr when c is not out of the pool.
+func notOut(op string, ptr acl.DevicePtr, c Chunk) error {
+	return fmt.Errorf("chunk: %s at %v: %w: chunk %#x is not out of this pool", op, ptr, acl.ErrInvalidParam, uintptr(c.Handle))
 }
 
 // leasesOf appends to ls the leases of cs, mapped (or to be) side by side
@@ -267,7 +272,7 @@ func (p *Pool) leasesOf(op string, ptr acl.DevicePtr, cs []Chunk, ls []lease) ([
 	for i, c := range cs {
 		l, ok := p.out[c.Handle]
 		if !ok {
-			return nil, fmt.Errorf("chunk: %s at %v: %w: chunk %#x is not out of this pool", op, p.at(ptr, i), acl.ErrInvalidParam, uintptr(c.Handle))
+			return nil, notOut(op, p.at(ptr, i), c)
 		}
 		ls = append(ls, l)
 	}

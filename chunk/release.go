@@ -104,13 +104,23 @@ func (m *Member) ReleaseAfterDevice(ms []Mapped) error {
 	if len(ms) == 0 {
 		return nil
 	}
-	p := m.p
-	for _, mm := range ms {
-		if _, err := p.leaseOf("release", mm.At, mm.C); err != nil {
-			return err
+	if err := m.p.allOut("release", ms); err != nil {
+		return err
+	}
+	m.p.enqueueEvents(m, ms, nil, false, false)
+	return nil
+}
+
+// allOut checks that every chunk of ms is out of this pool, under one hold
+// of its lock: leaseOf for a release's chunks.
+func (p *Pool) allOut(op string, ms []Mapped) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, m := range ms {
+		if _, ok := p.out[m.C.Handle]; !ok {
+			return notOut(op, m.At, m.C)
 		}
 	}
-	p.enqueueEvents(m, ms, nil, false, false)
 	return nil
 }
 
@@ -121,10 +131,8 @@ func (p Lender) releaseAfter(owner *Member, ms []Mapped, streams []acl.Stream) e
 	if len(streams) == 0 {
 		return fmt.Errorf("chunk: release after: %w: no stream", acl.ErrInvalidParam)
 	}
-	for _, m := range ms {
-		if _, err := p.pool.leaseOf("release", m.At, m.C); err != nil {
-			return err
-		}
+	if err := p.pool.allOut("release", ms); err != nil {
+		return err
 	}
 	scrubbed := 0
 	if p.pool.scrub == ScrubOnRelease {

@@ -402,7 +402,11 @@ func (w *world) settle(op string, err, want error) bool {
 		return false
 	}
 	if want == nil || !errors.Is(err, want) {
-		w.fatalf("%s: error %v, want %v", op, err, want)
+		var caps []string
+		for _, o := range w.open {
+			caps = append(caps, fmt.Sprintf("a%d len %d cap %d stats %+v", o.id, o.a.Len(), o.a.Cap(), o.a.Stats()))
+		}
+		w.fatalf("%s: error %v, want %v\n(afterwards: pool %+v; arenas %v; driver holds %+v)", op, err, want, w.pool.Stats(), caps, w.hd.Live())
 	}
 	return false
 }

@@ -693,3 +693,72 @@ func TestAskRefillStartsTheWorker(t *testing.T) {
 	require.NoError(t, p.Close())
 	m.AskRefill() // a closed pool: nothing
 }
+
+// Regression (found by the fuzzer in CI): on a device that is full, with no
+// budget and no room in the cache, a chunk the worker unmapped and freed
+// after the growth's take fell short is room on the device, not in the
+// cache, and the relief counted it as no progress: the Acquire failed beside
+// a free device. The worker is stopped inside that unmap, then let go either
+// once the relief has claimed its batch, or as the relief begins, finishing
+// before the relief looks.
+func TestRegressionReliefCountsWhatTheWorkerFrees(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		at   sched.Point
+	}{{"claimed", sched.ReliefSelect}, {"before", sched.ReliefBegin}} {
+		at := tc.at
+		t.Run(tc.name, func(t *testing.T) {
+			d := scrubDriver(t, g) // room for one chunk
+			p, err := chunk.New(d, chunk.Config{MaxCached: -1})
+			require.NoError(t, err)
+			base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+			require.NoError(t, err)
+			s, err := d.CreateStream()
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				assert.NoError(t, p.Close())
+				assert.NoError(t, d.ReleaseMemAddress(base))
+				assert.NoError(t, d.DestroyStream(s))
+				assert.Zero(t, d.Faults(), "no unmap under work in flight")
+			})
+			l := p.Lender()
+			c, err := l.Get()
+			require.NoError(t, err)
+			require.NoError(t, l.Map(base, c))
+			unmapping, goOn, reached := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			var stop, once sync.Once
+			defer sched.Set(func(pt sched.Point, who any) {
+				if who != p {
+					return
+				}
+				switch pt {
+				case sched.ReleaseUnmap:
+					stop.Do(func() { close(unmapping); <-goOn })
+				case at:
+					once.Do(func() {
+						close(reached)
+						if at == sched.ReliefBegin {
+							// The worker frees the chunk before the relief looks.
+							for end := time.Now().Add(5 * time.Second); p.Stats().Frees == 0 && time.Now().Before(end); {
+								time.Sleep(time.Millisecond)
+							}
+						}
+					})
+				}
+			})()
+			require.NoError(t, l.ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s})) // the stream is idle
+			<-unmapping                                                                           // the worker is unmapping the chunk
+			got := make(chan error, 1)
+			go func() {
+				cs, err := l.Acquire(chunk.NewTenant(), 1)
+				if err == nil {
+					err = l.Put(cs[0])
+				}
+				got <- err
+			}()
+			<-reached
+			close(goOn)
+			require.NoError(t, <-got, "the chunk the worker freed serves the Acquire")
+		})
+	}
+}

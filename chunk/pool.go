@@ -221,6 +221,13 @@ type Pool struct {
 	// freeing counts the chunks on their way back to the driver: still
 	// held, no longer cached (see free).
 	freeing int
+	// returns counts the chunks that came back to the cache or the driver
+	// (those an acquire puts back where they came from, as putBack does,
+	// are not counted: nothing came back that was not there before): a
+	// growth reads it before its take and its relief after, for room it
+	// did not make itself (a chunk the worker freed is room on the device,
+	// not in the cache).
+	returns uint64
 	// filling counts the chunks the worker is allocating ahead
 	// (Config.Ahead, Warm): held, not yet cached (Member.Sleep waits).
 	filling int
@@ -559,6 +566,22 @@ func (p *Pool) roomNow(ctx context.Context, stop <-chan struct{}) (int, error) {
 	return p.roomNowNoWait(), nil
 }
 
+// returnsNow reads the count of chunks that came back to the cache or the
+// driver, for returnsSince.
+func (p *Pool) returnsNow() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.returns
+}
+
+// returnsSince reports whether chunks came back to the cache or the driver
+// since returnsNow returned n.
+func (p *Pool) returnsSince(n uint64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.returns != n
+}
+
 // roomNowNoWait is roomNow without the wait for frees under way.
 func (p *Pool) roomNowNoWait() int {
 	p.mu.Lock()
@@ -695,38 +718,45 @@ func (p *Pool) putBack(cs []Chunk) error {
 // put is Put; notify says whether the waiters are told.
 func (p Lender) put(c Chunk, notify bool) error {
 	p.pool.mu.Lock()
-	l, ok := p.pool.out[c.Handle]
+	return p.pool.putLocked(c, notify)
+}
+
+// putLocked is put with mu held, which it releases: the chunk goes into the
+// cache, or is counted in freeing, under the caller's hold of the lock.
+func (p *Pool) putLocked(c Chunk, notify bool) error {
+	l, ok := p.out[c.Handle]
 	if !ok {
-		p.pool.mu.Unlock()
+		p.mu.Unlock()
 		return fmt.Errorf("chunk: %w: put of chunk %#x, which is not out of this pool", acl.ErrInvalidParam, uintptr(c.Handle))
 	}
 	if l.shared != nil {
-		return p.pool.putSharedLocked(c, l) // freed, never cached
+		return p.putSharedLocked(c, l) // freed, never cached
 	}
-	delete(p.pool.out, c.Handle)
-	p.pool.stats.InUse--
+	delete(p.out, c.Handle)
+	p.stats.InUse--
 	e := entry{c.Handle, l.holder}
-	if !p.pool.closed && len(p.pool.cache) < p.pool.maxCached {
-		p.pool.cache = append(p.pool.cache, e)
-		p.pool.stats.Cached++
+	if !p.closed && len(p.cache) < p.maxCached {
+		p.cache = append(p.cache, e)
+		p.stats.Cached++
 		if notify {
-			p.pool.releasedLocked() // wait.go
+			p.returns++
+			p.releasedLocked() // wait.go
 		}
-		others := notify && p.pool.dev.waiters.Load() > p.pool.wq.n.Load()
-		p.pool.mu.Unlock()
+		others := notify && p.dev.waiters.Load() > p.wq.n.Load()
+		p.mu.Unlock()
 		if others {
 			// A growth of another pool waiting for the device's memory can
 			// have this pool free its cache (its relief trims its peers).
-			p.pool.dev.wakeHeads(p.pool)
+			p.dev.wakeHeads(p)
 		}
 		return nil
 	}
-	if !p.pool.closed {
-		p.pool.stats.Evictions++
+	if !p.closed {
+		p.stats.Evictions++
 	}
-	p.pool.freeing++
-	p.pool.mu.Unlock()
-	_ = p.pool.freeNotify(e, notify) // a failure keeps the chunk cached, for Trim and Close to retry
+	p.freeing++
+	p.mu.Unlock()
+	_ = p.freeNotify(e, notify) // a failure keeps the chunk cached, for Trim and Close to retry
 	return nil
 }
 
@@ -750,6 +780,9 @@ func (p *Pool) freeNotify(e entry, notify bool) error {
 		return fmt.Errorf("chunk: free: %w", err)
 	}
 	p.held -= p.size
+	if notify {
+		p.returns++
+	}
 	p.mu.Unlock()
 	if notify {
 		p.freed() // wait.go

@@ -278,6 +278,7 @@ func (p Lender) grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode G
 	g.set(GrowLocked)
 	var have []Chunk
 	for reliefs := 0; ; {
+		returns := p.pool.returnsNow() // the relief counts what comes back from now on
 		st, err := pl.Place(have)
 		have = nil
 		switch {
@@ -322,7 +323,7 @@ func (p Lender) grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode G
 		g.set(GrowRelieving)
 		stop := pl.Unlock()
 		var rerr error
-		have, rerr = p.pool.relieve(ctx, stop, t, st.Missing, g, st.Short)
+		have, rerr = p.pool.relieve(ctx, stop, t, st.Missing, g, st.Short, returns)
 		pl.Lock()
 		g.set(GrowLocked)
 		if rerr != nil {
@@ -364,10 +365,11 @@ func (p *Pool) failed(n int, short, cause error) error {
 // Place fell short for the reason short, holding nothing while it waits. It
 // returns the chunks it took for the growth (leased to t, unmapped), or
 // errNoProgress when nothing came back that a retry could use (chunks put
-// back in the cache, handed over, freed by peers, or more room than it
-// found), or an error wrapping ctx.Err(). When stop is closed it returns
-// what it has.
-func (p *Pool) relieve(ctx context.Context, stop <-chan struct{}, t Tenant, need int, g *Growth, short error) (handed []Chunk, err error) {
+// back in the cache, handed over, freed by peers, more room than it found,
+// or any chunk that came back to the cache or the driver since the pool's
+// returns count read returns, before the take that fell short), or an error
+// wrapping ctx.Err(). When stop is closed it returns what it has.
+func (p *Pool) relieve(ctx context.Context, stop <-chan struct{}, t Tenant, need int, g *Growth, short error, returns uint64) (handed []Chunk, err error) {
 	defer trace.StartRegion(ctx, RegionRelieve).End()
 	sched.At(sched.ReliefBegin, p)
 	start, took, peers := time.Now(), 0, 0
@@ -425,9 +427,12 @@ func (p *Pool) relieve(ctx context.Context, stop <-chan struct{}, t Tenant, need
 			peers = n
 		}
 	}
-	// The worker may have put back, meanwhile, chunks this relief claimed
-	// while it was unmapping them: they are in the cache, not handed over.
-	more := len(handed) < need && p.roomNowNoWait() > room
+	// The worker may have put back, since the take fell short, chunks this
+	// relief claimed while it was unmapping them, or that left the books
+	// before it looked: they are in the cache, not handed over, or, the
+	// cache full, freed: room on the device that no count of the pool's
+	// shows (the device's limit is not the pool's).
+	more := len(handed) < need && (p.roomNowNoWait() > room || p.returnsSince(returns))
 	if settled > 0 || len(handed) > 0 || peers > 0 || more || stopped(stop) {
 		return handed, nil
 	}

@@ -691,8 +691,11 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 			if ok {
 				p.out[it.C.Handle] = l
 			}
-			p.mu.Unlock()
-			_ = p.lend().Put(it.C) // out of the pool until now, so it cannot be refused
+			// Out of the books and into the cache, or counted on its way to
+			// the driver, under this one hold of the lock: a relief looking
+			// in between would find the chunk nowhere and give up (roomNow).
+			// Out of the pool until now, so it cannot be refused.
+			_ = p.putLocked(it.C, true)
 		}
 		close(it.done) // whoever waits for the unmap finds the chunk back
 		n++

@@ -55,6 +55,7 @@ func (p *Pool) freeShared(r doomedRef) error {
 	}
 	if !r.extra {
 		p.held -= p.size
+		p.returns++
 	}
 	return nil
 }

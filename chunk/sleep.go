@@ -51,6 +51,7 @@ func (p Lender) Free(c Chunk) error {
 	}
 	p.pool.stats.Frees++
 	p.pool.held -= p.pool.size
+	p.pool.returns++
 	p.pool.mu.Unlock()
 	p.pool.freed() // wait.go
 	return nil

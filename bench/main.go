@@ -871,6 +871,11 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	env.Touch, env.Verify, env.Progress = o.touch, o.verify, progress
 	env.Res.Rep = rep
 	runtime.GC()
+	// The workload runs on this goroutine, held on its thread, so that the
+	// driver calls on the caller's path are told from the worker's by the
+	// thread that makes them.
+	unlock, exact := cd.LockCaller()
+	env.Res.PathExact = exact
 	cpu0 := cpuTime()
 	start := time.Now()
 	if _, ok := w.(workload.Models); !ok {
@@ -879,6 +884,7 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	if err == nil {
 		err = w.Run(env)
 	}
+	unlock()
 	if p := strategy.Pool(st); p != nil {
 		ps := p.Stats()
 		env.Res.Pool = &ps
@@ -890,6 +896,7 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	env.Res.WallNS = int64(time.Since(start))
 	env.Res.CPUNS = cpuTime() - cpu0
 	env.Res.WindowCalls = cd.WindowCalls()
+	env.Res.BesideCalls = cd.BesideCalls()
 	env.Res.Calls = cd.Calls()
 	env.Res.Mem = cd.Memory()
 	if c, ok := s.drv.(acl.Counter); ok && !c.Live().Zero() {

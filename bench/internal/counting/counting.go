@@ -9,6 +9,7 @@ package counting
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -127,11 +128,16 @@ type Driver struct {
 	total  atomic.Int64 // ns inside the driver over every call, for snapshots
 	selfNS atomic.Int64 // ns the wrapper spends on its own books, outside the timed calls
 
-	// Calls made while the workload is inside a strategy call (Window):
-	// the caller's critical path, plus any background call that overlaps
-	// it, so an upper bound of the caller's own.
+	// Calls made while the workload is inside a strategy call (Window).
+	// With the caller's thread known (LockCaller, on Linux) they are the
+	// calls made on that thread, the caller's critical path exactly, and
+	// the others made meanwhile (the pool's worker's) are counted beside
+	// it (BesideCalls); without it every call made inside the window
+	// counts, an upper bound of the caller's own.
 	window      atomic.Bool
+	caller      atomic.Int64 // the caller's OS thread (LockCaller); 0: not known
 	winN, winNS [NumOps]atomic.Int64
+	besN, besNS [NumOps]atomic.Int64
 
 	budget int64
 
@@ -191,14 +197,7 @@ func (d *Driver) reservationOfLocked(ptr acl.DevicePtr) *reservation {
 func (d *Driver) Unwrap() acl.Driver { return d.Driver }
 
 // Calls returns the counts and times so far.
-func (d *Driver) Calls() Calls {
-	var c Calls
-	for i := range c.N {
-		c.N[i] = d.n[i].Load()
-		c.NS[i] = d.ns[i].Load()
-	}
-	return c
-}
+func (d *Driver) Calls() Calls { return load(&d.n, &d.ns) }
 
 // DriverNS returns the nanoseconds spent inside the driver so far, over
 // every call. The difference of two readings is the driver time of what ran
@@ -241,24 +240,53 @@ func (d *Driver) done(op Op, start time.Time) time.Time {
 	d.ns[op].Add(ns)
 	d.total.Add(ns)
 	if d.window.Load() {
-		d.winN[op].Add(1)
-		d.winNS[op].Add(ns)
+		if t := d.caller.Load(); t == 0 || threadID() == t {
+			d.winN[op].Add(1)
+			d.winNS[op].Add(ns)
+		} else {
+			d.besN[op].Add(1)
+			d.besNS[op].Add(ns)
+		}
 	}
 	return end
 }
 
 // Window marks whether the workload is inside a strategy call now: calls
-// made meanwhile count as on the caller's path (WindowCalls).
+// made meanwhile count as on the caller's path (WindowCalls), or, with the
+// caller's thread known (LockCaller), those made on it do.
 func (d *Driver) Window(in bool) { d.window.Store(in) }
 
+// LockCaller locks the calling goroutine to its OS thread and names that
+// thread the workload's caller, so that the calls inside a window are told
+// apart by the thread that makes them: the caller's (WindowCalls) and the
+// others' (BesideCalls). It reports whether it can tell threads apart (on
+// Linux); elsewhere every call inside a window counts as the caller's. The
+// caller calls unlock, on the same goroutine, when the workload is over.
+func (d *Driver) LockCaller() (unlock func(), exact bool) {
+	runtime.LockOSThread()
+	t := threadID()
+	d.caller.Store(t)
+	return func() {
+		d.caller.Store(0)
+		runtime.UnlockOSThread()
+	}, t != 0
+}
+
 // WindowCalls returns the calls made inside the workload's strategy calls
-// so far: the caller's critical path, and whatever background call
-// overlapped it.
-func (d *Driver) WindowCalls() Calls {
+// so far: the caller's critical path (with LockCaller), or that and
+// whatever background call overlapped it (without).
+func (d *Driver) WindowCalls() Calls { return load(&d.winN, &d.winNS) }
+
+// BesideCalls returns the calls other threads made while the workload was
+// inside a strategy call, with LockCaller: the background work that ran
+// beside the caller's path.
+func (d *Driver) BesideCalls() Calls { return load(&d.besN, &d.besNS) }
+
+func load(n, ns *[NumOps]atomic.Int64) Calls {
 	var c Calls
 	for i := range c.N {
-		c.N[i] = d.winN[i].Load()
-		c.NS[i] = d.winNS[i].Load()
+		c.N[i] = n[i].Load()
+		c.NS[i] = ns[i].Load()
 	}
 	return c
 }

@@ -87,9 +87,10 @@ type Result struct {
 	// The caller's critical path, step by step (KV decode): the time the
 	// step's decode work (one token per sequence, and the block grows) spent
 	// inside the strategy's calls, the driver calls made in the step's
-	// strategy calls, prefills included (an upper bound: a background call
-	// that overlaps counts too), and the tokens generated. Steps before
-	// SteadyFrom are warm-up.
+	// strategy calls, prefills included (those the caller made, with
+	// PathExact; otherwise an upper bound: a background call that overlaps
+	// counts too), and the tokens generated. Steps before SteadyFrom are
+	// warm-up.
 	StepNS, StepCalls, StepTokens []int64
 	SteadyFrom                    int
 	// StepAllNS is each step's whole time inside the strategy's calls:
@@ -105,7 +106,9 @@ type Result struct {
 	GrowNS, ReleaseNS, TrimNS, PrefetchNS int64
 	Tokens                                int64          // tokens generated (KV)
 	Preempted                             int64          // sequences preempted for want of memory and served again (KV)
-	WindowCalls                           counting.Calls // driver calls inside the workload's strategy calls
+	WindowCalls                           counting.Calls // driver calls inside the workload's strategy calls: the caller's (PathExact), or every thread's
+	BesideCalls                           counting.Calls // driver calls other threads made meanwhile (PathExact)
+	PathExact                             bool           // the caller's calls were told apart by thread (counting.Driver.LockCaller)
 	CPUNS                                 int64          // process CPU time (user + system) during the run: every goroutine's
 
 	// What a user of the server feels (KV): the first token, from

@@ -1,0 +1,6 @@
+package counting
+
+import "syscall"
+
+// threadID returns the calling OS thread's id.
+func threadID() int64 { return int64(syscall.Gettid()) }

@@ -871,11 +871,10 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	env.Touch, env.Verify, env.Progress = o.touch, o.verify, progress
 	env.Res.Rep = rep
 	runtime.GC()
-	// The workload runs on this goroutine, held on its thread, so that the
-	// driver calls on the caller's path are told from the worker's by the
-	// thread that makes them.
-	unlock, exact := cd.LockCaller()
-	env.Res.PathExact = exact
+	// The workload runs on this goroutine, which holds its thread while it
+	// is inside a strategy call, so that the driver calls on the caller's
+	// path are told from the worker's by the thread that makes them.
+	env.Res.PathExact = cd.ByThread()
 	cpu0 := cpuTime()
 	start := time.Now()
 	if _, ok := w.(workload.Models); !ok {
@@ -884,7 +883,6 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	if err == nil {
 		err = w.Run(env)
 	}
-	unlock()
 	if p := strategy.Pool(st); p != nil {
 		ps := p.Stats()
 		env.Res.Pool = &ps

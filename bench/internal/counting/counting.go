@@ -129,13 +129,15 @@ type Driver struct {
 	selfNS atomic.Int64 // ns the wrapper spends on its own books, outside the timed calls
 
 	// Calls made while the workload is inside a strategy call (Window).
-	// With the caller's thread known (LockCaller, on Linux) they are the
+	// With the caller's thread known (ByThread, on Linux) they are the
 	// calls made on that thread, the caller's critical path exactly, and
 	// the others made meanwhile (the pool's worker's) are counted beside
 	// it (BesideCalls); without it every call made inside the window
 	// counts, an upper bound of the caller's own.
 	window      atomic.Bool
-	caller      atomic.Int64 // the caller's OS thread (LockCaller); 0: not known
+	caller      atomic.Int64 // the OS thread the caller holds during a window (ByThread); 0: not known
+	byThread    bool         // ByThread was called (the caller's goroutine's alone, as held)
+	held        bool         // the caller holds its thread: a window is open (ByThread)
 	winN, winNS [NumOps]atomic.Int64
 	besN, besNS [NumOps]atomic.Int64
 
@@ -252,33 +254,45 @@ func (d *Driver) done(op Op, start time.Time) time.Time {
 }
 
 // Window marks whether the workload is inside a strategy call now: calls
-// made meanwhile count as on the caller's path (WindowCalls), or, with the
-// caller's thread known (LockCaller), those made on it do.
-func (d *Driver) Window(in bool) { d.window.Store(in) }
+// made meanwhile count as on the caller's path (WindowCalls). With
+// ByThread, the goroutine that opens a window is the caller: it is held on
+// its OS thread until it closes the window, and only the calls made on that
+// thread count as its own.
+func (d *Driver) Window(in bool) {
+	if !in {
+		d.window.Store(false)
+		if d.held {
+			d.held = false
+			d.caller.Store(0)
+			runtime.UnlockOSThread()
+		}
+		return
+	}
+	if d.byThread && !d.held {
+		runtime.LockOSThread() // no other goroutine runs on it until the window closes
+		d.held = true
+		d.caller.Store(threadID())
+	}
+	d.window.Store(true)
+}
 
-// LockCaller locks the calling goroutine to its OS thread and names that
-// thread the workload's caller, so that the calls inside a window are told
-// apart by the thread that makes them: the caller's (WindowCalls) and the
-// others' (BesideCalls). It reports whether it can tell threads apart (on
-// Linux); elsewhere every call inside a window counts as the caller's. The
-// caller calls unlock, on the same goroutine, when the workload is over.
-func (d *Driver) LockCaller() (unlock func(), exact bool) {
-	runtime.LockOSThread()
-	t := threadID()
-	d.caller.Store(t)
-	return func() {
-		d.caller.Store(0)
-		runtime.UnlockOSThread()
-	}, t != 0
+// ByThread makes the windows tell the caller's calls (WindowCalls) from
+// those other threads make meanwhile (BesideCalls), by the thread that
+// makes them, and reports whether it can (on Linux); elsewhere every call
+// inside a window counts as the caller's. Call it before the first window,
+// from the goroutine that opens them.
+func (d *Driver) ByThread() bool {
+	d.byThread = threadID() != 0
+	return d.byThread
 }
 
 // WindowCalls returns the calls made inside the workload's strategy calls
-// so far: the caller's critical path (with LockCaller), or that and
+// so far: the caller's critical path (with ByThread), or that and
 // whatever background call overlapped it (without).
 func (d *Driver) WindowCalls() Calls { return load(&d.winN, &d.winNS) }
 
 // BesideCalls returns the calls other threads made while the workload was
-// inside a strategy call, with LockCaller: the background work that ran
+// inside a strategy call, with ByThread: the background work that ran
 // beside the caller's path.
 func (d *Driver) BesideCalls() Calls { return load(&d.besN, &d.besNS) }
 

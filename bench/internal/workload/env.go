@@ -108,7 +108,7 @@ type Result struct {
 	Preempted                             int64          // sequences preempted for want of memory and served again (KV)
 	WindowCalls                           counting.Calls // driver calls inside the workload's strategy calls: the caller's (PathExact), or every thread's
 	BesideCalls                           counting.Calls // driver calls other threads made meanwhile (PathExact)
-	PathExact                             bool           // the caller's calls were told apart by thread (counting.Driver.LockCaller)
+	PathExact                             bool           // the caller's calls were told apart by thread (counting.Driver.ByThread)
 	CPUNS                                 int64          // process CPU time (user + system) during the run: every goroutine's
 
 	// What a user of the server feels (KV): the first token, from

@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // Sharing chunks with other processes.
@@ -91,8 +92,13 @@ func (p *Pool) putSharedLocked(c Chunk, l lease) error {
 	}
 	delete(p.out, c.Handle)
 	p.stats.InUse--
+	p.freeing++ // on its way back: a growth short of memory waits for it (roomNow)
 	p.mu.Unlock()
+	sched.At(sched.SharedFree, p)
 	_ = p.freeShared(doomedRef{h: c.Handle}) // a failure keeps it doomed, for Trim and Close
+	p.mu.Lock()
+	p.freeing--
+	p.mu.Unlock()
 	return nil
 }
 

@@ -3,6 +3,7 @@ package chunk_test
 import (
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -10,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/faultdriver"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // An exported chunk is exported once, and freed, never cached, when it comes
@@ -230,4 +232,46 @@ func TestExportReadOnly(t *testing.T) {
 		require.NoError(t, p.Lender().Put(c))
 	}
 	assert.Zero(t, p.Stats().HeldBytes, "shared chunks are freed")
+}
+
+// Regression: a shared chunk put back is freed, never cached, after the
+// pool's lock is let go; a growth short of device memory meanwhile found the
+// chunk neither in the books nor counted as freeing, and failed beside the
+// memory its free was about to give back. Now it is counted as freeing, so
+// the growth's relief waits for that free and counts it. The Put is held
+// between the books and the free until the relief has begun.
+func TestRegressionReliefWaitsForASharedFree(t *testing.T) {
+	d := newDriver(t, g) // room for one chunk
+	p, err := chunk.New(d, chunk.Config{Shareable: true, MaxCached: -1})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	l := p.Lender()
+	c, err := l.Get()
+	require.NoError(t, err)
+	_, err = l.Export(c, 1234)
+	require.NoError(t, err)
+	freeing, relief := make(chan struct{}), make(chan struct{})
+	var held, began sync.Once
+	defer sched.Set(func(at sched.Point, who any) {
+		if who != p {
+			return
+		}
+		switch at {
+		case sched.SharedFree:
+			held.Do(func() {
+				close(freeing)
+				<-relief
+				time.Sleep(50 * time.Millisecond) // the relief, unaware, would be over by now
+			})
+		case sched.ReliefBegin:
+			began.Do(func() { close(relief) })
+		}
+	})()
+	put := make(chan error, 1)
+	go func() { put <- l.Put(c) }()
+	<-freeing
+	cs, err := l.Acquire(chunk.NewTenant(), 1)
+	require.NoError(t, err, "the shared chunk's free makes room for the Acquire")
+	require.NoError(t, <-put)
+	require.NoError(t, l.Put(cs[0]))
 }

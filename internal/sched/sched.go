@@ -42,6 +42,7 @@ const (
 	ShrinkWait    Point = "shrink.wait"     // a Shrink without streams holds nothing and is about to wait for the device
 	ShrinkWaited  Point = "shrink.waited"   // it has waited, and is about to take its arena's lock
 	ShareExported Point = "share.exported"  // Share exported the chunks and let go of its arena's lock, before it sends them
+	SharedFree    Point = "shared.free"     // a shared chunk put back is out of the pool's books, counted as freeing, before it is freed
 )
 
 var hook atomic.Pointer[func(Point, any)]

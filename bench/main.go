@@ -874,7 +874,7 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	// The workload runs on this goroutine, which holds its thread while it
 	// is inside a strategy call, so that the driver calls on the caller's
 	// path are told from the worker's by the thread that makes them.
-	env.Res.PathExact = cd.ByThread()
+	env.Res.PathExact = cd.ByThread(threadID)
 	cpu0 := cpuTime()
 	start := time.Now()
 	if _, ok := w.(workload.Models); !ok {

@@ -69,7 +69,7 @@ type Exception struct {
 // entry is a place where code outside acl/ talks to the operating system.
 var Exceptions = []Exception{
 	{Dir: "bench", Import: "syscall",
-		Why: "the benchmark program reads its own CPU time (getrusage, GetProcessTimes), which package os does not offer; it is a program, not the library"},
+		Why: "the benchmark program reads its own CPU time (getrusage, GetProcessTimes) and the id of its caller's OS thread (gettid), which package os does not offer; it is a program, not the library"},
 }
 
 // A Violation is an import, or a use of unsafe, that breaks a rule.

@@ -136,6 +136,7 @@ type Driver struct {
 	// counts, an upper bound of the caller's own.
 	window      atomic.Bool
 	caller      atomic.Int64 // the OS thread the caller holds during a window (ByThread); 0: not known
+	thread      func() int64 // the calling OS thread's id (ByThread); read only once caller is seen set
 	byThread    bool         // ByThread was called (the caller's goroutine's alone, as held)
 	held        bool         // the caller holds its thread: a window is open (ByThread)
 	winN, winNS [NumOps]atomic.Int64
@@ -242,7 +243,7 @@ func (d *Driver) done(op Op, start time.Time) time.Time {
 	d.ns[op].Add(ns)
 	d.total.Add(ns)
 	if d.window.Load() {
-		if t := d.caller.Load(); t == 0 || threadID() == t {
+		if t := d.caller.Load(); t == 0 || d.thread() == t {
 			d.winN[op].Add(1)
 			d.winNS[op].Add(ns)
 		} else {
@@ -271,18 +272,23 @@ func (d *Driver) Window(in bool) {
 	if d.byThread && !d.held {
 		runtime.LockOSThread() // no other goroutine runs on it until the window closes
 		d.held = true
-		d.caller.Store(threadID())
+		d.caller.Store(d.thread()) // after thread was set: whoever sees caller set may call it
 	}
 	d.window.Store(true)
 }
 
 // ByThread makes the windows tell the caller's calls (WindowCalls) from
 // those other threads make meanwhile (BesideCalls), by the thread that
-// makes them, and reports whether it can (on Linux); elsewhere every call
-// inside a window counts as the caller's. Call it before the first window,
-// from the goroutine that opens them.
-func (d *Driver) ByThread() bool {
-	d.byThread = threadID() != 0
+// makes them, as id names it (the calling OS thread's id; the bench's
+// program asks the operating system, which this package does not), and
+// reports whether it can: not when id is nil or returns 0, and then every
+// call inside a window counts as the caller's. Call it before the first
+// window, from the goroutine that opens them.
+func (d *Driver) ByThread(id func() int64) bool {
+	d.byThread = id != nil && id() != 0
+	if d.byThread {
+		d.thread = id
+	}
 	return d.byThread
 }
 

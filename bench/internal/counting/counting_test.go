@@ -32,7 +32,7 @@ func TestWindowCountsTheCallersCallsOnly(t *testing.T) {
 		d := counting.New(hd, 0)
 		exact := false
 		if lock {
-			exact = d.ByThread()
+			exact = d.ByThread(threadID)
 		}
 		d.Window(true)
 		granularity(t, d) // the caller's

@@ -1,6 +1,6 @@
-package counting
+package counting_test
 
 import "syscall"
 
-// threadID returns the calling OS thread's id.
+// threadID is the calling OS thread's id.
 func threadID() int64 { return int64(syscall.Gettid()) }

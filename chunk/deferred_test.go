@@ -599,46 +599,6 @@ func TestTryAcquireStandsAsideDuringRelief(t *testing.T) {
 	}
 }
 
-// Regression (found by the fuzzer in CI, timing-dependent): a relief claimed
-// a batch whose chunk the worker was unmapping at that moment; the worker put
-// the chunk in the cache, so the relief was handed nothing and counted no
-// progress, and the Acquire gave up beside a cached chunk. Here the worker is
-// stopped inside that unmap until the relief has claimed the batch.
-func TestRegressionReliefClaimsWhatTheWorkerUnmaps(t *testing.T) {
-	_, p, base, s := budgeted(t, 1)
-	l := p.Lender()
-	c, err := l.Get()
-	require.NoError(t, err)
-	require.NoError(t, l.Map(base, c))
-	unmapping, goOn, chosen := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	var stop, chose sync.Once
-	defer sched.Set(func(at sched.Point, who any) {
-		if who != p {
-			return
-		}
-		switch at {
-		case sched.ReleaseUnmap:
-			stop.Do(func() { close(unmapping); <-goOn })
-		case sched.ReliefSelect:
-			chose.Do(func() { close(chosen) })
-		}
-	})()
-	// The stream is idle: the worker unmaps the chunk at once, and stops there.
-	require.NoError(t, l.ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s}))
-	<-unmapping
-	got := make(chan error, 1)
-	go func() {
-		cs, err := l.Acquire(chunk.NewTenant(), 1)
-		if err == nil {
-			err = l.Put(cs[0])
-		}
-		got <- err
-	}()
-	<-chosen // the relief claimed the batch under the worker's unmap
-	close(goOn)
-	require.NoError(t, <-got, "the chunk the worker put back serves the Acquire")
-}
-
 // meter is a Client that reports the bytes it uses (a chunk.Meter).
 type meter struct {
 	refiller
@@ -694,71 +654,110 @@ func TestAskRefillStartsTheWorker(t *testing.T) {
 	m.AskRefill() // a closed pool: nothing
 }
 
-// Regression (found by the fuzzer in CI): on a device that is full, with no
-// budget and no room in the cache, a chunk the worker unmapped and freed
-// after the growth's take fell short is room on the device, not in the
-// cache, and the relief counted it as no progress: the Acquire failed beside
-// a free device. The worker is stopped inside that unmap, then let go either
-// once the relief has claimed its batch, or as the relief begins, finishing
-// before the relief looks.
-func TestRegressionReliefCountsWhatTheWorkerFrees(t *testing.T) {
-	for _, tc := range []struct {
+// Regressions (found by the fuzzer in CI, timing-dependent): a chunk the
+// worker unmaps while a growth is short of memory comes back where the
+// growth's relief is not handed it, and the relief counted no progress, so
+// the Acquire gave up beside it:
+//
+//   - cached: the relief claimed the batch whose chunk the worker was
+//     unmapping at that moment; the worker put the chunk in the cache;
+//   - freed: on a device that is full, with no budget and no cache, the
+//     worker freed it: room on the device, not in the cache, which no count
+//     of the pool's showed (now its returns count does).
+//
+// The worker is stopped inside that unmap, then let go once the relief has
+// claimed its batch, or as the relief begins, finishing before it looks.
+func TestRegressionReliefCountsWhatTheWorkerPutsBack(t *testing.T) {
+	for _, pool := range []struct {
 		name string
-		at   sched.Point
-	}{{"claimed", sched.ReliefSelect}, {"before", sched.ReliefBegin}} {
-		at := tc.at
-		t.Run(tc.name, func(t *testing.T) {
-			d := scrubDriver(t, g) // room for one chunk
-			p, err := chunk.New(d, chunk.Config{MaxCached: -1})
-			require.NoError(t, err)
-			base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
-			require.NoError(t, err)
-			s, err := d.CreateStream()
-			require.NoError(t, err)
-			t.Cleanup(func() {
-				assert.NoError(t, p.Close())
-				assert.NoError(t, d.ReleaseMemAddress(base))
-				assert.NoError(t, d.DestroyStream(s))
-				assert.Zero(t, d.Faults(), "no unmap under work in flight")
+		make func(t *testing.T) (*chunk.Pool, acl.DevicePtr, acl.Stream)
+	}{
+		{"cached", func(t *testing.T) (*chunk.Pool, acl.DevicePtr, acl.Stream) {
+			_, p, base, s := budgeted(t, 1)
+			return p, base, s
+		}},
+		{"freed", func(t *testing.T) (*chunk.Pool, acl.DevicePtr, acl.Stream) {
+			return deviceFull(t)
+		}},
+	} {
+		for _, tc := range []struct {
+			name string
+			at   sched.Point
+		}{{"claimed", sched.ReliefSelect}, {"before", sched.ReliefBegin}} {
+			t.Run(pool.name+"/"+tc.name, func(t *testing.T) {
+				p, base, s := pool.make(t)
+				workerPutsBackDuringRelief(t, p, base, s, tc.at)
 			})
-			l := p.Lender()
-			c, err := l.Get()
-			require.NoError(t, err)
-			require.NoError(t, l.Map(base, c))
-			unmapping, goOn, reached := make(chan struct{}), make(chan struct{}), make(chan struct{})
-			var stop, once sync.Once
-			defer sched.Set(func(pt sched.Point, who any) {
-				if who != p {
+		}
+	}
+}
+
+// deviceFull returns a pool with no budget and no cache on a device with
+// room for one chunk, a reservation of two chunks and a stream.
+func deviceFull(t *testing.T) (*chunk.Pool, acl.DevicePtr, acl.Stream) {
+	d := scrubDriver(t, g)
+	p, err := chunk.New(d, chunk.Config{MaxCached: -1})
+	require.NoError(t, err)
+	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+	require.NoError(t, err)
+	s, err := d.CreateStream()
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		assert.NoError(t, p.Close())
+		assert.NoError(t, d.ReleaseMemAddress(base))
+		assert.NoError(t, d.DestroyStream(s))
+		assert.Zero(t, d.Faults(), "no unmap under work in flight")
+	})
+	return p, base, s
+}
+
+// workerPutsBackDuringRelief maps p's one chunk at base, releases it after
+// the idle stream s and stops the worker inside its unmap; an Acquire of
+// one chunk then falls short and relieves, and the worker is let go when
+// the relief reaches at (at ReliefBegin it finishes before the relief looks
+// on). The Acquire must get the chunk.
+func workerPutsBackDuringRelief(t *testing.T, p *chunk.Pool, base acl.DevicePtr, s acl.Stream, at sched.Point) {
+	l := p.Lender()
+	c, err := l.Get()
+	require.NoError(t, err)
+	require.NoError(t, l.Map(base, c))
+	frees := p.Stats().Frees
+	unmapping, goOn, reached := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var stop, once sync.Once
+	defer sched.Set(func(pt sched.Point, who any) {
+		if who != p {
+			return
+		}
+		switch pt {
+		case sched.ReleaseUnmap:
+			stop.Do(func() { close(unmapping); <-goOn })
+		case at:
+			once.Do(func() {
+				close(reached)
+				if at != sched.ReliefBegin {
 					return
 				}
-				switch pt {
-				case sched.ReleaseUnmap:
-					stop.Do(func() { close(unmapping); <-goOn })
-				case at:
-					once.Do(func() {
-						close(reached)
-						if at == sched.ReliefBegin {
-							// The worker frees the chunk before the relief looks.
-							for end := time.Now().Add(5 * time.Second); p.Stats().Frees == 0 && time.Now().Before(end); {
-								time.Sleep(time.Millisecond)
-							}
-						}
-					})
+				// The worker puts the chunk back before the relief looks.
+				for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+					if st := p.Stats(); st.Cached > 0 || st.Frees > frees {
+						return
+					}
 				}
-			})()
-			require.NoError(t, l.ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s})) // the stream is idle
-			<-unmapping                                                                           // the worker is unmapping the chunk
-			got := make(chan error, 1)
-			go func() {
-				cs, err := l.Acquire(chunk.NewTenant(), 1)
-				if err == nil {
-					err = l.Put(cs[0])
-				}
-				got <- err
-			}()
-			<-reached
-			close(goOn)
-			require.NoError(t, <-got, "the chunk the worker freed serves the Acquire")
-		})
-	}
+			})
+		}
+	})()
+	// The stream is idle: the worker unmaps the chunk at once, and stops there.
+	require.NoError(t, l.ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s}))
+	<-unmapping
+	got := make(chan error, 1)
+	go func() {
+		cs, err := l.Acquire(chunk.NewTenant(), 1)
+		if err == nil {
+			err = l.Put(cs[0])
+		}
+		got <- err
+	}()
+	<-reached
+	close(goOn)
+	require.NoError(t, <-got, "the chunk the worker put back serves the Acquire")
 }

@@ -512,8 +512,14 @@ func TestIdleWorkerParks(t *testing.T) {
 // when the driver must have seen no unmap under work in flight.
 func budgeted(t *testing.T, chunks int64) (*host.Driver, *chunk.Pool, acl.DevicePtr, acl.Stream) {
 	t.Helper()
-	d := scrubDriver(t, 64<<20)
-	p, err := chunk.New(d, chunk.Config{Budget: chunks * g})
+	return poolOn(t, 64<<20, chunk.Config{Budget: chunks * g})
+}
+
+// poolOn is budgeted for a pool of cfg on a host driver of capacity bytes.
+func poolOn(t *testing.T, capacity uintptr, cfg chunk.Config) (*host.Driver, *chunk.Pool, acl.DevicePtr, acl.Stream) {
+	t.Helper()
+	d := scrubDriver(t, capacity)
+	p, err := chunk.New(d, cfg)
 	require.NoError(t, err)
 	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
 	require.NoError(t, err)
@@ -677,7 +683,8 @@ func TestRegressionReliefCountsWhatTheWorkerPutsBack(t *testing.T) {
 			return p, base, s
 		}},
 		{"freed", func(t *testing.T) (*chunk.Pool, acl.DevicePtr, acl.Stream) {
-			return deviceFull(t)
+			_, p, base, s := poolOn(t, g, chunk.Config{MaxCached: -1}) // a full device, no budget, no cache
+			return p, base, s
 		}},
 	} {
 		for _, tc := range []struct {
@@ -690,25 +697,6 @@ func TestRegressionReliefCountsWhatTheWorkerPutsBack(t *testing.T) {
 			})
 		}
 	}
-}
-
-// deviceFull returns a pool with no budget and no cache on a device with
-// room for one chunk, a reservation of two chunks and a stream.
-func deviceFull(t *testing.T) (*chunk.Pool, acl.DevicePtr, acl.Stream) {
-	d := scrubDriver(t, g)
-	p, err := chunk.New(d, chunk.Config{MaxCached: -1})
-	require.NoError(t, err)
-	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
-	require.NoError(t, err)
-	s, err := d.CreateStream()
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		assert.NoError(t, p.Close())
-		assert.NoError(t, d.ReleaseMemAddress(base))
-		assert.NoError(t, d.DestroyStream(s))
-		assert.Zero(t, d.Faults(), "no unmap under work in flight")
-	})
-	return p, base, s
 }
 
 // workerPutsBackDuringRelief maps p's one chunk at base, releases it after

@@ -12,13 +12,13 @@ import (
 )
 
 // Arenas on a pool that chose its chunk size from a large budget (8 MiB
-// chunks for 16 GiB) grow in those chunks, keep their bytes, shrink whole
+// chunks for 8 GiB) grow in those chunks, keep their bytes, shrink whole
 // chunks back, and share them: a chunk one arena gave back serves the other,
 // cleared, and the first arena's bytes never reach it.
 func TestArenasOnAChosenChunkSize(t *testing.T) {
 	const cs = 8 << 20
 	d := isoDriver(t, 128<<20)
-	pool, err := chunk.New(d, chunk.Config{Budget: 16 << 30})
+	pool, err := chunk.New(d, chunk.Config{Budget: 8 << 30})
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
 	require.Equal(t, cs, pool.ChunkSize())

@@ -52,8 +52,8 @@ func ExampleSizeFor() {
 	// Output:
 	// budget    0 GiB:  2 MiB chunks
 	// budget    1 GiB:  2 MiB chunks
-	// budget   16 GiB:  8 MiB chunks
+	// budget   16 GiB: 16 MiB chunks
 	// budget   80 GiB: 32 MiB chunks
 	// budget 1024 GiB: 32 MiB chunks
-	// the pool chose 8 MiB
+	// the pool chose 16 MiB
 }

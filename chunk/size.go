@@ -7,11 +7,12 @@ import "math/bits"
 const (
 	// BudgetChunks is the number of chunks the chosen size divides the
 	// budget into, to the nearest power of two. An arena holds at most one
-	// partial chunk beyond its length, so 64 arenas sharing the budget waste
-	// at most 64 chunks: 2.2–4.4% of it with 2,048 (the rounding to a
-	// power of two moves the size by up to √2 either way), while a 16 GiB
-	// budget is mapped in 8 MiB calls, a quarter of the calls of 2 MiB ones.
-	BudgetChunks = 2048
+	// partial chunk beyond its length (and its headroom, none by default),
+	// so 64 arenas sharing the budget waste at most 64 chunks: 4.4–8.8% of
+	// it with 1,024 (the rounding to a power of two moves the size by up to
+	// √2 either way), half a chunk each on average, while a 16 GiB budget
+	// is mapped in 16 MiB calls, an eighth of the calls of 2 MiB ones.
+	BudgetChunks = 1024
 	// MaxAutoSize caps the size a pool chooses: 32 MiB maps a GiB in 32
 	// calls, and beyond it the calls saved are few while every arena holds
 	// at least one chunk, whatever it needs: a pool that holds several
@@ -25,8 +26,8 @@ const (
 // the power of two nearest budget/BudgetChunks (nearest on a log scale, so
 // from 0.71 to 1.41 times it), at least the granularity and at most
 // MaxAutoSize, rounded down to a multiple of the granularity. A budget of 0
-// (no cap) gives the granularity, and so does one below 2,896 granularities
-// when the granularity is a power of two (5.66 GiB of 2 MiB ones).
+// (no cap) gives the granularity, and so does one below 1,449 granularities
+// when the granularity is a power of two (2.83 GiB of 2 MiB ones).
 // New chooses this size unless the driver's largest reservation is smaller,
 // then the granularity. A granularity of 0 or less returns 0.
 func SizeFor(budget int64, granularity int) int {

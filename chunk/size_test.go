@@ -26,20 +26,20 @@ func TestSizeForRule(t *testing.T) {
 		{-1, g, g},                        // not a budget
 		{1, g, g},                         // tiny: below one chunk (New refuses it)
 		{g, g, g},                         // one chunk
-		{4 << 30, g, g},                   // 2 MiB exactly
-		{2896 * g, g, g},                  // just below 2√2 MiB per chunk
-		{2897 * g, g, 4 * mib},            // just above
-		{5044 * mib, g, g},                // the bench's default KV budget
-		{16 << 30, g, 8 * mib},            // 8 MiB exactly
-		{18058 * mib, g, 8 * mib},         // the bench's server-size budget
+		{2 << 30, g, g},                   // 2 MiB exactly
+		{1448 * g, g, g},                  // just below 2√2 MiB per chunk
+		{1449 * g, g, 4 * mib},            // just above
+		{5044 * mib, g, 4 * mib},          // the bench's default KV budget
+		{16 << 30, g, 16 * mib},           // 16 MiB exactly
+		{18058 * mib, g, 16 * mib},        // the bench's server-size budget
 		{54170 * mib, g, 32 * mib},        // three models' weights and their KV
-		{64 << 30, g, 32 * mib},           // MaxAutoSize exactly
+		{32 << 30, g, 32 * mib},           // MaxAutoSize exactly
 		{128 << 30, g, 32 * mib},          // past it: capped
 		{1 << 50, g, chunk.MaxAutoSize},   // huge: capped
 		{1<<63 - 1, g, chunk.MaxAutoSize}, // the largest budget
 		{64 << 30, 3 * mib, 30 * mib},     // 32 MiB rounded down to a multiple of 3 MiB
-		{8 << 30, 3 * mib, 3 * mib},       // 4 MiB rounds down to one granule
-		{16 << 30, 3 * mib, 6 * mib},      // 8 MiB rounds down to two
+		{4 << 30, 3 * mib, 3 * mib},       // 4 MiB rounds down to one granule
+		{8 << 30, 3 * mib, 6 * mib},       // 8 MiB rounds down to two
 		{1 << 40, 48 * mib, 48 * mib},     // a granularity above the cap
 		{16 << 30, 0, 0},                  // no granularity: nothing to choose
 	} {
@@ -72,7 +72,7 @@ func TestNewChoosesTheChunkSize(t *testing.T) {
 	}{
 		{chunk.Config{}, g},
 		{chunk.Config{Budget: 3 * g}, g},
-		{chunk.Config{Budget: 16 << 30}, 8 << 20},
+		{chunk.Config{Budget: 16 << 30}, 16 << 20},
 		{chunk.Config{Budget: 1 << 40}, chunk.MaxAutoSize},
 		{chunk.Config{Size: g, Budget: 16 << 30}, g},                 // explicit Size wins
 		{chunk.Config{Size: 128 << 20, Budget: 16 << 30}, 128 << 20}, // even above the cap
@@ -101,7 +101,7 @@ func TestNewChoosesTheChunkSize(t *testing.T) {
 // and keeps its budget in bytes of them.
 func TestChosenChunksWork(t *testing.T) {
 	d := newDriver(t, 64<<20)
-	p, err := chunk.New(d, chunk.Config{Budget: 16 << 30}) // 8 MiB chunks
+	p, err := chunk.New(d, chunk.Config{Budget: 8 << 30}) // 8 MiB chunks
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, p.Close()) }()
 	require.NoError(t, p.SetBudget(32<<20)) // four of them; the size stays

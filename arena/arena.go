@@ -560,6 +560,42 @@ func (a *Arena) Alloc(size, align int) (Buffer, error) {
 	return a.allocSlow(uint64(size), uint64(align))
 }
 
+// AllocN cuts len(dst) buffers of size bytes each into dst, one after
+// another, each at an offset that is a multiple of align: the buffers
+// len(dst) calls of Alloc(size, align) would cut with no other Alloc between
+// them, in one step and for the cost of one Alloc (an inference engine
+// appending a token's K and V for every layer makes one call, not two a
+// layer). Buffer i starts at dst[0].Offset() + i × size rounded up to
+// align. Either every buffer is cut or none: a failed AllocN leaves the
+// arena and dst as they were and returns what Alloc would for the span they
+// cover together; an empty dst cuts nothing.
+func (a *Arena) AllocN(dst []Buffer, size, align int) error {
+	if a == nil {
+		return errClosed
+	}
+	if size < 0 || align <= 0 || align&(align-1) != 0 || uint64(align) > a.maxAlign {
+		return a.badAlloc(size, align)
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	stride := (uint64(size) + uint64(align) - 1) &^ (uint64(align) - 1)
+	n := uint64(len(dst))
+	// The span is (n-1)·stride + size, checked against the reservation
+	// before it is computed, so that it cannot wrap.
+	if stride != 0 && n-1 > a.reserved/stride || (n-1)*stride > a.reserved-min(uint64(size), a.reserved) {
+		return a.exhausted(fmt.Sprintf("alloc %d buffers of %s", n, units.Bytes(int64(size))))
+	}
+	b, err := a.Alloc(int((n-1)*stride+uint64(size)), align)
+	if err != nil {
+		return err
+	}
+	for i := range dst {
+		dst[i] = Buffer{a: a, off: b.off + uintptr(i)*uintptr(stride), n: uintptr(size), gen: b.gen}
+	}
+	return nil
+}
+
 func (a *Arena) badAlloc(size, align int) error {
 	switch {
 	case a.drv == nil:

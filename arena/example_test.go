@@ -140,6 +140,36 @@ func ExampleArena_ShrinkTo() {
 	// new physical allocations for the next prompt: 0
 }
 
+// A KV cache appends a token's K and V for every layer in one call: one
+// step of the allocator, not two per layer, and the tensors lie one after
+// another as separate Allocs would cut them.
+func ExampleArena_AllocN() {
+	drv, err := host.New(host.Config{Capacity: 64 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer drv.Close()
+	a, err := arena.New(arena.Config{Driver: drv, Reserve: 32 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer a.Close()
+
+	const layers, kvBytes = 4, 1000 // per layer, per token: K or V
+	kv := make([]arena.Buffer, 2*layers)
+	for token := range 2 {
+		if err := a.AllocN(kv, kvBytes, 256); err != nil {
+			log.Fatal(err)
+		}
+		fmt.Printf("token %d: layer 0 K at %d, V at %d; layer 3 V at %d\n", token, kv[0].Offset(), kv[1].Offset(), kv[7].Offset())
+	}
+	fmt.Println("bytes in use:", a.Len())
+	// Output:
+	// token 0: layer 0 K at 0, V at 1024; layer 3 V at 7168
+	// token 1: layer 0 K at 8192, V at 9216; layer 3 V at 15360
+	// bytes in use: 16360
+}
+
 func Example_sharedPool() {
 	drv, err := host.New(host.Config{Capacity: 256 << 20})
 	if err != nil {

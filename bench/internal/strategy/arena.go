@@ -122,7 +122,8 @@ func (s *arenaStrategy) Prepare() error {
 type arenaRegion struct {
 	a      *arena.Arena
 	eager  bool
-	warmed bool // the pool was warmed at start (Config.Warm)
+	warmed bool           // the pool was warmed at start (Config.Warm)
+	bufs   []arena.Buffer // AllocN's, reused
 }
 
 func (r *arenaRegion) Grow(n int64) error { return r.a.Grow(int(n)) }
@@ -133,6 +134,22 @@ func (r *arenaRegion) Alloc(n, align int64) (int64, error) {
 		return 0, err
 	}
 	return int64(b.Offset()), nil
+}
+
+// AllocN cuts the tensors with one Arena.AllocN: one step of the arena's
+// allocator for all of them.
+func (r *arenaRegion) AllocN(count int, n, align int64) (int64, error) {
+	if _, _, err := span(count, n, align); err != nil {
+		return 0, err
+	}
+	if cap(r.bufs) < count {
+		r.bufs = make([]arena.Buffer, count)
+	}
+	bufs := r.bufs[:count]
+	if err := r.a.AllocN(bufs, int(n), int(align)); err != nil {
+		return 0, err
+	}
+	return int64(bufs[0].Offset()), nil
 }
 
 func (r *arenaRegion) Ptr(off, n int64) (acl.DevicePtr, error) {

@@ -49,6 +49,15 @@ func (r *bump) Alloc(n, align int64) (int64, error) {
 	return off, nil
 }
 
+// AllocN is one bump: the tensors lie in a row in the one segment.
+func (r *bump) AllocN(count int, n, align int64) (int64, error) {
+	_, total, err := span(count, n, align)
+	if err != nil {
+		return 0, err
+	}
+	return r.Alloc(total, align)
+}
+
 func (r *bump) Ptr(off, n int64) (acl.DevicePtr, error) {
 	if off < 0 || n < 0 || off+n > r.len {
 		return 0, fmt.Errorf("%s: [%d, +%d) outside %d bytes in use", r.name, off, n, r.len)
@@ -235,6 +244,15 @@ func (r *perTensorRegion) Alloc(n, align int64) (int64, error) {
 	s.used = at + n
 	r.len = s.start + s.used
 	return s.start + at, nil
+}
+
+// AllocN is one bump in the last tensor's segment, as Alloc cuts there.
+func (r *perTensorRegion) AllocN(count int, n, align int64) (int64, error) {
+	_, total, err := span(count, n, align)
+	if err != nil {
+		return 0, err
+	}
+	return r.Alloc(total, align)
 }
 
 func (r *perTensorRegion) find(off int64) int {

@@ -183,6 +183,21 @@ func (r *pagedRegion) Alloc(n, align int64) (int64, error) {
 	return off, nil
 }
 
+// AllocN is one bump when the tensors fit the block in use, else as many
+// Allocs (each may start a block).
+func (r *pagedRegion) AllocN(count int, n, align int64) (int64, error) {
+	_, total, err := span(count, n, align)
+	if err != nil {
+		return 0, err
+	}
+	if off := alignUp(r.len, align); off+total <= r.end {
+		r.len = off + total
+		return off, nil
+	}
+	l, end := r.len, r.end
+	return allocEach(r, count, n, align, func() { r.len, r.end = l, end })
+}
+
 func (r *pagedRegion) Ptr(off, n int64) (acl.DevicePtr, error) {
 	b := r.s.block
 	if off < 0 || n < 0 || off+n > r.len || (n > 0 && off/b != (off+n-1)/b) {

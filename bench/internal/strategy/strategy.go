@@ -31,6 +31,7 @@ package strategy
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
@@ -73,6 +74,12 @@ type Region interface {
 	Grow(n int64) error
 	// Alloc cuts n bytes aligned to align and returns their logical offset.
 	Alloc(n, align int64) (int64, error)
+	// AllocN cuts count tensors of n bytes each, as count Allocs of (n,
+	// align) one after another would, in one call, and returns the first's
+	// offset; on failure it cuts none. Each strategy does it its cheapest
+	// way (the arena with one Arena.AllocN, the others with one bump where
+	// the tensors share a block or segment).
+	AllocN(count int, n, align int64) (int64, error)
 	// Ptr returns the device address of the logical range [off, off+n) now.
 	// It may change with the next Grow or Trim (realloc moves data).
 	Ptr(off, n int64) (acl.DevicePtr, error)
@@ -266,6 +273,38 @@ func (d *dev) free(s segment) error {
 }
 
 func alignUp(n, a int64) int64 { return (n + a - 1) &^ (a - 1) }
+
+// span checks AllocN's arguments and returns the distance between the
+// starts of two tensors in a row (n rounded up to align) and the bytes from
+// the first's start to the last's end.
+func span(count int, n, align int64) (stride, total int64, err error) {
+	if err := checkAlloc(n, align); err != nil {
+		return 0, 0, err
+	}
+	stride = alignUp(n, align)
+	if count < 1 || stride > 0 && int64(count-1) > (math.MaxInt64-n)/stride {
+		return 0, 0, fmt.Errorf("strategy: alloc %d tensors of %d bytes: bad count", count, n)
+	}
+	return stride, int64(count-1)*stride + n, nil
+}
+
+// allocEach is AllocN as count Allocs, for a region whose tensors may not
+// lie in a row (a block boundary between them): on failure undo puts the
+// region back as it was.
+func allocEach(r Region, count int, n, align int64, undo func()) (int64, error) {
+	first := int64(-1)
+	for range count {
+		off, err := r.Alloc(n, align)
+		if err != nil {
+			undo()
+			return 0, err
+		}
+		if first < 0 {
+			first = off
+		}
+	}
+	return first, nil
+}
 
 func checkAlloc(n, align int64) error {
 	if n < 0 || align <= 0 || align&(align-1) != 0 || align > Align {

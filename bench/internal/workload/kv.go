@@ -85,7 +85,7 @@ type KV struct {
 	Load bool
 	// PerToken cuts one tensor per token (every layer's K and V together,
 	// as a layout with the token outermost would) instead of one per
-	// layer's K and V: an Alloc per token instead of 2·Layers.
+	// layer's K and V: a tensor per token instead of 2·Layers.
 	PerToken bool
 	Seed     uint64
 }
@@ -347,9 +347,9 @@ func (c KV) Run(env *Env) (err error) {
 		defer func() { err = errors.Join(err, unload()) }()
 	}
 
-	// appendTokens appends n tokens to s: per token, K and V for every layer.
-	// Per token, K and V of every layer as a tensor each, or, with
-	// PerToken, the token's whole cache as one.
+	// appendTokens appends n tokens to s: per token, K and V of every layer
+	// as a tensor each, cut in one call (Region.AllocN), or, with PerToken,
+	// the token's whole cache as one tensor.
 	allocs, each := 2*c.Layers, layer
 	if c.PerToken {
 		allocs, each = 1, tok
@@ -357,18 +357,11 @@ func (c KV) Run(env *Env) (err error) {
 	appendTokens := func(s *kvSeq, n int) error {
 		for range n {
 			t := env.start()
-			first := int64(-1)
-			for range allocs {
-				off, err := s.r.Alloc(each, strategy.Align)
-				if err != nil {
-					env.stop(t)
-					return err
-				}
-				if first < 0 {
-					first = off
-				}
-			}
+			first, err := s.r.AllocN(allocs, each, strategy.Align)
 			env.stop(t)
+			if err != nil {
+				return err
+			}
 			if err := env.touch(s.r, first, tok); err != nil {
 				return err
 			}

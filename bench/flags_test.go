@@ -187,9 +187,9 @@ func TestChunkZeroIsThePoolsChoice(t *testing.T) {
 		args  []string
 		chunk int64
 	}{
-		{nil, gran}, // the default size: a 5 GiB budget keeps the granularity
-		{server, 8 << 20},
-		{append([]string{"-chunk", "16MiB"}, server...), 16 << 20},
+		{nil, 4 << 20}, // the default size: a 5 GiB budget
+		{server, 16 << 20},
+		{append([]string{"-chunk", "8MiB"}, server...), 8 << 20},
 		{[]string{"-chunk", "4MiB"}, 4 << 20},
 	} {
 		o, err := parseFlags(c.args, io.Discard)
@@ -202,5 +202,36 @@ func TestChunkZeroIsThePoolsChoice(t *testing.T) {
 		if got, want := o.budget(o.kv, gran), o.kv.Budget(c.chunk); got != want {
 			t.Errorf("%q: budget %d, want %d (slack in %d-byte chunks)", c.args, got, want, c.chunk)
 		}
+	}
+}
+
+// -headroom's default leaves the choice to the workload: none for kv, whose
+// running sequences tell their regions the block they will grow into, 2
+// chunks where a region grows without notice; an explicit value wins, and
+// below -1 is refused.
+func TestHeadroomIsTheWorkloadsChoice(t *testing.T) {
+	for _, c := range []struct {
+		args      []string
+		kv, other int
+	}{
+		{nil, 0, 2},
+		{[]string{"-kv-prefetch-blocks=false"}, 2, 2},
+		{[]string{"-kv-prefetch=false"}, 2, 2},
+		{[]string{"-headroom", "3"}, 3, 3},
+		{[]string{"-headroom", "0"}, 0, 0},
+	} {
+		o, err := parseFlags(c.args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := o.headroomFor(o.kv); got != c.kv {
+			t.Errorf("%q: kv headroom %d, want %d", c.args, got, c.kv)
+		}
+		if got := o.headroomFor(o.models); got != c.other {
+			t.Errorf("%q: models headroom %d, want %d", c.args, got, c.other)
+		}
+	}
+	if _, err := parseFlags([]string{"-headroom", "-2"}, io.Discard); err == nil {
+		t.Error("-headroom -2 accepted")
 	}
 }

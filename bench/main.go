@@ -76,7 +76,7 @@ type options struct {
 	maxCached    int
 	growth       float64
 	scrub        string
-	headroom     int           // arena: chunks of headroom per region
+	headroom     int           // arena: chunks of headroom per region; -1: the workload's (headroomFor)
 	maxHead      int           // arena: chunks the learnt headroom may reach; 0: the arena's default
 	ahead        int           // arena: fresh chunks the pool keeps ahead
 	warm         int           // arena: fresh chunks allocated at start (-1: the budget)
@@ -206,7 +206,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxCached, "cache", 0, "arena pool reuse cache, in chunks (0: the pool's default; -1: none)")
 	fs.Float64Var(&o.growth, "growth", 2, "realloc growth factor, above 1")
 	fs.StringVar(&o.scrub, "scrub", "reuse", "arena pool scrub policy: reuse (the default), release, never")
-	fs.IntVar(&o.headroom, "headroom", 2, "arena: chunks of mapped headroom the pool's worker keeps above each region's Len (0: none)")
+	fs.IntVar(&o.headroom, "headroom", -1, "arena: chunks of mapped headroom the pool's worker keeps above each region's Len (0: none; -1, the default: none for kv with -kv-prefetch-blocks, whose regions are told the block they will grow into, 2 elsewhere)")
 	fs.IntVar(&o.maxHead, "max-headroom", 0, "arena: chunks the headroom each region learns may grow to (0: the arena's default, 8 × -headroom; equal to -headroom: fixed)")
 	fs.IntVar(&o.ahead, "ahead", 4, "arena: fresh chunks the pool's worker keeps allocated ahead, within the budget (0: none)")
 	fs.Float64Var(&o.workerCPU, "worker-cpu", 0, "arena: cap the pool's worker at this share of one CPU, e.g. 0.25 (0: no cap; else 0.01 to 1)")
@@ -234,7 +234,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.kv.Prefetch, "kv-prefetch", true, "kv: tell each slot the prompt size of its next request ahead of its prefill (the arena maps it in the background: Arena.Prefetch)")
 	fs.BoolVar(&o.kv.Load, "kv-load", true, "kv: copy the model's weights (-kv-hidden, -kv-vocab) into device memory before serving, from pinned host memory, as a server loads its model (the first prompts are prefetched first, so an arena maps them meanwhile); skipped where the device lacks room for them beside the budget")
 	fs.BoolVar(&o.kv.PerToken, "kv-per-token", false, "kv: one Alloc per token for every layer's K and V (a token-outermost layout) instead of one per layer's K and V")
-	fs.BoolVar(&o.kv.PrefetchBlocks, "kv-prefetch-blocks", false, "kv: with -kv-prefetch, also tell each running sequence the KV block it will grow into, -kv-prefetch-steps tokens ahead")
+	fs.BoolVar(&o.kv.PrefetchBlocks, "kv-prefetch-blocks", true, "kv: with -kv-prefetch, also tell each running sequence the KV block it will grow into, -kv-prefetch-steps tokens ahead, as a scheduler that knows each sequence's length can")
 	fs.IntVar(&o.kv.PrefetchSteps, "kv-prefetch-steps", 8, "kv: with -kv-prefetch, how many steps ahead of the prefill, at most")
 
 	fs.IntVar(&o.models.Models, "mm-models", o.models.Models, "models: models on the device (their shape is kv's: -kv-layers, -kv-heads, -kv-headdim, -kv-dtype, -kv-hidden, -kv-block)")
@@ -335,11 +335,11 @@ func (o *options) check() error {
 		return fmt.Errorf("-register %q: want none, chunk or run", o.register)
 	case o.registerCost < 0:
 		return fmt.Errorf("-register-cost %v: want a duration of 0 or more", o.registerCost)
-	case o.headroom < 0:
-		return fmt.Errorf("-headroom %d: want 0 or more", o.headroom)
+	case o.headroom < -1:
+		return fmt.Errorf("-headroom %d: want -1 (the workload's choice), 0 or more", o.headroom)
 	case o.maxHead < 0:
 		return fmt.Errorf("-max-headroom %d: want 0 (the arena's default) or more", o.maxHead)
-	case o.maxHead > 0 && o.maxHead < o.headroom:
+	case o.maxHead > 0 && o.maxHead < max(o.headroom, 0):
 		return fmt.Errorf("-max-headroom %d is below -headroom %d: the learnt headroom lies between them", o.maxHead, o.headroom)
 	case o.ahead < 0:
 		return fmt.Errorf("-ahead %d: want 0 or more", o.ahead)
@@ -411,6 +411,32 @@ func (o *options) checkBudgets(gran int64) error {
 		return o.models.CheckBudget(o.arenaChunk(o.models, gran))
 	}
 	return nil
+}
+
+// headroomFor is the arena's headroom for workload w, in chunks: -headroom,
+// or with -headroom -1 (the default) none for a kv workload that tells each
+// running sequence's region the block it will grow into (-kv-prefetch with
+// -kv-prefetch-blocks: the scheduler knows when every sequence crosses into
+// its next block, so nothing needs mapping on speculation, and the mapped
+// slack is memory the other sequences do not get), and 2 for the others,
+// whose regions grow without notice.
+func (o *options) headroomFor(w workload.Workload) int {
+	if o.headroom >= 0 {
+		return o.headroom
+	}
+	if kv, ok := w.(workload.KV); ok && kv.Prefetch && kv.PrefetchBlocks {
+		return 0
+	}
+	return 2
+}
+
+// blocksAhead reports whether workload w tells each running sequence's
+// region the block it will grow into before it grows (kv with
+// -kv-prefetch-blocks): such a region holds up to a block mapped ahead of
+// its Len besides its partial chunk.
+func (o *options) blocksAhead(w workload.Workload) bool {
+	kv, ok := w.(workload.KV)
+	return ok && kv.Prefetch && kv.PrefetchBlocks
 }
 
 // arenaChunk is the arena's chunk size for workload w on a driver of
@@ -834,7 +860,7 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	budget := w.Budget(chunkSize)
 	cd := counting.New(s.drv, budget)
 	cfg := strategy.Config{Driver: cd, Chunk: chunkSize, MaxCached: o.maxCached,
-		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroom) * chunkSize,
+		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroomFor(w)) * chunkSize,
 		MaxHeadroom: int64(o.maxHead) * chunkSize, Ahead: o.ahead,
 		WorkerCPU: o.workerCPU, Warm: o.warm, RegisterCost: o.registerCost}
 	if o.register != "none" {

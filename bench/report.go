@@ -689,7 +689,7 @@ func (r *report) targets() []target {
 			fmt.Sprintf("%.2f× (%s vs %s)", ratio, workload.HumanNS(float64(a.CPUNS)), workload.HumanNS(float64(c.CPUNS))), ratio <= 1.1})
 	}
 	if a := r.row("kv", "arena"); a != nil {
-		if a.SteadyTokens > 0 && o.headroom > 0 {
+		if a.SteadyTokens > 0 && (o.headroomFor(o.kv) > 0 || o.blocksAhead(o.kv)) {
 			ts = append(ts,
 				target{"kv: steady state, driver calls per generated token on the critical path", "≤ 0.01",
 					fmt.Sprintf("%.4f (%d calls%s, over %d tokens)", a.CallsPerToken, a.SteadyCalls, boundNote(a.PathExact), a.SteadyTokens),
@@ -703,9 +703,12 @@ func (r *report) targets() []target {
 				"≤ 0.01", fmt.Sprintf("%.4f (%d registrations and %d deregistrations over %d tokens)", a.RegsPerToken, a.Registered, a.Deregistered, a.Tokens),
 				a.RegsPerToken <= 0.01})
 		}
-		headroom := int64(o.headroom) * chunkSize
+		headroom, ahead := int64(o.headroomFor(o.kv))*chunkSize, "headroom"
+		if o.blocksAhead(o.kv) {
+			headroom, ahead = max(headroom, o.kv.BlockBytes()), "the larger of headroom and the block prefetched"
+		}
 		limit := a.PeakLive + int64(a.Regions)*(headroom+chunkSize)
-		ts = append(ts, target{"kv: arena peak committed physical", "≤ peak live + (headroom + 1 chunk) per arena",
+		ts = append(ts, target{"kv: arena peak committed physical", "≤ peak live + (" + ahead + " + 1 chunk) per arena",
 			fmt.Sprintf("%s vs %s + %d×(%s + %s) = %s; held with what is free to take: %s (budget %s)",
 				workload.HumanBytes(a.PeakCommitted), workload.HumanBytes(a.PeakLive), a.Regions, workload.HumanBytes(headroom),
 				workload.HumanBytes(chunkSize), workload.HumanBytes(limit), workload.HumanBytes(a.PeakPhysical),
@@ -729,11 +732,16 @@ func (r *report) targets() []target {
 			continue // the slots of models that do not run hold memory other models reclaim on demand
 		}
 		// The headroom is mapped and unused by design: it is what the
-		// caller asked to keep ready, on top of the one chunk of slack.
-		chunkSize := o.arenaChunk(o.workload(w), r.Gran)
+		// caller asked to keep ready, on top of the one chunk of slack; so
+		// is a block prefetched ahead of the growth it is for.
+		wl := o.workload(w)
+		chunkSize := o.arenaChunk(wl, r.Gran)
 		limit, want := int64(a.Regions)*chunkSize, "waste ≤ 1 chunk per arena"
-		if o.headroom > 0 {
-			limit, want = int64(a.Regions)*(int64(o.headroom)*chunkSize+chunkSize), "waste ≤ headroom + 1 chunk per arena"
+		if h := o.headroomFor(wl); h > 0 {
+			limit, want = int64(a.Regions)*(int64(h)*chunkSize+chunkSize), "waste ≤ headroom + 1 chunk per arena"
+		}
+		if kv, ok := wl.(workload.KV); ok && o.blocksAhead(kv) && kv.BlockBytes() > limit/int64(max(a.Regions, 1))-chunkSize {
+			limit, want = int64(a.Regions)*(kv.BlockBytes()+chunkSize), "waste ≤ the block prefetched + 1 chunk per arena"
 		}
 		ts = append(ts, target{w + ": arena fragmentation", want,
 			fmt.Sprintf("%.2f%% (%s over %d arenas, limit %s)", 100*a.Frag, workload.HumanBytes(a.Waste), a.Regions,

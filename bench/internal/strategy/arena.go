@@ -139,7 +139,7 @@ func (r *arenaRegion) Alloc(n, align int64) (int64, error) {
 // AllocN cuts the tensors with one Arena.AllocN: one step of the arena's
 // allocator for all of them.
 func (r *arenaRegion) AllocN(count int, n, align int64) (int64, error) {
-	if _, _, err := span(count, n, align); err != nil {
+	if _, err := span(count, n, align); err != nil {
 		return 0, err
 	}
 	if cap(r.bufs) < count {

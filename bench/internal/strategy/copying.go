@@ -51,7 +51,7 @@ func (r *bump) Alloc(n, align int64) (int64, error) {
 
 // AllocN is one bump: the tensors lie in a row in the one segment.
 func (r *bump) AllocN(count int, n, align int64) (int64, error) {
-	_, total, err := span(count, n, align)
+	total, err := span(count, n, align)
 	if err != nil {
 		return 0, err
 	}
@@ -248,7 +248,7 @@ func (r *perTensorRegion) Alloc(n, align int64) (int64, error) {
 
 // AllocN is one bump in the last tensor's segment, as Alloc cuts there.
 func (r *perTensorRegion) AllocN(count int, n, align int64) (int64, error) {
-	_, total, err := span(count, n, align)
+	total, err := span(count, n, align)
 	if err != nil {
 		return 0, err
 	}

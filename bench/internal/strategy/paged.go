@@ -186,7 +186,7 @@ func (r *pagedRegion) Alloc(n, align int64) (int64, error) {
 // AllocN is one bump when the tensors fit the block in use, else as many
 // Allocs (each may start a block).
 func (r *pagedRegion) AllocN(count int, n, align int64) (int64, error) {
-	_, total, err := span(count, n, align)
+	total, err := span(count, n, align)
 	if err != nil {
 		return 0, err
 	}
@@ -195,7 +195,18 @@ func (r *pagedRegion) AllocN(count int, n, align int64) (int64, error) {
 		return off, nil
 	}
 	l, end := r.len, r.end
-	return allocEach(r, count, n, align, func() { r.len, r.end = l, end })
+	first := int64(-1)
+	for range count {
+		off, err := r.Alloc(n, align)
+		if err != nil {
+			r.len, r.end = l, end
+			return 0, err
+		}
+		if first < 0 {
+			first = off
+		}
+	}
+	return first, nil
 }
 
 func (r *pagedRegion) Ptr(off, n int64) (acl.DevicePtr, error) {

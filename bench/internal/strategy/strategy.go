@@ -274,36 +274,18 @@ func (d *dev) free(s segment) error {
 
 func alignUp(n, a int64) int64 { return (n + a - 1) &^ (a - 1) }
 
-// span checks AllocN's arguments and returns the distance between the
-// starts of two tensors in a row (n rounded up to align) and the bytes from
-// the first's start to the last's end.
-func span(count int, n, align int64) (stride, total int64, err error) {
+// span checks AllocN's arguments and returns the bytes from the first
+// tensor's start to the last's end: count-1 strides of n rounded up to
+// align, and n.
+func span(count int, n, align int64) (int64, error) {
 	if err := checkAlloc(n, align); err != nil {
-		return 0, 0, err
+		return 0, err
 	}
-	stride = alignUp(n, align)
+	stride := alignUp(n, align)
 	if count < 1 || stride > 0 && int64(count-1) > (math.MaxInt64-n)/stride {
-		return 0, 0, fmt.Errorf("strategy: alloc %d tensors of %d bytes: bad count", count, n)
+		return 0, fmt.Errorf("strategy: alloc %d tensors of %d bytes: bad count", count, n)
 	}
-	return stride, int64(count-1)*stride + n, nil
-}
-
-// allocEach is AllocN as count Allocs, for a region whose tensors may not
-// lie in a row (a block boundary between them): on failure undo puts the
-// region back as it was.
-func allocEach(r Region, count int, n, align int64, undo func()) (int64, error) {
-	first := int64(-1)
-	for range count {
-		off, err := r.Alloc(n, align)
-		if err != nil {
-			undo()
-			return 0, err
-		}
-		if first < 0 {
-			first = off
-		}
-	}
-	return first, nil
+	return int64(count-1)*stride + n, nil
 }
 
 func checkAlloc(n, align int64) error {

@@ -581,12 +581,14 @@ func (a *Arena) AllocN(dst []Buffer, size, align int) error {
 	}
 	stride := (uint64(size) + uint64(align) - 1) &^ (uint64(align) - 1)
 	n := uint64(len(dst))
-	// The span is (n-1)·stride + size, checked against the reservation
-	// before it is computed, so that it cannot wrap.
-	if stride != 0 && n-1 > a.reserved/stride || (n-1)*stride > a.reserved-min(uint64(size), a.reserved) {
+	// The span, (n-1)·stride + size, in 128 bits: past the reservation (or a
+	// word) it cannot fit.
+	hi, lo := bits.Mul64(n-1, stride)
+	span, carry := bits.Add64(lo, uint64(size), 0)
+	if hi != 0 || carry != 0 || span > a.reserved {
 		return a.exhausted(fmt.Sprintf("alloc %d buffers of %s", n, units.Bytes(int64(size))))
 	}
-	b, err := a.Alloc(int((n-1)*stride+uint64(size)), align)
+	b, err := a.Alloc(int(span), align)
 	if err != nil {
 		return err
 	}

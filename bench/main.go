@@ -424,7 +424,7 @@ func (o *options) headroomFor(w workload.Workload) int {
 	if o.headroom >= 0 {
 		return o.headroom
 	}
-	if kv, ok := w.(workload.KV); ok && kv.Prefetch && kv.PrefetchBlocks {
+	if blocksAhead(w) {
 		return 0
 	}
 	return 2
@@ -432,11 +432,21 @@ func (o *options) headroomFor(w workload.Workload) int {
 
 // blocksAhead reports whether workload w tells each running sequence's
 // region the block it will grow into before it grows (kv with
-// -kv-prefetch-blocks): such a region holds up to a block mapped ahead of
-// its Len besides its partial chunk.
-func (o *options) blocksAhead(w workload.Workload) bool {
+// -kv-prefetch-blocks).
+func blocksAhead(w workload.Workload) bool {
 	kv, ok := w.(workload.KV)
 	return ok && kv.Prefetch && kv.PrefetchBlocks
+}
+
+// aheadFor is what an arena of workload w may hold mapped above its Len
+// besides its partial chunk, in bytes, and what that is: its headroom, or a
+// block prefetched where that is larger.
+func (o *options) aheadFor(w workload.Workload, chunkSize int64) (int64, string) {
+	h := int64(o.headroomFor(w)) * chunkSize
+	if kv, ok := w.(workload.KV); ok && blocksAhead(kv) && kv.BlockBytes() > h {
+		return kv.BlockBytes(), "the block prefetched"
+	}
+	return h, "headroom"
 }
 
 // arenaChunk is the arena's chunk size for workload w on a driver of

@@ -689,7 +689,7 @@ func (r *report) targets() []target {
 			fmt.Sprintf("%.2f× (%s vs %s)", ratio, workload.HumanNS(float64(a.CPUNS)), workload.HumanNS(float64(c.CPUNS))), ratio <= 1.1})
 	}
 	if a := r.row("kv", "arena"); a != nil {
-		if a.SteadyTokens > 0 && (o.headroomFor(o.kv) > 0 || o.blocksAhead(o.kv)) {
+		if a.SteadyTokens > 0 && (o.headroomFor(o.kv) > 0 || blocksAhead(o.kv)) {
 			ts = append(ts,
 				target{"kv: steady state, driver calls per generated token on the critical path", "≤ 0.01",
 					fmt.Sprintf("%.4f (%d calls%s, over %d tokens)", a.CallsPerToken, a.SteadyCalls, boundNote(a.PathExact), a.SteadyTokens),
@@ -703,10 +703,7 @@ func (r *report) targets() []target {
 				"≤ 0.01", fmt.Sprintf("%.4f (%d registrations and %d deregistrations over %d tokens)", a.RegsPerToken, a.Registered, a.Deregistered, a.Tokens),
 				a.RegsPerToken <= 0.01})
 		}
-		headroom, ahead := int64(o.headroomFor(o.kv))*chunkSize, "headroom"
-		if o.blocksAhead(o.kv) {
-			headroom, ahead = max(headroom, o.kv.BlockBytes()), "the larger of headroom and the block prefetched"
-		}
+		headroom, ahead := o.aheadFor(o.kv, chunkSize)
 		limit := a.PeakLive + int64(a.Regions)*(headroom+chunkSize)
 		ts = append(ts, target{"kv: arena peak committed physical", "≤ peak live + (" + ahead + " + 1 chunk) per arena",
 			fmt.Sprintf("%s vs %s + %d×(%s + %s) = %s; held with what is free to take: %s (budget %s)",
@@ -737,11 +734,8 @@ func (r *report) targets() []target {
 		wl := o.workload(w)
 		chunkSize := o.arenaChunk(wl, r.Gran)
 		limit, want := int64(a.Regions)*chunkSize, "waste ≤ 1 chunk per arena"
-		if h := o.headroomFor(wl); h > 0 {
-			limit, want = int64(a.Regions)*(int64(h)*chunkSize+chunkSize), "waste ≤ headroom + 1 chunk per arena"
-		}
-		if kv, ok := wl.(workload.KV); ok && o.blocksAhead(kv) && kv.BlockBytes() > limit/int64(max(a.Regions, 1))-chunkSize {
-			limit, want = int64(a.Regions)*(kv.BlockBytes()+chunkSize), "waste ≤ the block prefetched + 1 chunk per arena"
+		if ahead, what := o.aheadFor(wl, chunkSize); ahead > 0 {
+			limit, want = int64(a.Regions)*(ahead+chunkSize), "waste ≤ "+what+" + 1 chunk per arena"
 		}
 		ts = append(ts, target{w + ": arena fragmentation", want,
 			fmt.Sprintf("%.2f%% (%s over %d arenas, limit %s)", 100*a.Frag, workload.HumanBytes(a.Waste), a.Regions,

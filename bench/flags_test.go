@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -173,6 +174,35 @@ func TestModelSpec(t *testing.T) {
 	} {
 		if got := modelSpec(c.spec, c.verify); got != c.want {
 			t.Errorf("modelSpec(%q, %v) = %q, want %q", c.spec, c.verify, got, c.want)
+		}
+	}
+}
+
+// Every reading of a bare model spec keeps no device bytes, the
+// pessimistic one alone too (it once kept them, and its runs spent seconds
+// writing the weights into host memory), unless the run reads them back; a
+// spec that names its options is taken as given.
+func TestReadingsKeepNoData(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-device", "model:h200"}, []string{"model:h200,nodata", "model:h200,nodata,pessimistic"}},
+		{[]string{"-device", "model:h200", "-readings", "profile"}, []string{"model:h200,nodata"}},
+		{[]string{"-device", "model:h200", "-readings", "pessimistic"}, []string{"model:h200,nodata,pessimistic"}},
+		{[]string{"-device", "model:h200", "-readings", "pessimistic", "-touch", "-verify"}, []string{"model:h200,pessimistic"}},
+		{[]string{"-device", "model:h200,pessimistic"}, []string{"model:h200,pessimistic"}},
+	} {
+		o, err := parseFlags(c.args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, r := range o.readingList() {
+			got = append(got, r.spec)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%q: readings %q, want %q", c.args, got, c.want)
 		}
 	}
 }

@@ -637,8 +637,12 @@ func (o *options) readingList() []reading {
 	for _, opt := range strings.Split(arg, ",")[1:] {
 		already = already || strings.EqualFold(strings.TrimSpace(opt), "pessimistic")
 	}
-	prof := reading{name: "profile", spec: spec, out: o.out, img: o.img}
-	pess := reading{name: "pessimistic", spec: spec + ",pessimistic", out: filepath.Join(o.out, "pessimistic"),
+	// modelSpec adds nodata to a bare model spec: keep it for either reading
+	// (once ",pessimistic" is added the spec is no longer bare, and the
+	// model would keep every byte written, the weights' gigabytes included).
+	base := modelSpec(spec, o.verify)
+	prof := reading{name: "profile", spec: base, out: o.out, img: o.img}
+	pess := reading{name: "pessimistic", spec: base + ",pessimistic", out: filepath.Join(o.out, "pessimistic"),
 		img: filepath.Join(o.img, "pessimistic")}
 	switch {
 	case already:
@@ -648,10 +652,6 @@ func (o *options) readingList() []reading {
 	case o.readings == "pessimistic":
 		pess.out, pess.img = o.out, o.img
 		return []reading{pess}
-	}
-	if !strings.Contains(arg, ",") {
-		// modelSpec adds nodata to a bare model spec; keep it for both.
-		prof.spec, pess.spec = modelSpec(spec, o.verify), modelSpec(spec, o.verify)+",pessimistic"
 	}
 	return []reading{prof, pess}
 }

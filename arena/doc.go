@@ -114,9 +114,9 @@
 // needs memory does it take the slow path, map chunks (its own kept chunks
 // first, then the pool's cache, then the driver), and retry. Grow, when the
 // memory is mapped already, takes no lock either. The compare-and-swap is
-// the fast path's whole cost (6–7 ns on a server core, where bumping a
-// pointer that one goroutine owns costs 1–2), so AllocN cuts a batch of
-// buffers, a token's tensors for every layer, with one.
+// the fast path's whole cost (6–7 ns on this project's machines, where
+// bumping a pointer that one goroutine owns costs 1–2), so AllocN cuts a
+// batch of buffers, a token's tensors for every layer, with one.
 //
 // # Failure
 //

@@ -451,6 +451,20 @@ func TestWarm(t *testing.T) {
 	assert.Zero(t, n)
 }
 
+// acquireOne acquires one chunk of p in the background and puts it back,
+// and sends the outcome.
+func acquireOne(p *chunk.Pool) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		cs, err := p.Lender().Acquire(chunk.NewTenant(), 1)
+		if err == nil {
+			err = p.Lender().Put(cs[0])
+		}
+		got <- err
+	}()
+	return got
+}
+
 // refiller is a Client that counts its refills.
 type refiller struct{ n atomic.Int64 }
 
@@ -518,8 +532,19 @@ func budgeted(t *testing.T, chunks int64) (*host.Driver, *chunk.Pool, acl.Device
 // poolOn is budgeted for a pool of cfg on a host driver of capacity bytes.
 func poolOn(t *testing.T, capacity uintptr, cfg chunk.Config) (*host.Driver, *chunk.Pool, acl.DevicePtr, acl.Stream) {
 	t.Helper()
+	return poolThrough(t, capacity, cfg, nil)
+}
+
+// poolThrough is poolOn with the pool on wrap(the host driver), unless wrap
+// is nil.
+func poolThrough(t *testing.T, capacity uintptr, cfg chunk.Config, wrap func(*host.Driver) acl.Driver) (*host.Driver, *chunk.Pool, acl.DevicePtr, acl.Stream) {
+	t.Helper()
 	d := scrubDriver(t, capacity)
-	p, err := chunk.New(d, cfg)
+	var drv acl.Driver = d
+	if wrap != nil {
+		drv = wrap(d)
+	}
+	p, err := chunk.New(drv, cfg)
 	require.NoError(t, err)
 	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
 	require.NoError(t, err)
@@ -547,14 +572,7 @@ func TestRegressionReliefCountsSettledChunks(t *testing.T) {
 	require.NoError(t, d.Launch(s, base, g, kernel))
 	require.NoError(t, p.Lender().ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s}))
 
-	got := make(chan error, 1)
-	go func() {
-		cs, err := p.Lender().Acquire(chunk.NewTenant(), 1)
-		if err == nil {
-			err = p.Lender().Put(cs[0])
-		}
-		got <- err
-	}()
+	got := acquireOne(p)
 	time.Sleep(5 * time.Millisecond) // the Acquire waits for the kernel
 	close(kernel)
 	require.NoError(t, <-got, "the chunk waiting for the device makes room once the kernel is done")
@@ -748,4 +766,105 @@ func workerPutsBackDuringRelief(t *testing.T, p *chunk.Pool, base acl.DevicePtr,
 	<-reached
 	close(goOn)
 	require.NoError(t, <-got, "the chunk the worker put back serves the Acquire")
+}
+
+// A Close of the pool that finds a relief unmapping the chunk it claimed
+// waits for that unmap to end (on the channel the item gets when its unmap
+// begins) before it goes on. When the relief's unmap fails the chunk goes
+// back to waiting, the wait ends all the same, and Close unmaps it itself.
+// Either way nothing is left behind.
+func TestCloseWaitsOutAReliefsUnmap(t *testing.T) {
+	for _, fail := range []bool{false, true} {
+		name := "unmapped"
+		if fail {
+			name = "failed"
+		}
+		t.Run(name, func(t *testing.T) {
+			var fd *faultdriver.Driver
+			d, p, base, s := poolThrough(t, 64<<20, chunk.Config{Budget: g}, func(d *host.Driver) acl.Driver {
+				fd = faultdriver.New(d)
+				return fd
+			})
+			c, err := p.Lender().Get()
+			require.NoError(t, err)
+			require.NoError(t, p.Lender().Map(base, c))
+			kernel := make(chan struct{})
+			require.NoError(t, d.Launch(s, base, g, kernel))
+			require.NoError(t, p.Lender().ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s}))
+			if fail {
+				fd.FailNth(faultdriver.UnmapMem, 1, 0)
+			}
+
+			unmapping, goOn := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			defer sched.Set(func(pt sched.Point, who any) {
+				if who == p && pt == sched.ReleaseUnmap {
+					once.Do(func() { close(unmapping); <-goOn })
+				}
+			})()
+			// The budget is full: the Acquire's relief claims the waiting
+			// chunk and, once the kernel is done, unmaps it, and stops there.
+			got := acquireOne(p)
+			time.Sleep(5 * time.Millisecond) // the relief claims the batch and waits for the kernel
+			close(kernel)
+			<-unmapping
+			closed := make(chan error, 1)
+			go func() { closed <- p.Close() }()
+			select {
+			case err := <-closed:
+				t.Fatalf("Close returned while the relief was unmapping: %v", err)
+			case <-time.After(20 * time.Millisecond):
+			}
+			close(goOn)
+			err = <-got
+			if cerr := <-closed; cerr != nil {
+				// The Acquire handed the chunk may give it back (its Put, or
+				// its own failure on the closed pool) after Close counted it
+				// in use; it is freed then.
+				assert.ErrorContains(t, cerr, "still in use")
+			}
+			if err != nil && !errors.Is(err, chunk.ErrClosed) {
+				// Close wakes the Acquire's retries, which fail (the chunk it
+				// may have got is the pool's again); a relief whose unmap
+				// failed found no room.
+				require.True(t, fail, "Acquire: %v", err)
+				require.ErrorIs(t, err, acl.ErrOutOfMemory)
+			}
+			require.NoError(t, p.Close())
+			assert.Zero(t, p.Stats().Pending)
+		})
+	}
+}
+
+// gatedRefiller is a refiller whose first Refill waits, inside, for out.
+type gatedRefiller struct {
+	refiller
+	in, out chan struct{}
+	once    sync.Once
+}
+
+func (r *gatedRefiller) Refill() {
+	r.once.Do(func() { close(r.in); <-r.out })
+	r.refiller.Refill()
+}
+
+// An AskRefill made while the worker refills the member is served by a
+// refill after that one (the worker clears the request before it refills),
+// and the asks made before the worker comes round again are served by one.
+func TestAskRefillDuringARefill(t *testing.T) {
+	p, err := chunk.New(newDriver(t, 16<<20), chunk.Config{})
+	require.NoError(t, err)
+	defer p.Close()
+	r := &gatedRefiller{in: make(chan struct{}), out: make(chan struct{})}
+	m, err := p.Lender().Join(r, false)
+	require.NoError(t, err)
+	m.AskRefill()
+	<-r.in // the worker is inside the first refill
+	m.AskRefill()
+	m.AskRefill()
+	close(r.out)
+	r.waitFor(t, 2)
+	p.Lender().Settle()
+	p.Lender().Settle()
+	assert.Equal(t, int64(2), r.n.Load(), "the two asks during the first refill: one more refill")
 }

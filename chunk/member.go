@@ -127,11 +127,17 @@ func (m *Member) WantRefill() {
 
 // AskRefill asks the pool's worker for a refill of the member, as
 // WantRefill does, for a member that joined without refills too: it
-// starts the worker if it is not running, and so takes the pool's mutex.
-// It is for a request made once, off the allocation path (an arena's
+// starts the worker if it is not running, taking the pool's mutex only
+// then. It is for a request the caller makes now and then (an arena's
 // Prefetch). It does nothing once the pool is closed.
 func (m *Member) AskRefill() {
-	m.want.Store(true)
+	if m.want.Swap(true) {
+		return // asked before and not yet served: that ask's poke serves this one
+	}
+	if w := m.p.started.Load(); w != nil {
+		w.poke() // once the pool is closed, a poke nobody reads
+		return
+	}
 	m.p.wake()
 }
 

@@ -204,7 +204,8 @@ type Pool struct {
 	pending pending   // chunks waiting for the device before they are unmapped (release.go)
 	wq      waitq     // growths waiting for memory (wait.go)
 	tick    atomic.Uint64
-	w       *worker // started on first need (worker.go)
+	w       *worker                // started on first need (worker.go)
+	started atomic.Pointer[worker] // w once started, read without mu (Member.AskRefill)
 
 	// reliefMu makes reliefs choose their chunks one at a time
 	// (pressure.go), and guards tickets. Nothing that holds it waits for

@@ -44,7 +44,7 @@ type item struct {
 	Mapped
 	b     *batch
 	state chunkState    // chunkWaiting, chunkClaimed or chunkUnmapping while in the books (protocol.go)
-	done  chan struct{} // closed when it leaves the books
+	done  chan struct{} // made when it starts unmapping (the one state anyone waits out), closed when that ends; nil before
 }
 
 // batch is the chunks of one ReleaseAfter, or of one member's gift to a
@@ -212,10 +212,15 @@ func (p *Pool) enqueueEvents(owner *Member, ms []Mapped, evs []acl.Event, claime
 	if claimed {
 		state = chunkClaimed
 	}
-	for i := len(ms) - 1; i >= 0; i-- { // top down
-		it := &item{Mapped: ms[i], b: b, state: state, done: make(chan struct{})}
-		b.items = append(b.items, it)
-		p.pending.byAddr[ms[i].At] = it
+	// One allocation for the batch's items; their done channels are made
+	// only for the items someone may wait for (unmapItems).
+	its := make([]item, len(ms))
+	b.items = make([]*item, len(ms))
+	for i := range ms { // top down
+		it := &its[i]
+		*it = item{Mapped: ms[len(ms)-1-i], b: b, state: state}
+		b.items[i] = it
+		p.pending.byAddr[it.At] = it
 	}
 	p.pending.queue = append(p.pending.queue, b)
 	p.pending.chunks += len(ms)
@@ -350,7 +355,7 @@ func (p *Pool) settleLocked(it *item, to chunkState, closeDone bool) {
 	it.state = to
 	delete(p.pending.byAddr, it.At)
 	p.pending.chunks--
-	if closeDone {
+	if closeDone && it.done != nil {
 		close(it.done)
 	}
 	it.b.left--
@@ -639,6 +644,7 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 			continue
 		}
 		it.state = chunkUnmapping
+		it.done = make(chan struct{})
 		p.mu.Unlock()
 		todo = append(todo, it)
 	}
@@ -712,9 +718,8 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 func (p *Pool) failUnmapLocked(it *item) {
 	it.state = chunkWaiting
 	p.stats.ReleaseErrors++
-	done := it.done
-	it.done = make(chan struct{})
-	close(done)
+	close(it.done) // made when it started unmapping
+	it.done = nil
 }
 
 // mappedOf returns the chunks of items.

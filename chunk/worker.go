@@ -79,6 +79,7 @@ func (p *Pool) workerLocked() *worker {
 		p.w = &worker{kick: make(chan struct{}, 1), settle: make(chan chan struct{}), quit: make(chan struct{}),
 			done: make(chan struct{})}
 		go p.run(p.w)
+		p.started.Store(p.w)
 	}
 	return p.w
 }

@@ -295,6 +295,10 @@ type kvSeq struct {
 	tokens    int       // in the cache
 	gen, left int       // tokens to generate, still to generate
 	last      time.Time // when its last token came
+	// kept is what the empty region was last told to keep (Keeper), when
+	// keptSet: an idle slot is told again only when its next prompt changes.
+	kept    int64
+	keptSet bool
 }
 
 // Run replays the workload on env's strategy.
@@ -587,11 +591,14 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 		if k < len(queue) {
 			prompt = ceilDiv(int64(queue[k].prompt), int64(c.BlockTokens)) * block
 		}
-		if kp, ok := s.r.(strategy.Keeper); ok && !s.active && s.r.Len() == 0 {
-			// An empty slot keeps what its next prompt needs, no more.
+		if kp, ok := s.r.(strategy.Keeper); ok && !s.active && s.r.Len() == 0 && (!s.keptSet || s.kept != prompt) {
+			// An empty slot keeps what its next prompt needs, no more: told
+			// once, as an engine would when the slot frees or its next
+			// request changes, not at every step it waits.
 			if err := env.keep(kp, prompt); err != nil {
 				return err
 			}
+			s.kept, s.keptSet = prompt, true
 		}
 		p, ok := s.r.(strategy.Prefetcher)
 		if !ok || k >= len(queue) {

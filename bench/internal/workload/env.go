@@ -167,7 +167,7 @@ type Env struct {
 
 	src     []byte
 	checked int
-	skew    time.Duration // the device waits' time beyond their modelled length (stepCompute.run)
+	skew    time.Duration // the device waits' time beyond their modelled length (stepCompute.wait)
 	live    int64         // bytes of live tensors now
 	regions map[strategy.Region]bool
 }

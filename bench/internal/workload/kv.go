@@ -492,6 +492,18 @@ func (c KV) Run(env *Env) (err error) {
 				}
 			}
 		}
+		// The step's kernels are launched, and then, while the device runs
+		// them, the next steps' needs are told, as an engine that schedules
+		// ahead does: the worker's driver calls overlap the device's work,
+		// not the launches.
+		d := steps.Step(env.live)
+		computes := d > 0 && busy
+		var launched computeLaunch
+		if computes {
+			if launched, err = compute.launch(d); err != nil {
+				return fmt.Errorf("kv: step %d: compute: %w", step, err)
+			}
+		}
 		if c.Prefetch {
 			if err := c.prefetch(env, seqs, queue, block); err != nil {
 				return fmt.Errorf("kv: step %d: prefetch: %w", step, err)
@@ -505,8 +517,8 @@ func (c KV) Run(env *Env) (err error) {
 		env.Res.StepCalls = append(env.Res.StepCalls, n1-n0)
 		env.Res.StepTokens = append(env.Res.StepTokens, env.Res.Tokens-t0)
 		env.sample(step)
-		if d := steps.Step(env.live); d > 0 && busy {
-			if err := compute.run(d); err != nil {
+		if computes {
+			if err := compute.wait(launched); err != nil {
 				return fmt.Errorf("kv: step %d: compute: %w", step, err)
 			}
 		}
@@ -684,39 +696,67 @@ func newStepCompute(env *Env, c KV) (*stepCompute, error) {
 	return sc, nil
 }
 
-// run launches the step's kernels, d of device time in all, timing each
-// launch, and waits for them.
-//
-// The wait is the device's time, which the model computes; the host's
-// share of the machine is not in it. So the time the wait took beyond the
-// step's modelled length (the longer of d and the launches, which are host
-// work) is added to Env's skew: the serving clock (tokenClock) leaves it
-// out, so that another process taking the host's CPU mid-wait does not
-// move the figures, while the strategy's own calls, on the caller's path
-// or competing with it, still do.
-func (sc *stepCompute) run(d time.Duration) error {
+// computeLaunch is a step's launch, for its wait: when it began, how long
+// the launches took, and the device time asked for.
+type computeLaunch struct {
+	start    time.Time
+	launched time.Duration
+	d, per   time.Duration
+}
+
+// launch launches the step's kernels, d of device time in all, timing each
+// launch, and records the event wait waits for.
+func (sc *stepCompute) launch(d time.Duration) (computeLaunch, error) {
 	sc.env.Res.ComputeNS += int64(d)
-	start := time.Now()
+	cl := computeLaunch{start: time.Now(), d: d}
 	if sc.l == nil {
-		waitCompute(d)
-		sc.env.skewBy(time.Since(start) - d)
-		return nil
+		return cl, nil
 	}
-	per := d / time.Duration(sc.n)
+	cl.per = d / time.Duration(sc.n)
 	res := sc.env.Res
 	w0 := sc.waited()
 	for range sc.n {
 		t := time.Now()
-		if err := sc.l.LaunchFor(sc.stream, 0, 0, per); err != nil {
-			return err
+		if err := sc.l.LaunchFor(sc.stream, 0, 0, cl.per); err != nil {
+			return cl, err
 		}
 		res.LaunchNS += int64(time.Since(t))
 		res.Launches++
 	}
-	launched := time.Since(start)
+	cl.launched = time.Since(cl.start)
 	res.LaunchWaitNS += sc.waited() - w0
-	if err := sc.drv.RecordEvent(sc.ev, sc.stream); err != nil {
+	return cl, sc.drv.RecordEvent(sc.ev, sc.stream)
+}
+
+// run launches the step's kernels and waits for them.
+func (sc *stepCompute) run(d time.Duration) error {
+	cl, err := sc.launch(d)
+	if err != nil {
 		return err
+	}
+	return sc.wait(cl)
+}
+
+// wait waits for the kernels of launch cl.
+//
+// The wait is the device's time, which the model computes; the host's
+// share of the machine is not in it. So the time the step took beyond its
+// modelled length is added to Env's skew: the serving clock (tokenClock)
+// leaves it out, so that another process taking the host's CPU mid-wait
+// does not move the figures, while the strategy's own calls, on the
+// caller's path or competing with it, still do. The modelled length is the
+// longest of d, the launches (host work) and one kernel, and the host work
+// the caller did between the launch and the wait: that work overlaps the
+// device's, and what passes the device's time delays the step, as on a
+// device.
+func (sc *stepCompute) wait(cl computeLaunch) error {
+	host := time.Since(cl.start) // the launches and what the caller did after them
+	if sc.l == nil {
+		for time.Since(cl.start) < cl.d {
+			runtime.Gosched() // a spin on the monotonic clock, yielding as below
+		}
+		sc.env.skewBy(time.Since(cl.start) - max(cl.d, host))
+		return nil
 	}
 	for {
 		done, err := sc.drv.QueryEvent(sc.ev)
@@ -724,7 +764,7 @@ func (sc *stepCompute) run(d time.Duration) error {
 			return err
 		}
 		if done {
-			sc.env.skewBy(time.Since(start) - max(d, launched+per))
+			sc.env.skewBy(time.Since(cl.start) - max(cl.d, cl.launched+cl.per, host))
 			return nil
 		}
 		// Between polls the thread lets other goroutines run, as CUDA's
@@ -749,12 +789,4 @@ func (sc *stepCompute) close() error {
 		return nil
 	}
 	return errors.Join(sc.drv.SynchronizeStream(sc.stream), sc.drv.DestroyEvent(sc.ev), sc.drv.DestroyStream(sc.stream))
-}
-
-// waitCompute spins for d on the monotonic clock, yielding to other
-// goroutines as it goes (see stepCompute.run).
-func waitCompute(d time.Duration) {
-	for t := time.Now(); time.Since(t) < d; {
-		runtime.Gosched()
-	}
 }

@@ -10,7 +10,7 @@ import (
 // strategy's setup is in it), the time between a sequence's tokens, and how
 // long the serving took. A token comes when its step's device compute ends,
 // as a server samples it then. Its clock is the wall clock less Env's skew:
-// every device wait counts as long as it was modelled (stepCompute.run).
+// every device wait counts as long as it was modelled (stepCompute.wait).
 type tokenClock struct {
 	env   *Env
 	start time.Time // serving began: after the setup

@@ -139,7 +139,7 @@ func (r *arenaRegion) Alloc(n, align int64) (int64, error) {
 // needs their device addresses, not a Buffer each, does: the tensors lie at
 // a fixed stride from the first, as on the other strategies, whose AllocN
 // returns the first offset too. (Arena.AllocN, which also fills a Buffer per
-// tensor, writes 2 KiB of them for a token of 64 tensors, three times the
+// tensor, writes 2 KiB of them for a token of 64 tensors, three to four times the
 // cost of the cut itself; a region has no use for them.)
 func (r *arenaRegion) AllocN(count int, n, align int64) (int64, error) {
 	total, err := span(count, n, align)

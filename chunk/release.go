@@ -665,7 +665,10 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 			return -failed
 		}
 	}
-	for _, it := range todo {
+	for i, it := range todo {
+		if i > 0 && !wait {
+			yieldToCallers() // the worker's: see yieldToCallers
+		}
 		sched.At(sched.ReleaseUnmap, p)
 		err := p.drv.UnmapMem(it.At)
 		if err != nil {

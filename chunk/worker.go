@@ -32,6 +32,15 @@ import (
 // something lately does not park: it polls, from every idlePollMin up to
 // every idlePollMax, and a poke that finds it polling only raises a flag.
 // After idleFor without being asked it parks, and the next poke wakes it.
+// Polling costs the worker a timer wake-up per look, which is worth it only
+// while the asks come often: once the last two asks (the first of each
+// burst, idlePollMin or more apart) were more than idlePollMax apart, the
+// worker parks after each round instead (a decode step of several
+// milliseconds pays one wake-up of the worker per step, where polling cost
+// it four or more; the caller's poke then costs it a system call, a few
+// microseconds against its step), and polls again once they come closer. A
+// worker under a CPU cap (workercap.go) keeps polling: its polls are where
+// it waits for credit.
 // While chunks wait for the device it polls their events (pendingPollMin to
 // pendingPollMax).
 const (
@@ -123,6 +132,7 @@ func (p *Pool) run(w *worker) {
 		pendingDelay time.Duration // the next look at the events, while chunks wait for the device
 		idleDelay    time.Duration // the next look at asked, while polling
 		lastAsked    time.Time     // when a round last found asked set
+		sparse       bool          // the last two asks were more than idlePollMax apart: park between asks
 		answer       chan struct{} // a Settle waiting for the next round to end
 	)
 	defer func() {
@@ -221,7 +231,13 @@ func (p *Pool) run(w *worker) {
 		}
 		switch {
 		case asked:
+			if gap := start.Sub(lastAsked); !lastAsked.IsZero() && gap >= idlePollMin {
+				sparse = gap > idlePollMax // a gap within a burst of asks says nothing
+			}
 			lastAsked, idleDelay = start, idlePollMin
+			if sparse && b.rate == 0 { // a capped worker's polls are where it waits for credit
+				idleDelay = 0
+			}
 		case idleDelay > 0 && start.Sub(lastAsked) < idleFor:
 			idleDelay = min(2*idleDelay, idlePollMax)
 		default:

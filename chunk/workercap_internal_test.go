@@ -371,3 +371,30 @@ func TestWorkerCapSettleWaitsForCredit(t *testing.T) {
 		t.Fatal("Settle was not answered after the round")
 	}
 }
+
+// An uncapped worker polls after a round it was asked for while the asks
+// come at most idlePollMax apart; once two asks came further apart it parks
+// after each round (the next ask wakes it), and asks closer together bring
+// the polls back.
+func TestWorkerParksBetweenSparseAsks(t *testing.T) {
+	const ms = time.Millisecond
+	_, c, r, m := cappedPool(t, 0, 0) // no cap
+	m.WantRefill()
+	r.waitRefill(t)
+	start := c.now()
+	assert.Equal(t, start.Add(idlePollMin), c.nextArm(t), "asked once: it polls")
+	c.advance(4 * ms) // the poll finds nothing asked, and polls again later
+	assert.Equal(t, start.Add(4*ms+2*idlePollMin), c.nextArm(t))
+	m.WantRefill() // polling: no kick
+	c.advance(2 * idlePollMin)
+	r.waitRefill(t) // at 4.5 ms: the asks were 4.5 ms apart
+	select {
+	case at := <-c.armed:
+		t.Fatalf("asks 4.5 ms apart: the worker polls again at %v instead of parking", at.Sub(start))
+	case <-time.After(100 * ms):
+	}
+	c.advance(ms)
+	m.WantRefill() // parked: a kick
+	r.waitRefill(t)
+	assert.Equal(t, c.now().Add(idlePollMin), c.nextArm(t), "asks 1 ms apart: it polls again")
+}

@@ -451,6 +451,20 @@ func TestWarm(t *testing.T) {
 	assert.Zero(t, n)
 }
 
+// releasedUnderKernel maps a chunk of p at base, launches a kernel over it on
+// s that runs until the returned channel is closed, and releases the chunk
+// to wait for it.
+func releasedUnderKernel(t *testing.T, d *host.Driver, p *chunk.Pool, base acl.DevicePtr, s acl.Stream) chan struct{} {
+	t.Helper()
+	c, err := p.Lender().Get()
+	require.NoError(t, err)
+	require.NoError(t, p.Lender().Map(base, c))
+	kernel := make(chan struct{})
+	require.NoError(t, d.Launch(s, base, g, kernel))
+	require.NoError(t, p.Lender().ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s}))
+	return kernel
+}
+
 // acquireOne acquires one chunk of p in the background and puts it back,
 // and sends the outcome.
 func acquireOne(p *chunk.Pool) <-chan error {
@@ -565,12 +579,7 @@ func poolThrough(t *testing.T, capacity uintptr, cfg chunk.Config, wrap func(*ho
 // waiting did not count, and the Acquire failed with room in the cache.
 func TestRegressionReliefCountsSettledChunks(t *testing.T) {
 	d, p, base, s := budgeted(t, 1)
-	c, err := p.Lender().Get()
-	require.NoError(t, err)
-	require.NoError(t, p.Lender().Map(base, c))
-	kernel := make(chan struct{})
-	require.NoError(t, d.Launch(s, base, g, kernel))
-	require.NoError(t, p.Lender().ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s}))
+	kernel := releasedUnderKernel(t, d, p, base, s)
 
 	got := acquireOne(p)
 	time.Sleep(5 * time.Millisecond) // the Acquire waits for the kernel
@@ -785,12 +794,7 @@ func TestCloseWaitsOutAReliefsUnmap(t *testing.T) {
 				fd = faultdriver.New(d)
 				return fd
 			})
-			c, err := p.Lender().Get()
-			require.NoError(t, err)
-			require.NoError(t, p.Lender().Map(base, c))
-			kernel := make(chan struct{})
-			require.NoError(t, d.Launch(s, base, g, kernel))
-			require.NoError(t, p.Lender().ReleaseAfter([]chunk.Mapped{{At: base, C: c}}, []acl.Stream{s}))
+			kernel := releasedUnderKernel(t, d, p, base, s)
 			if fail {
 				fd.FailNth(faultdriver.UnmapMem, 1, 0)
 			}
@@ -816,7 +820,7 @@ func TestCloseWaitsOutAReliefsUnmap(t *testing.T) {
 			case <-time.After(20 * time.Millisecond):
 			}
 			close(goOn)
-			err = <-got
+			err := <-got
 			if cerr := <-closed; cerr != nil {
 				// The Acquire handed the chunk may give it back (its Put, or
 				// its own failure on the closed pool) after Close counted it

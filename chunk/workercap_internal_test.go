@@ -387,7 +387,22 @@ func TestWorkerParksBetweenSparseAsks(t *testing.T) {
 	assert.Equal(t, start.Add(4*ms+2*idlePollMin), c.nextArm(t))
 	m.WantRefill() // polling: no kick
 	c.advance(2 * idlePollMin)
-	r.waitRefill(t) // at 4.5 ms: the asks were 4.5 ms apart
+	// At 4.5 ms, inside the round that finds the asks 4.5 ms apart and so
+	// parks after it: an ask made now finds the worker still polling and
+	// only raises the flag, which the worker looks at before it parks.
+	select {
+	case <-r.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no refill came")
+	}
+	m.WantRefill()
+	select {
+	case <-r.p.w.kick:
+		t.Fatal("the ask inside the round kicked: the worker was not polling")
+	default:
+	}
+	r.gone <- struct{}{}
+	r.waitRefill(t) // served before parking, with no kick and no poll
 	select {
 	case at := <-c.armed:
 		t.Fatalf("asks 4.5 ms apart: the worker polls again at %v instead of parking", at.Sub(start))

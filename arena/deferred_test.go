@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
+	"github.com/vmarena/vmarena/internal/goid"
 )
 
 const cg = acl.HugePageSize
@@ -24,16 +26,46 @@ const cg = acl.HugePageSize
 type deferredEnv struct {
 	hd       *host.Driver
 	fd       *faultdriver.Driver
+	path     *pathMaps
 	pool     *chunk.Pool
 	s, other acl.Stream
+}
+
+// pathMaps counts the MapMem calls one goroutine makes, to tell a caller's
+// maps from those of the pool's worker, which may run beside them (a refill
+// the call itself asked for).
+type pathMaps struct {
+	acl.Driver
+	g atomic.Int64 // the goroutine counted; 0: none
+	n atomic.Int64
+}
+
+func (d *pathMaps) Unwrap() acl.Driver { return d.Driver }
+
+func (d *pathMaps) MapMem(ptr acl.DevicePtr, size, offset uintptr, h acl.PhysicalHandle, flags uint64) error {
+	if g := d.g.Load(); g != 0 && g == goid.ID() {
+		d.n.Add(1)
+	}
+	return d.Driver.MapMem(ptr, size, offset, h, flags)
+}
+
+// mapsOnPath runs f and returns how many MapMem calls it made on this
+// goroutine (the worker's, meanwhile, are not counted).
+func (e *deferredEnv) mapsOnPath(f func()) int64 {
+	e.path.n.Store(0)
+	e.path.g.Store(goid.ID())
+	defer e.path.g.Store(0)
+	f()
+	return e.path.n.Load()
 }
 
 func newDeferredEnv(t *testing.T, cfg chunk.Config) *deferredEnv {
 	t.Helper()
 	hd := isoDriver(t, 128<<20)
 	e := &deferredEnv{hd: hd, fd: faultdriver.New(hd)}
+	e.path = &pathMaps{Driver: e.fd}
 	var err error
-	e.pool, err = chunk.New(e.fd, cfg)
+	e.pool, err = chunk.New(e.path, cfg)
 	require.NoError(t, err)
 	e.s, err = hd.CreateStream()
 	require.NoError(t, err)

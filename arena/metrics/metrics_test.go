@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -185,16 +186,21 @@ func TestRegistry(t *testing.T) {
 	assert.False(t, ok)
 }
 
+// expvarRuns numbers TestExpvar's runs: expvar names last for the process,
+// and go test -count runs a test again in the same one.
+var expvarRuns atomic.Int64
+
 // The registry is an expvar.Var: JSON with the metrics' short names.
 func TestExpvar(t *testing.T) {
 	w := newWorld(t)
-	require.NoError(t, w.reg.Publish("vmarena_test"))
-	require.ErrorIs(t, w.reg.Publish("vmarena_test"), metrics.ErrDuplicate)
+	name := fmt.Sprintf("vmarena_test_%d", expvarRuns.Add(1))
+	require.NoError(t, w.reg.Publish(name))
+	require.ErrorIs(t, w.reg.Publish(name), metrics.ErrDuplicate)
 	var got struct {
 		Arenas map[string]map[string]json.RawMessage
 		Pools  map[string]map[string]json.RawMessage
 	}
-	require.NoError(t, json.Unmarshal([]byte(expvar.Get("vmarena_test").String()), &got))
+	require.NoError(t, json.Unmarshal([]byte(expvar.Get(name).String()), &got))
 	assert.JSONEq(t, fmt.Sprint(g), string(got.Arenas["kv"]["mapped_bytes"]))
 	assert.JSONEq(t, `{"fresh": 0, "moved": 2}`, string(got.Pools["shared"]["scrubs_total"]))
 	var hist struct {

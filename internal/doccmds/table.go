@@ -43,6 +43,7 @@ type entry struct {
 // The lines of .ci/run that run documented commands, or supersets of them.
 const (
 	ciTests     = "go test -race -count=1 -timeout 30m -json ./..."
+	ciRepeat    = "go test -count=2 -cpu 1,4 -timeout 30m ./..."
 	ciBench     = "go test -run '^$' -bench . -benchtime=1x ./..."
 	ciModel     = "VMARENA_MODEL_SEEDS=8 VMARENA_FAULT_OPS=200 VMARENA_RANDOM_SEEDS=32 go test -count=1 -timeout 30m -run '^TestModel' -v ./arena"
 	ciFuzz      = "go test -run '^$' -fuzz '^FuzzModel$' -fuzztime=4000x -fuzzminimizetime=100x ./arena"
@@ -79,6 +80,7 @@ var table = []entry{
 	{cmd: "go test ./examples/serve", how: byCI, line: ciTests},
 	{cmd: "go test ./...", how: byCI, line: ciTests},
 	{cmd: "go test -race ./...", how: byCI, line: ciTests},
+	{cmd: "go test -count=2 -cpu 1,4 ./...", how: byCI, line: ciRepeat},
 	{cmd: ".ci/run", how: byCI, line: ciThisCheck}, // this check is a step of it
 	{cmd: ".ci/arm64.sh", how: byCI, line: ciArm64},
 	{cmd: "go run ./internal/doccmds", how: byCI, line: ciThisCheck},

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/internal/memfile"
 	"github.com/vmarena/vmarena/acl/internal/rules"
 	"github.com/vmarena/vmarena/acl/ipc"
 )
@@ -34,6 +35,9 @@ import (
 // returns the same handle with one more reference. An import counts against
 // the importer's Capacity too: each process simulates its own device, and
 // the host cannot see when the other process lets go.
+
+// memfileName names the driver's memory files (in /proc/PID/fd and maps).
+const memfileName = "vmarena-host"
 
 // sharing is what Caps reports: file descriptors, where the driver works.
 var sharing = func() acl.Sharing {
@@ -74,7 +78,7 @@ func (d *Driver) mallocOwn(size, page uintptr) (acl.PhysicalHandle, error) {
 	d.phys += size
 	d.mu.Unlock()
 
-	fd, err := sysShareMemfile(size)
+	fd, err := memfile.Create(memfileName, size, func(fd int) error { return sysCommit(fd, 0, size) })
 	var id ipc.FileID
 	if err == nil {
 		if id, _, err = ipc.Stat(fd); err != nil {
@@ -162,7 +166,7 @@ func (d *Driver) MemExportToShareableHandle(id acl.PhysicalHandle, handleType ac
 		return acl.ShareableHandle{}, fail(op, acl.ErrCodeRTParamInvalid,
 			"handle %#x was allocated without PhysicalMemProp.HandleType = ACL_MEM_HANDLE_TYPE_POSIX: not exportable", uintptr(id))
 	}
-	if err := sysSealExport(h.fd, flags&acl.ExportReadOnly != 0); err != nil {
+	if err := memfile.SealExport(h.fd, flags&acl.ExportReadOnly != 0); err != nil {
 		return acl.ShareableHandle{}, fail(op, acl.ErrCodeRTFailure, "seal the memory file of handle %#x: %v", uintptr(id), err)
 	}
 	h.exported = true
@@ -197,7 +201,7 @@ func (d *Driver) MemImportFromShareableHandle(s acl.ShareableHandle, device int3
 		return 0, fail(op, acl.ErrCodeRTInvalidHandle, "%v is not an open file descriptor", s)
 	}
 	fd := int(s.Value)
-	readOnly, err := sysImportable(fd)
+	readOnly, err := memfile.Importable(fd)
 	if err != nil {
 		return 0, fail(op, acl.ErrCodeRTInvalidHandle, "%v: %v", s, err)
 	}

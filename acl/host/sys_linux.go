@@ -157,9 +157,6 @@ func maxMapCount() int {
 // descriptors.
 func isFDLimit(err error) bool { return errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE) }
 
-// memfileName names the driver's memory files (in /proc/PID/fd and maps).
-const memfileName = "vmarena-host"
-
 // sysHostAlloc maps size bytes of private anonymous memory, populated.
 func sysHostAlloc(size uintptr) ([]byte, error) {
 	p, err := unix.MmapPtr(-1, 0, nil, size, unix.PROT_READ|unix.PROT_WRITE,

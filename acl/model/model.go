@@ -581,6 +581,11 @@ func (d *Driver) access(op string, ptr acl.DevicePtr, size uintptr, desc []acl.M
 		return 0, 0, fail(op, acl.ErrCodeRTParamInvalid, "[%v, +%d) ends inside the mapping at %#x", ptr, size, r.Maps[j-1].Addr)
 	}
 	for k := i; k < j; k++ {
+		if m := r.Maps[k]; m.H.readOnly && !ro {
+			return 0, 0, fail(op, acl.ErrCodeRTParamInvalid, "the mapping at %#x is of memory imported read-only: it cannot be made writable", m.Addr)
+		}
+	}
+	for k := i; k < j; k++ {
 		r.Maps[k].Access, r.Maps[k].ReadOnly = true, ro
 	}
 	return size, j - i, nil

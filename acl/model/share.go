@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/acl/internal/memfile"
 	"github.com/vmarena/vmarena/acl/internal/rules"
 	"github.com/vmarena/vmarena/acl/ipc"
 )
@@ -22,6 +23,14 @@ import (
 // file. Each process models a device of its own: an import counts against
 // the importer's capacity, and the importer's books and times are its own.
 //
+// The files are sealed as the host driver's are (acl/internal/memfile):
+// their size when made, their seals at export, and their contents against
+// new writable mappings for an export with acl.ExportReadOnly; an import
+// checks the seals, not the file's name, so that neither side can shrink the
+// file under the other's mapping (which would kill that process with SIGBUS
+// on its next copy). Memory imported read-only is mapped readable only, and
+// MemSetAccess refuses to make it writable (107000).
+//
 // ACL's rules are kept: one export per allocation, no export of imported
 // memory, no import in the exporting process (exports knows which files this
 // process exported), and a second import of the same memory returns the same
@@ -30,6 +39,9 @@ import (
 //
 // Elsewhere than Linux the model does not share (Caps().Sharing is
 // acl.SharingNone) and these calls fail with 207000.
+
+// memfileName names the model's shareable memory files (in /proc/PID/fd).
+const memfileName = "vmarena-model"
 
 // sharing is what Caps reports.
 var sharing = func() acl.Sharing {
@@ -52,12 +64,13 @@ type share struct {
 	owners   int        // references FreePhysical must drop: one, plus one per further import
 	imported bool       // made by MemImportFromShareableHandle
 	exported bool       // MemExportToShareableHandle handed out fd
+	readOnly bool       // imported memory that can only be read: mapped readable
 }
 
 // mallocOwn makes h's memory file, for an exportable allocation. Call
 // without d.mu held.
 func (d *Driver) mallocOwn(h *handle) error {
-	fd, err := sysMemfile(h.size)
+	fd, err := memfile.Create(memfileName, h.size, nil)
 	if err != nil {
 		return err
 	}
@@ -69,7 +82,7 @@ func (d *Driver) mallocOwn(h *handle) error {
 func (d *Driver) attach(h *handle, fd int) error {
 	id, _, err := ipc.Stat(fd)
 	if err == nil && !d.cfg.NoData {
-		h.shm, err = sysMap(fd, h.size)
+		h.shm, err = sysMap(fd, h.size, h.readOnly)
 	}
 	if err != nil {
 		_ = sysClose(fd)
@@ -126,6 +139,9 @@ func (d *Driver) MemExportToShareableHandle(id acl.PhysicalHandle, handleType ac
 		return acl.ShareableHandle{}, fail(op, acl.ErrCodeRTParamInvalid,
 			"handle %#x was allocated without PhysicalMemProp.HandleType = ACL_MEM_HANDLE_TYPE_POSIX: not exportable", uintptr(id))
 	}
+	if err := memfile.SealExport(h.fd, flags&acl.ExportReadOnly != 0); err != nil {
+		return acl.ShareableHandle{}, fail(op, acl.ErrCodeRTFailure, "seal the memory file of handle %#x: %v", uintptr(id), err)
+	}
 	h.exported = true
 	exports.Store(h.file, struct{}{})
 	return acl.ShareableHandle{Type: acl.MemHandleTypePOSIX, Value: uint64(h.fd)}, nil
@@ -159,9 +175,13 @@ func (d *Driver) importFD(op string, s acl.ShareableHandle, device int32) (acl.P
 		return 0, 0, fail(op, acl.ErrCodeRTInvalidHandle, "%v is not an open file descriptor", s)
 	}
 	fd := int(s.Value)
+	readOnly, err := memfile.Importable(fd)
+	if err != nil {
+		return 0, 0, fail(op, acl.ErrCodeRTInvalidHandle, "%v: %v", s, err)
+	}
 	file, size, err := ipc.Stat(fd)
-	if err != nil || !sysIsMemfile(fd) {
-		return 0, 0, fail(op, acl.ErrCodeRTInvalidHandle, "%v is not a memory file a device model exported", s)
+	if err != nil {
+		return 0, 0, fail(op, acl.ErrCodeRTInvalidHandle, "%v is not an open file descriptor: %v", s, err)
 	}
 	if _, mine := exports.Load(file); mine {
 		return 0, 0, fail(op, acl.ErrCodeRTDrvInternal, "%v was exported by this process: ACL imports only in another process", s)
@@ -188,7 +208,7 @@ func (d *Driver) importFD(op string, s acl.ShareableHandle, device int32) (acl.P
 	d.phys += n
 	d.mu.Unlock()
 
-	h := &handle{size: n, page: g, refs: 1, share: share{owners: 1, imported: true}}
+	h := &handle{size: n, page: g, refs: 1, share: share{owners: 1, imported: true, readOnly: readOnly}}
 	dup, err := ipc.Dup(fd)
 	if err == nil {
 		err = d.attach(h, dup)

@@ -16,11 +16,9 @@ const canShare = false
 
 var errNoMemfile = errors.New("no memory files on this system")
 
-func sysMemfile(size uintptr) (int, error)        { return -1, errNoMemfile }
-func sysMap(fd int, size uintptr) ([]byte, error) { return nil, errNoMemfile }
-func sysUnmap(b []byte) error                     { return errNoMemfile }
-func sysClose(fd int) error                       { return errNoMemfile }
-func sysIsMemfile(fd int) bool                    { return false }
+func sysMap(fd int, size uintptr, readOnly bool) ([]byte, error) { return nil, errNoMemfile }
+func sysUnmap(b []byte) error                                    { return errNoMemfile }
+func sysClose(fd int) error                                      { return errNoMemfile }
 
 // sysOpenProfile opens a profile file, once its path names a regular file
 // (where opening a FIFO would wait for a writer).

@@ -57,6 +57,14 @@ func Reopen(fd, mode int) (int, error) {
 // Close closes fd.
 func Close(fd int) error { return unix.Close(fd) }
 
+// Truncate sets the size of the file behind fd, as a hostile holder of a
+// memory file would to cut it under another process's mapping. A sealed
+// size refuses with an error matching ErrSealed.
+func Truncate(fd int, size int64) error { return unix.Ftruncate(fd, size) }
+
+// ErrSealed is what a change to a sealed memory file fails with (EPERM).
+var ErrSealed error = unix.EPERM
+
 // OpenFDs counts this process's open descriptors.
 func OpenFDs() (int, error) {
 	es, err := os.ReadDir("/proc/self/fd")

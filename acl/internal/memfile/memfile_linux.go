@@ -1,6 +1,6 @@
 //go:build linux
 
-package host
+package memfile
 
 import (
 	"fmt"
@@ -8,29 +8,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The seals of a shareable memory file. The size is sealed once the file is
-// committed, so that no process holding it (the consumer included) can
-// shrink it under another's mapping, which would fault that process (SIGBUS)
-// on its next touch, nor grow it; the seals themselves are sealed at export,
-// with, for a read-only export, a seal against writes through any new
-// mapping or descriptor (F_SEAL_FUTURE_WRITE: the exporter's own mapping,
-// made before, stays writable).
 const (
 	sealSize     = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW
 	sealImported = sealSize | unix.F_SEAL_SEAL // what an importer requires
 	sealNoWrite  = unix.F_SEAL_WRITE | unix.F_SEAL_FUTURE_WRITE
 )
 
-// sysShareMemfile creates the memory file of one exportable allocation of
-// size bytes, committed, with its size sealed.
-func sysShareMemfile(size uintptr) (int, error) {
-	fd, err := unix.MemfdCreate(memfileName, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+// Create makes a memory file called name of size bytes, runs commit on it
+// (where not nil: the host driver allocates the pages up front), and seals
+// its size. On failure nothing is left open.
+func Create(name string, size uintptr, commit func(fd int) error) (int, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return -1, err
 	}
 	err = unix.Ftruncate(fd, int64(size))
-	if err == nil {
-		err = sysCommit(fd, 0, size)
+	if err == nil && commit != nil {
+		err = commit(fd)
 	}
 	if err == nil {
 		_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, sealSize)
@@ -42,9 +36,10 @@ func sysShareMemfile(size uintptr) (int, error) {
 	return fd, nil
 }
 
-// sysSealExport seals fd's seals, and for a read-only export its contents
-// against writes through new mappings and descriptors.
-func sysSealExport(fd int, readOnly bool) error {
+// SealExport seals fd's seals, and for a read-only export its contents
+// against writes through new mappings and descriptors (the exporter's own
+// mapping, made before, stays writable).
+func SealExport(fd int, readOnly bool) error {
 	seals := unix.F_SEAL_SEAL
 	if readOnly {
 		seals |= unix.F_SEAL_FUTURE_WRITE
@@ -53,11 +48,11 @@ func sysSealExport(fd int, readOnly bool) error {
 	return err
 }
 
-// sysImportable checks that fd is a memory file another process may not
-// resize under this one: a regular file (a memfd) whose size and seals are
-// sealed. It returns whether the memory can only be read through it (sealed
-// against writes, or opened read-only).
-func sysImportable(fd int) (readOnly bool, err error) {
+// Importable checks that fd is a memory file another process may not resize
+// under this one: a regular file whose size and seals are sealed, open for
+// reading. It returns whether the memory can only be read through it
+// (sealed against writes, or opened read-only).
+func Importable(fd int) (readOnly bool, err error) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return false, fmt.Errorf("not an open file descriptor: %v", err)

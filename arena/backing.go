@@ -11,6 +11,7 @@ import (
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/goid"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // Backing changes: what a registration of the arena's memory with another
@@ -451,13 +452,18 @@ func (a *Arena) letGoHeld(cause BackingCause, ms []chunk.Mapped) ([]bool, error)
 
 // stillMapped tells the callbacks again about ms, mappings they were told
 // were going whose unmaps failed: they stay mapped (cause BackingUndo).
-// Call with mu held, or, for the pool's unmaps, without it.
+// Call with mu held, or, for the pool's unmaps, without it: then, as in
+// Unmapping, ev.n is read only under ev.mu, where an OnBackingChange that
+// left these chunks out (they were being unmapped) has finished.
 func (a *Arena) stillMapped(ms []chunk.Mapped) error {
-	if len(ms) == 0 || a.ev.n.Load() == 0 {
+	if len(ms) == 0 {
 		return nil
 	}
 	a.ev.mu.Lock()
 	defer a.ev.mu.Unlock()
+	if a.ev.n.Load() == 0 {
+		return nil // nothing changed, for no one
+	}
 	return a.tell(BackingMapped, BackingUndo, a.aclMappings(ms))
 }
 
@@ -523,10 +529,10 @@ func (a *Arena) unreleased() error {
 // the goroutine that unmaps, without the arena's lock.
 func (c client) Unmapping(ms []chunk.Mapped) error {
 	a := c.a
-	if a.ev.n.Load() == 0 {
-		a.ev.gen.Add(1)
-		return nil
-	}
+	sched.At(sched.BackingUnmap, a)
+	// No look at ev.n before ev.mu: without the arena's mu, an
+	// OnBackingChange may be telling a first callback about these very
+	// chunks (ev.n still 0), and the callback must then hear that they go.
 	a.ev.mu.Lock()
 	defer a.ev.mu.Unlock()
 	cause := BackingShrink

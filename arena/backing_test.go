@@ -17,6 +17,7 @@ import (
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/regtest"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 var errRefused = errors.New("injected: the library refuses")
@@ -235,4 +236,68 @@ func TestBackingEventsInOrderAcrossGoroutines(t *testing.T) {
 		}
 	}
 	require.True(t, sawTrap)
+}
+
+// A first callback is told at attach of the arena's chunks the pool still
+// holds mapped, waiting for the device (Lender.PendingIn). The pool's
+// worker, unmapping them once the device is done, runs without the arena's
+// lock: stopped as it is about to tell the arena (sched.BackingUnmap) while
+// the callback is being told, it must not find "no callback" and unmap
+// unannounced, which left the callback holding registrations of memory gone
+// (the double saw each unmapped while registered).
+func TestBackingAttachRacesPoolUnmap(t *testing.T) {
+	hd, err := host.New(host.Config{Capacity: 64 << 20})
+	require.NoError(t, err)
+	reg := acltest.NewRegistrations(hd, nil)
+	pool, err := chunk.New(reg.Driver(), chunk.Config{})
+	require.NoError(t, err)
+	s, err := hd.CreateStream()
+	require.NoError(t, err)
+	a, err := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20, Streams: []acl.Stream{s}})
+	require.NoError(t, err)
+
+	require.NoError(t, a.Grow(2*wg))
+	kernel := make(chan struct{})
+	require.NoError(t, hd.Launch(s, a.Base(), 2*wg, kernel))
+	require.NoError(t, a.Shrink()) // both chunks wait in the pool, mapped, behind the kernel
+	require.Equal(t, 0, a.Cap())
+
+	telling := make(chan struct{}, 16)
+	defer sched.Set(func(p sched.Point, who any) {
+		if p == sched.BackingUnmap && who == a {
+			telling <- struct{}{}
+		}
+	})()
+	entered, release := make(chan struct{}), make(chan struct{})
+	inner := arena.RegisterWith(reg)
+	var once sync.Once
+	attached := make(chan error, 1)
+	go func() {
+		attached <- a.OnBackingChange(func(c arena.BackingChange) error {
+			err := inner(c)
+			if c.Phase == arena.BackingMapped && c.Cause == arena.BackingAttach {
+				once.Do(func() { close(entered); <-release })
+			}
+			return err
+		})
+	}()
+	<-entered     // the callback holds the chunks, and the arena is not yet counted as having one
+	close(kernel) // the device is done with them: the worker unmaps
+	select {
+	case <-telling:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the worker did not come to unmap the chunks")
+	}
+	time.Sleep(20 * time.Millisecond) // were it not to wait for the attach, it would unmap now
+	close(release)
+	require.NoError(t, <-attached)
+	pool.Lender().Settle()
+	require.Empty(t, reg.Violations(), "a registered mapping unmapped without an Unmapping event")
+	require.NoError(t, reg.Check())
+
+	require.NoError(t, a.Close())
+	require.NoError(t, pool.Close())
+	require.NoError(t, hd.DestroyStream(s))
+	require.True(t, hd.Live().Zero(), "%+v", hd.Live())
+	require.NoError(t, hd.Close())
 }

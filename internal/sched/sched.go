@@ -41,6 +41,7 @@ const (
 	ReleaseUnmap  Point = "release.unmap"   // a chunk that waited for the device is about to be unmapped
 	ShrinkWait    Point = "shrink.wait"     // a Shrink without streams holds nothing and is about to wait for the device
 	ShrinkWaited  Point = "shrink.waited"   // it has waited, and is about to take its arena's lock
+	BackingUnmap  Point = "backing.unmap"   // the pool is about to tell an arena that chunks it handed over still mapped go (passed with the arena)
 	ShareExported Point = "share.exported"  // Share exported the chunks and let go of its arena's lock, before it sends them
 	SharedFree    Point = "shared.free"     // a shared chunk put back is out of the pool's books, counted as freeing, before it is freed
 )

@@ -64,6 +64,7 @@ type Driver struct {
 	shared bool // the process default: Close is a no-op
 
 	mu      sync.RWMutex // copies and queries share it; changes take it alone
+	fdUse   sync.RWMutex // held shared while fd is used outside mu (a commit, a punch), and alone by Close before it closes fd; taken before mu
 	closed  bool
 	fd      int
 	space   offsets
@@ -99,8 +100,9 @@ type (
 
 // resvX is what the host driver keeps per reservation beyond the books.
 type resvX struct {
-	mem  unsafe.Pointer // == Base; kept as a pointer to derive addresses from
-	vmas int            // kernel VMAs this range occupies
+	mem      unsafe.Pointer // == Base; kept as a pointer to derive addresses from
+	vmas     int            // kernel VMAs this range occupies
+	imported int            // its mappings of imported memory: a reservation holds imported or local memory, never both at once
 }
 
 // at returns the host memory at addr, inside r.
@@ -241,16 +243,8 @@ func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option a
 // when the capacity would be exceeded or the kernel has no memory left.
 func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
 	const op = "aclrtMallocPhysical"
-	posix, err := rules.ExportableProp(op, prop, d.cfg.Device, "host")
-	if err != nil {
-		return 0, err
-	}
-	if posix {
-		p := *prop
-		p.HandleType = acl.MemHandleTypeNone
-		prop = &p
-	}
-	size, err = rules.Malloc(op, size, prop, flags, d.cfg.Device, "host", pageOf)
+	posix, prop := rules.Exportable(prop)
+	size, err := rules.Malloc(op, size, prop, flags, d.cfg.Device, "host", pageOf)
 	if err != nil {
 		return 0, err
 	}
@@ -259,20 +253,24 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 		return d.mallocOwn(size, page)
 	}
 
+	d.fdUse.RLock() // Close does not close the memory file under the commit
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
+		d.fdUse.RUnlock()
 		return 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
 	if size > d.cfg.Capacity || d.phys > d.cfg.Capacity-size {
 		free := d.cfg.Capacity - d.phys
 		d.mu.Unlock()
+		d.fdUse.RUnlock()
 		return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "out of memory: %s asked, %s of %s free", units.Bytes(int64(size)),
 			units.IEC(int64(free)), units.IEC(int64(d.cfg.Capacity)))
 	}
 	off, ok := d.space.take(size, page)
 	if !ok {
 		d.mu.Unlock()
+		d.fdUse.RUnlock()
 		return 0, fail(op, acl.ErrCodeRTMemoryAllocation, "memory file offset space exhausted")
 	}
 	d.phys += size
@@ -280,9 +278,15 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 
 	// Commit outside the lock: it zeroes every page and takes ~0.2 ms per MiB.
 	err = sysCommit(d.fd, off, size)
+	d.fdUse.RUnlock()
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.closed {
+		// Closed meanwhile: the memory file, and the pages just committed
+		// in it, are gone.
+		return 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	}
 	if err != nil {
 		d.phys -= size
 		d.space.give(off, size)
@@ -356,7 +360,15 @@ func (d *Driver) decommit(op string, h *handle) error {
 	if h.fd != d.fd {
 		return d.closeOwn(op, h)
 	}
-	err := sysDecommit(d.fd, h.off, h.size)
+	d.fdUse.RLock() // Close does not close the memory file under the punch
+	d.mu.RLock()
+	closed := d.closed
+	d.mu.RUnlock()
+	var err error
+	if !closed { // else the file is closed, its pages with it (or about to be)
+		err = sysDecommit(d.fd, h.off, h.size)
+	}
+	d.fdUse.RUnlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.phys -= h.size
@@ -494,6 +506,9 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	if err != nil {
 		return err
 	}
+	if err := rules.MapSource(op, h.imported, r.X.imported, len(r.Maps)); err != nil {
+		return err
+	}
 	// Memory imported read-only is mapped readable, never writable.
 	m := &mapping{Addr: uintptr(ptr), Size: size, H: h, Access: d.cfg.NoSetAccess, ReadOnly: d.cfg.NoSetAccess && h.readOnly}
 	p, q := neighbours(r, i, false)
@@ -506,6 +521,9 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	}
 	r.Insert(i, m)
 	r.X.vmas += delta
+	if h.imported {
+		r.X.imported++
+	}
 	d.addVMAs(delta)
 	h.refs++
 	d.live.Mappings++
@@ -540,6 +558,9 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 	delta := seam(r, p, q) - seam(r, p, m) - seam(r, m, q)
 	r.Remove(i)
 	r.X.vmas += delta
+	if m.H.imported {
+		r.X.imported--
+	}
 	d.addVMAs(delta)
 	d.live.Mappings--
 	d.live.MappedBytes -= m.Size
@@ -747,6 +768,10 @@ func (d *Driver) Close() error {
 	if n := d.ss.Stop(); n > 0 {
 		errs = append(errs, fmt.Errorf("host driver: closed with %d pieces of device work still queued", n))
 	}
+	// A commit or a punch under way finishes before the memory file closes
+	// (its number could otherwise name another file by the time it runs).
+	d.fdUse.Lock()
+	defer d.fdUse.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if n, _ := d.hostBufs.Live(); !d.live.Zero() || n > 0 {

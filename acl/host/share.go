@@ -88,6 +88,10 @@ func (d *Driver) mallocOwn(size, page uintptr) (acl.PhysicalHandle, error) {
 
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if err == nil && d.closed {
+		_ = sysClose(fd)
+		return 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
+	}
 	if err != nil {
 		d.phys -= size
 		switch {

@@ -72,7 +72,7 @@ type Driver struct {
 	closed  bool
 	handles map[acl.PhysicalHandle]*handle
 	ids     handles.IDs // handle values, freed ones handed out again as a runtime does
-	book    book.Book[struct{}, *handle]
+	book    book.Book[resvX, *handle]
 	nextVA  uintptr // where the next reservation may start
 	phys    uintptr // bytes of live physical allocations
 	live    acl.LiveCounts
@@ -95,8 +95,13 @@ type handle struct {
 	share         // an exportable or imported allocation's memory file (share.go)
 }
 
+// resvX is what the model keeps per reservation beyond the books.
+type resvX struct {
+	imported int // its mappings of imported memory: a reservation holds imported or local memory, never both at once
+}
+
 type (
-	reservation = book.Reservation[struct{}, *handle]
+	reservation = book.Reservation[resvX, *handle]
 	mapping     = book.Mapping[*handle]
 )
 
@@ -312,21 +317,13 @@ func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags u
 }
 
 func (d *Driver) malloc(op string, size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, uintptr, error) {
-	posix, err := rules.ExportableProp(op, prop, d.cfg.Device, "model")
+	posix, prop := rules.Exportable(prop)
+	size, err := rules.Malloc(op, size, prop, flags, d.cfg.Device, "model", d.pageOf)
 	if err != nil {
 		return 0, 0, err
 	}
-	if posix {
-		if sharing == acl.SharingNone {
-			return 0, 0, fail(op, acl.ErrCodeRTFeatureNotSupport, "the device model shares memory only on Linux")
-		}
-		p := *prop
-		p.HandleType = acl.MemHandleTypeNone
-		prop = &p
-	}
-	size, err = rules.Malloc(op, size, prop, flags, d.cfg.Device, "model", d.pageOf)
-	if err != nil {
-		return 0, 0, err
+	if posix && sharing == acl.SharingNone {
+		return 0, 0, fail(op, acl.ErrCodeRTFeatureNotSupport, "the device model shares memory only on Linux")
 	}
 	h := &handle{size: size, page: d.pageOf(prop.MemAttr), refs: 1, share: share{owners: 1}}
 	if posix {
@@ -501,7 +498,13 @@ func (d *Driver) mapMem(op string, ptr acl.DevicePtr, size, offset uintptr, id a
 	if err != nil {
 		return 0, err
 	}
+	if err := rules.MapSource(op, h.imported, r.X.imported, len(r.Maps)); err != nil {
+		return 0, err
+	}
 	r.Insert(i, &mapping{Addr: uintptr(ptr), Size: size, H: h})
+	if h.imported {
+		r.X.imported++
+	}
 	h.refs++
 	d.live.Mappings++
 	d.live.MappedBytes += size
@@ -533,6 +536,9 @@ func (d *Driver) unmap(op string, ptr acl.DevicePtr) (uintptr, error) {
 	}
 	d.ss.FaultUnmap(m.Addr, m.Addr+m.Size)
 	r.Remove(i)
+	if m.H.imported {
+		r.X.imported--
+	}
 	d.live.Mappings--
 	d.live.MappedBytes -= m.Size
 	d.unrefLocked(m.H)

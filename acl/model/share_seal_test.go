@@ -124,3 +124,34 @@ func TestImportChecksSeals(t *testing.T) {
 	acltest.RequireCode(t, d.MemcpyHtoD(base, []byte("x")), acl.ErrCodeRTParamInvalid, "a write to read-only memory")
 	unmapFree(t, d, h, base)
 }
+
+// One reservation holds this process's own memory or imported memory, never
+// both at once, as on ACL and the host driver.
+func TestMapRefusesMixedSources(t *testing.T) {
+	d, err := New(Config{Untimed: true})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.Close()) }()
+	fd, err := unix.MemfdCreate(memfileName, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, unix.Ftruncate(fd, sealGran))
+	_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL)
+	require.NoError(t, err)
+	imp, err := d.MemImportFromShareableHandle(acl.ShareableHandle{Type: acl.MemHandleTypePOSIX, Value: uint64(fd)}, 0)
+	require.NoError(t, err)
+	p := acl.DeviceProp(0, 0)
+	own, err := d.MallocPhysical(sealGran, &p, 0)
+	require.NoError(t, err)
+	base, err := d.ReserveMemAddress(2*sealGran, 0, 0, 0)
+	require.NoError(t, err)
+	require.NoError(t, d.MapMem(base, sealGran, 0, own, 0))
+	acltest.RequireCode(t, d.MapMem(base.Add(sealGran), sealGran, 0, imp, 0), acl.ErrCodeRTParamInvalid, "imported beside own")
+	require.NoError(t, d.UnmapMem(base))
+	require.NoError(t, d.MapMem(base.Add(sealGran), sealGran, 0, imp, 0), "imported alone")
+	acltest.RequireCode(t, d.MapMem(base, sealGran, 0, own, 0), acl.ErrCodeRTParamInvalid, "own beside imported")
+	require.NoError(t, d.UnmapMem(base.Add(sealGran)))
+	require.NoError(t, d.FreePhysical(own))
+	require.NoError(t, d.FreePhysical(imp))
+	require.NoError(t, d.ReleaseMemAddress(base))
+	assert.True(t, d.Live().Zero(), "%+v", d.Live())
+}

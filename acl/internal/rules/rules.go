@@ -151,6 +151,21 @@ func MemInfo(op string, attr acl.MemAttr) error {
 	return nil
 }
 
+// MapSource checks that a mapping of imported memory (imported) or of this
+// process's own goes into a reservation whose maps mappings are all of the
+// same source, imports of them: ACL does not let one reservation hold memory
+// from MallocPhysical and from an import at once (107000, a code chosen:
+// the runtime's is not settled).
+func MapSource(op string, imported bool, imports, maps int) error {
+	switch {
+	case imported && imports != maps:
+		return fail(op, acl.ErrCodeRTParamInvalid, "the reservation holds memory of this process's own: imported memory may not be mapped beside it")
+	case !imported && imports > 0:
+		return fail(op, acl.ErrCodeRTParamInvalid, "the reservation holds imported memory: memory of this process's own may not be mapped beside it")
+	}
+	return nil
+}
+
 // MapFits checks that a mapping at ptr of size bytes fits the physical
 // allocation it maps (hsize bytes in pages of page bytes): the whole
 // allocation, at an address aligned to its page.

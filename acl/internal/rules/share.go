@@ -6,12 +6,22 @@ import "github.com/vmarena/vmarena/acl"
 // exportable allocation (HandleType MemHandleTypePOSIX, for a driver that
 // shares file descriptors), and reports whether it does.
 func ExportableProp(op string, prop *acl.PhysicalMemProp, device int32, who string) (posix bool, err error) {
+	posix, p := Exportable(prop)
+	return posix, Prop(op, p, device, who)
+}
+
+// Exportable reports whether prop asks for an exportable allocation
+// (HandleType POSIX, this module's extension), and returns the property as
+// ACL's MallocPhysical knows it: prop, or a copy with HandleType NONE. A
+// driver's MallocPhysical runs Malloc on that, so that its checks keep ACL's
+// order whatever the handle type.
+func Exportable(prop *acl.PhysicalMemProp) (posix bool, p *acl.PhysicalMemProp) {
 	if prop == nil || prop.HandleType != acl.MemHandleTypePOSIX {
-		return false, Prop(op, prop, device, who)
+		return false, prop
 	}
-	p := *prop
-	p.HandleType = acl.MemHandleTypeNone
-	return true, Prop(op, &p, device, who)
+	c := *prop
+	c.HandleType = acl.MemHandleTypeNone
+	return true, &c
 }
 
 // Export checks the arguments of aclrtMemExportToShareableHandle that need

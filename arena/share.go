@@ -387,6 +387,11 @@ func (a *Arena) share(ctx context.Context, conn *net.UnixConn, b Buffer, opt Sha
 	case h.sharing != sharing:
 		return refuse(failed("check sharing form", fmt.Errorf("%w: the consumer shares memory as %v, this driver as %v", acl.ErrNotSupported, h.sharing, sharing)))
 	}
+	if sharing == acl.SharingToken {
+		if err := a.checkTgid(h.tgid, peer.PID); err != nil {
+			return refuse(err)
+		}
+	}
 
 	// What the consumer will see was written before it looks.
 	if err := a.lend.WaitStreams(ctx, a.streams); err != nil {
@@ -465,6 +470,26 @@ type opError struct {
 
 func (e *opError) Error() string { return e.op + ": " + strings.TrimPrefix(e.err.Error(), "arena: ") }
 func (e *opError) Unwrap() error { return e.err }
+
+// checkTgid checks the id the consumer's hello asks to put on the chunks'
+// allow-list (its driver's DeviceGetBareTgid) against the consumer the
+// kernel vouched for (pid, in this process's PID namespace): where this
+// process's driver sees process ids as this process does (its own bare
+// tgid is its PID), they must be the same, or the verified consumer could
+// name a process nobody checked, which the device would then let import.
+// Where they differ (a container whose ids the driver translates), the id
+// cannot be checked here; the consumer, trusted with every byte it is
+// offered, is trusted with it too (docs/sharing.md, threat model).
+func (a *Arena) checkTgid(tgid int32, pid int) error {
+	own, err := a.drv.DeviceGetBareTgid()
+	if err != nil || int(own) != os.Getpid() {
+		return nil
+	}
+	if int(tgid) != pid {
+		return refused("check pid", "the consumer's hello names process %d for the allow-list, not the consumer", tgid)
+	}
+	return nil
+}
 
 // export exports the chunks that hold b for the process tgid, and returns
 // the index of the first and their shareable handles. A descriptor is

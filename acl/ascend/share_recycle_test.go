@@ -24,13 +24,17 @@ import (
 // leaves the consumer a token of a freed allocation, whose import fails
 // (107017): it never names the allocation the producer exports next, even
 // to the same consumer (the double never hands a token out twice; the
-// allow-list keeps anyone else out in any case).
+// allow-list keeps anyone else out in any case). Both ends are this
+// process; the double gives them the device ids 1001 and 1002, as a driver
+// that sees processes through a container's PID namespace would, where the
+// producer cannot check the id the consumer's hello names (checkTgid).
 func TestShareTokenGivenBackOverDouble(t *testing.T) {
-	const consumer = 1002
+	const producer, consumer = 1001, 1002
 	path := freshCopy(t, "full", "", "libascendcl.so")
 	d, dbl := openDouble(t, path, 0, ascend.Config{})
 	imp, _ := openDouble(t, path, 0, ascend.Config{})
 	defer dbl.setPid(int32(os.Getpid()))
+	dbl.setPid(producer)
 	a, err := arena.New(arena.Config{Driver: d, Reserve: 16 << 20})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, a.Close()) }()
@@ -98,7 +102,7 @@ func TestShareTokenGivenBackOverDouble(t *testing.T) {
 		g.token = acl.ShareableHandle{Type: acl.MemHandleTypeNone, Value: binary.LittleEndian.Uint64(tok)}
 		dbl.setPid(consumer)
 		h, err := imp.MemImportFromShareableHandle(g.token, 0)
-		dbl.setPid(int32(os.Getpid()))
+		dbl.setPid(producer)
 		g.err = err
 		if err == nil {
 			_ = imp.FreePhysical(h)

@@ -84,5 +84,3 @@ func TestShareAllowListIsTheConsumer(t *testing.T) {
 	err = <-strangerErr
 	assert.Error(t, err, "process %d, never named, imported the consumer's token", stranger)
 }
-
-

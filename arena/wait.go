@@ -111,11 +111,20 @@ func (a *Arena) waitFor(ctx context.Context, g *chunk.Growth, need func() (n int
 		o.oom(a, asked, err)
 		return err
 	}
+	sched.At(sched.WaitJoining, a)
 	w, qerr := a.member.Enqueue(mark, g, n)
 	if qerr != nil {
 		return errors.Join(err, fmt.Errorf("arena: wait for memory: %w", qerr))
 	}
 	defer w.Done()
+	if g == &a.growth && a.lifeNow() != lifeOpen {
+		// A Close or a Sleep that began after the try woke the arena's
+		// waiters (Member.Interrupt) before this one joined them, and
+		// nothing else need wake it: the retry says why it cannot grow.
+		// (Either sets the state before it interrupts, and this waiter
+		// joined before it looked.)
+		return try()
+	}
 	defer trace.StartRegion(ctx, RegionWait).End()
 	start, tries := time.Now(), 1
 	o.waits.Add(1)

@@ -117,7 +117,7 @@ func TestGrowContextWokenByRelease(t *testing.T) {
 			require.Len(t, ev, 1)
 			assert.Equal(t, "granted", ev[0].Attrs["outcome"].String())
 			assert.Equal(t, slog.LevelInfo, ev[0].Level)
-			assert.Zero(t, e.pool.Lender().Waiters())
+			assert.Equal(t, 1, e.pool.Lender().Waiters(), "the other tenant's")
 		})
 	}
 }
@@ -353,4 +353,55 @@ func TestGrowContextStress(t *testing.T) {
 	all.Wait()
 	assert.Zero(t, pool.Lender().Waiters())
 	t.Logf("waits per tenant: %v", waits)
+}
+
+// A Close (or a Sleep) that comes between a GrowContext's try and its joining
+// the queue of waiters wakes the arena's waiters it finds, which this one is
+// not yet among, and behind another tenant's waiter nothing else wakes it;
+// the growth must still see the arena closed (asleep) and return, not wait
+// for memory that would be of no use to it.
+func TestGrowContextClosedBeforeItQueues(t *testing.T) {
+	for _, end := range []string{"close", "sleep"} {
+		t.Run(end, func(t *testing.T) {
+			d := isoDriver(t, 64<<20)
+			e := newTenants(t, nil, d, arena.Config{})
+			first := isoArena(t, arena.Config{Pool: e.pool, Reserve: 16 << 20})
+			fctx, fcancel := context.WithCancel(context.Background())
+			firstDone := make(chan error, 1)
+			go func() { firstDone <- first.GrowContext(fctx, 2*wg) }()
+			e.waiting(t, 1) // another tenant waits at the head of the queue
+			defer func() {
+				fcancel()
+				require.ErrorIs(t, <-firstDone, context.Canceled)
+			}()
+			w, err := arena.New(arena.Config{Pool: e.pool, Reserve: 16 << 20})
+			require.NoError(t, err)
+			var once sync.Once
+			ended := make(chan error, 1)
+			defer sched.Set(func(p sched.Point, who any) {
+				if p != sched.WaitJoining || who != w {
+					return
+				}
+				once.Do(func() {
+					if end == "close" {
+						ended <- w.Close()
+					} else {
+						ended <- w.Sleep(context.Background(), arena.Discard)
+					}
+				})
+			})()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err = w.GrowContext(ctx, 2*wg)
+			require.NoError(t, <-ended)
+			if end == "close" {
+				require.ErrorIs(t, err, arena.ErrClosed)
+			} else {
+				require.ErrorIs(t, err, arena.ErrAsleep)
+				require.NoError(t, w.Close())
+			}
+			require.NotErrorIs(t, err, context.DeadlineExceeded, "it waited for memory for an arena that had ended")
+			assert.Equal(t, 1, e.pool.Lender().Waiters(), "the other tenant's")
+		})
+	}
 }

@@ -33,6 +33,7 @@ const (
 	CloseWaiting  Point = "close.waiting"   // a Close marked its arena closing, released its lock, and is about to wait for the device
 	WakeAsked     Point = "wake.asked"      // a Wake asked the worker to refill the headroom, still holding its arena's lock
 	SleepCopied   Point = "sleep.copied"    // an Offload Sleep's copy of a step to the host is done, before that step's chunks are unmapped
+	WaitJoining   Point = "wait.joining"    // a growth that ran out of memory holds nothing and is about to join the queue of waiters
 	WaitEnqueued  Point = "wait.enqueued"   // a growth joined the queue of waiters
 	WaitWoken     Point = "wait.woken"      // a waiter woke, before its retry
 	WaitServed    Point = "wait.served"     // a waiting growth succeeded, before it leaves the queue

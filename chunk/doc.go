@@ -49,7 +49,8 @@
 //     tenant other than the one whose bytes it holds. A tenant that takes its
 //     own chunk back pays nothing; Acquire prefers such chunks.
 //   - ScrubOnRelease clears a chunk when it is released, before the unmap;
-//     chunks that come back otherwise are cleared on reuse.
+//     chunks that come back otherwise (or after the work of several streams,
+//     which no one clear can follow) are cleared on reuse.
 //   - ScrubNever never clears, for pools that serve a single tenant.
 //
 // Fresh physical memory may hold what some process freed. What it may hold

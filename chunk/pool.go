@@ -31,7 +31,9 @@ const (
 	ScrubOnReuse Scrub = iota
 	// ScrubOnRelease clears a chunk when its tenant gives it back (before the
 	// unmap), so the cache holds zeroed chunks. Chunks that come back some
-	// other way, and fresh ones, are cleared on reuse as above. It costs a
+	// other way (among them those released after the work of more than one
+	// stream, which no one clear can follow), and fresh ones, are cleared on
+	// reuse as above. It costs a
 	// clear per released chunk, whether or not anyone reuses it.
 	ScrubOnRelease
 	// ScrubNever never clears: a chunk's next tenant may read what its
@@ -865,6 +867,14 @@ func (p *Pool) CloseContext(ctx context.Context) error {
 		leave(p)
 	}
 	err := p.settleAll(ctx)
+	// A Warm (or the worker's last round) allocating ahead puts its chunk in
+	// the cache when the driver returns: wait for it, so that the trim
+	// below frees it too and a closed pool holds nothing.
+	err = errors.Join(err, poll(ctx, nil, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.filling == 0
+	}))
 	p.mu.Lock()
 	inUse := p.stats.InUse
 	p.mu.Unlock()

@@ -75,8 +75,8 @@ func (q *pending) init() { q.byAddr = make(map[acl.DevicePtr]*item) }
 
 // ReleaseAfter hands the chunks ms, mapped and out of this pool, back to the
 // pool to be unmapped once the work queued now on streams has run, and
-// returns without waiting. In ScrubOnRelease mode their clears are queued on
-// the first stream first. The chunks must be in the caller's address order,
+// returns without waiting. In ScrubOnRelease mode with one stream their
+// clears are queued on it first; with more, they are cleared on reuse. The chunks must be in the caller's address order,
 // lowest first; they are unmapped from the top down.
 //
 // On success the caller no longer owns the chunks (it may take one back
@@ -135,7 +135,13 @@ func (p Lender) releaseAfter(owner *Member, ms []Mapped, streams []acl.Stream) e
 		return err
 	}
 	scrubbed := 0
-	if p.pool.scrub == ScrubOnRelease {
+	// The clear is queued on the first stream, ordered after its work only:
+	// with more streams, work queued on another before the release could
+	// write the chunk after the clear, and the cache would hold a tenant's
+	// bytes marked cleared. No driver call orders one clear after several
+	// streams, so then the chunk is left to be cleared on reuse, as chunks
+	// that come back any other way are.
+	if p.pool.scrub == ScrubOnRelease && len(streams) == 1 {
 		for _, m := range ms {
 			if p.pool.isShared(m.C) {
 				continue // freed, and its bytes are another process's too

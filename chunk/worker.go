@@ -300,7 +300,7 @@ func (p *Pool) fill(target, limit int) (int, error) {
 			return added, nil
 		}
 		p.held += p.size
-		p.filling++ // Member.Sleep waits for it
+		p.filling++ // Member.Sleep and Close wait for it
 		p.mu.Unlock()
 		h, err := p.drv.MallocPhysical(p.size, &p.prop, 0)
 		p.mu.Lock()

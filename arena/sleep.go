@@ -427,17 +427,14 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode) er
 // What fails stays with the arena, and the error says so. Call with mu held.
 func (a *Arena) sleepAgain(st *sleepState) error {
 	var errs []error
-	cs := a.chunkSize
 	for i := len(st.slots) - 1; i >= 0; i-- {
 		sl := &st.slots[i]
 		if sl.state != slotMapped && sl.state != slotLeft {
 			continue
 		}
-		if lo, hi := uint64(i)*cs, min(uint64(i+1)*cs, st.len); sl.state == slotMapped && st.mode == Offload && lo < hi {
-			if err := a.drv.MemcpyDtoH(a.sl.host[lo:hi], a.at(i)); err != nil {
-				errs = append(errs, fmt.Errorf("copy to the host at chunk %d: %w", i, err))
-				continue // its bytes are only there: it stays mapped
-			}
+		if err := a.saveMapped(st, i); err != nil {
+			errs = append(errs, err)
+			continue // its bytes are only there: it stays mapped
 		}
 		if free, err := a.letGoHeld(BackingSleep, []chunk.Mapped{{At: a.at(i), C: sl.c}}); !free[0] {
 			errs = append(errs, err)
@@ -455,6 +452,21 @@ func (a *Arena) sleepAgain(st *sleepState) error {
 		errs = append(errs, a.pool.Trim())
 	}
 	return errors.Join(errs...)
+}
+
+// saveMapped copies the bytes below Len of slot i, still mapped after a
+// failure (slotMapped), to the host copy of an Offload sleep, before it is
+// unmapped: a slot the Sleep never unmapped may not have them there.
+func (a *Arena) saveMapped(st *sleepState, i int) error {
+	cs := a.chunkSize
+	lo, hi := uint64(i)*cs, min(uint64(i+1)*cs, st.len)
+	if st.slots[i].state != slotMapped || st.mode != Offload || lo >= hi {
+		return nil
+	}
+	if err := a.drv.MemcpyDtoH(a.sl.host[lo:hi], a.at(i)); err != nil {
+		return fmt.Errorf("copy to the host at chunk %d: %w", i, err)
+	}
+	return nil
 }
 
 // logSleep reports a sleep or a wake to Config.Logger.
@@ -990,9 +1002,12 @@ func (a *Arena) settleLeft(st *sleepState) error {
 }
 
 // closeAsleep gives back what a sleeping arena still holds, for Close: the
-// chunks still mapped (a double fault's) are unmapped, and every chunk held
-// goes to the pool. It leaves the arena asleep, with what it could not give
-// back, on failure. Call with mu held, the device's work waited for.
+// chunks still mapped (a double fault's) are unmapped, in Offload mode after
+// their bytes below Len are copied to the host (as sleepAgain does: a Close
+// that fails later leaves the arena asleep, and its Wake restores them from
+// there), and every chunk held goes to the pool. It leaves the arena
+// asleep, with what it could not give back, on failure. Call with mu held,
+// the device's work waited for.
 func (a *Arena) closeAsleep() error {
 	st := a.sl.st
 	var errs []error
@@ -1000,6 +1015,10 @@ func (a *Arena) closeAsleep() error {
 		s := st.slots[i]
 		switch s.state {
 		case slotMapped, slotLeft:
+			if err := a.saveMapped(st, i); err != nil {
+				errs = append(errs, err)
+				continue // its bytes are only there: it stays mapped
+			}
 			m := []chunk.Mapped{{At: a.at(i), C: s.c}}
 			if free, err := a.letGoHeld(BackingClose, m); !free[0] {
 				errs = append(errs, err)

@@ -623,3 +623,39 @@ func TestGrowWaitIsQuiet(t *testing.T) {
 	fill(t, newArena(other), 3*sleepChunk, 2)
 	waitIsQuiet(t, fd, func(ctx context.Context) error { return v.GrowContext(ctx, 3*sleepChunk) })
 }
+
+// An Offload sleep that failed twice (a copy to the host, then the undo's
+// map) leaves chunks mapped whose bytes are not on the host; a Close that
+// then fails (here the release of the range) must leave the arena asleep
+// with those bytes, as a failed Close changes nothing: it unmapped them
+// without copying them first, and the next Wake restored garbage there.
+func TestFailedCloseOfDoubleFaultedSleepKeepsBytes(t *testing.T) {
+	e := newSleepEnv(t)
+	a := e.arena(t, arena.Config{})
+	b, want := fill(t, a, 10*sleepChunk, 2)
+	e.fd.FailNth(faultdriver.MemcpyDtoH, 2, 0) // the second step's copy
+	e.fd.FailNth(faultdriver.MapMem, 1, 0)     // and the undo's first map
+	require.Error(t, a.Sleep(context.Background(), arena.Offload))
+	e.fd.Clear()
+	require.True(t, a.Asleep(), "the undo failed: asleep")
+
+	e.fd.FailNth(faultdriver.ReleaseMemAddress, 1, 0)
+	require.Error(t, a.Close(), "the release of the range fails")
+	e.fd.Clear()
+	require.True(t, a.Asleep(), "a failed Close leaves it as it was")
+
+	require.NoError(t, a.Wake(context.Background()))
+	got := contents(t, b)
+	for i := range got {
+		if got[i] != want[i] {
+			t.Fatalf("bytes lost across a failed Close: first at %d (chunk %d)", i, i/sleepChunk)
+		}
+	}
+}
+
+// A Wake that finds no memory, and whose arena is closed between its failed
+// try and its joining the queue of waiters (Close wakes the arena's waiters
+// it finds: not this one yet), must see the arena closed and return, as a
+// GrowContext does since the WaitJoining fix; behind another tenant's
+// waiter nothing else wakes it, and it waits for memory for an arena that
+// is gone until its ctx ends.

@@ -117,12 +117,14 @@ func (a *Arena) waitFor(ctx context.Context, g *chunk.Growth, need func() (n int
 		return errors.Join(err, fmt.Errorf("arena: wait for memory: %w", qerr))
 	}
 	defer w.Done()
-	if g == &a.growth && a.lifeNow() != lifeOpen {
+	if l := a.lifeNow(); g == &a.growth && l != lifeOpen ||
+		g == &a.sl.growth && (l == lifeClosing || l == lifeClosed || l == lifeOpen) {
 		// A Close or a Sleep that began after the try woke the arena's
-		// waiters (Member.Interrupt) before this one joined them, and
-		// nothing else need wake it: the retry says why it cannot grow.
-		// (Either sets the state before it interrupts, and this waiter
-		// joined before it looked.)
+		// waiters (Member.Interrupt) before this one joined them (or,
+		// for a Wake, another Wake woke the arena meanwhile), and nothing
+		// else need wake it: the retry says why it cannot grow, or that
+		// the arena is awake. (A Close or Sleep sets the state before it
+		// interrupts, and this waiter joined before it looked.)
 		return try()
 	}
 	defer trace.StartRegion(ctx, RegionWait).End()

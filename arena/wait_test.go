@@ -405,3 +405,46 @@ func TestGrowContextClosedBeforeItQueues(t *testing.T) {
 		})
 	}
 }
+
+// TestGrowContextClosedBeforeItQueues for a Wake: its arena closed between
+// its failed try and its joining the queue, behind another tenant's waiter,
+// it must return ErrClosed, not wait for memory.
+func TestWakeClosedBeforeItQueues(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	pool, err := chunk.New(d, chunk.Config{Budget: 4 * wg})
+	require.NoError(t, err)
+	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
+	v, err := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20})
+	require.NoError(t, err)
+	_, err = v.Alloc(2*wg, 1)
+	require.NoError(t, err)
+	require.NoError(t, v.Sleep(context.Background(), arena.Discard))
+	holder := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+	_, err = holder.Alloc(4*wg, 1) // the whole budget, in use
+	require.NoError(t, err)
+
+	first := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+	fctx, fcancel := context.WithCancel(context.Background())
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- first.GrowContext(fctx, 2*wg) }()
+	e := &tenants{d: d, pool: pool, holder: holder}
+	e.waiting(t, 1) // another tenant waits at the head of the queue
+	defer func() {
+		fcancel()
+		require.ErrorIs(t, <-firstDone, context.Canceled)
+	}()
+
+	var once sync.Once
+	closed := make(chan error, 1)
+	defer sched.Set(func(p sched.Point, who any) {
+		if p == sched.WaitJoining && who == v {
+			once.Do(func() { closed <- v.Close() })
+		}
+	})()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	err = v.Wake(ctx)
+	require.NoError(t, <-closed)
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "it waited for memory for an arena that was closed")
+	require.ErrorIs(t, err, arena.ErrClosed)
+}

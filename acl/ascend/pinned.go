@@ -29,9 +29,17 @@ func (d *Driver) FreeHost(b []byte) error {
 	if _, ok := d.hostBufs.Size(b); !ok {
 		return acl.NewError(op, acl.ErrCodeRTParamInvalid, "not host memory from aclrtMallocHost")
 	}
-	if err := d.on(op, func() error { return d.check(op, d.lib.fns.freeHost(&b[0])) }); err != nil {
-		return err
-	}
-	d.hostBufs.Remove(b)
-	return nil
+	return d.on(op, func() error {
+		// Out of the books before the runtime frees it: once freed, the
+		// address may be another MallocHost's.
+		n, ok := d.hostBufs.Remove(b)
+		if !ok {
+			return acl.NewError(op, acl.ErrCodeRTParamInvalid, "not host memory from aclrtMallocHost")
+		}
+		if err := d.check(op, d.lib.fns.freeHost(&b[0])); err != nil {
+			d.hostBufs.Add(hostSlice(&b[0], uintptr(n)))
+			return err
+		}
+		return nil
+	})
 }

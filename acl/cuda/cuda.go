@@ -72,7 +72,7 @@ type Driver struct {
 	// that a range cannot be unmapped under them). Streams and events have
 	// their own lock, omu, always taken after mu.
 	mu      sync.RWMutex
-	book    book.Book[struct{}, *handle]
+	book    book.Book[resvX, *handle]
 	handles map[acl.PhysicalHandle]*handle
 	nextID  acl.PhysicalHandle
 	live    acl.LiveCounts // every count but Streams, Events and host buffers
@@ -98,10 +98,14 @@ type handle struct {
 	props props   // what a dma-buf export needs identical across its chunks (dmabuf.go)
 }
 
+// resvX counts a reservation's mappings of imported memory: ACL lets a
+// reservation hold imported or own memory, never both at once.
+type resvX struct{ imported int }
+
 // A reservation is one cuMemAddressReserve; a mapping is one cuMemMap of a
 // whole allocation.
 type (
-	reservation = book.Reservation[struct{}, *handle]
+	reservation = book.Reservation[resvX, *handle]
 	mapping     = book.Mapping[*handle]
 )
 
@@ -407,18 +411,14 @@ func (d *Driver) MemGetAllocationGranularity(prop *acl.PhysicalMemProp, option a
 // multiples of the granularity (HUGE1G sizes are rounded up to 1 GiB).
 func (d *Driver) MallocPhysical(size uintptr, prop *acl.PhysicalMemProp, flags uint64) (acl.PhysicalHandle, error) {
 	const op = "aclrtMallocPhysical"
-	posix, err := d.exportableProp(op, prop)
+	posix, prop := rules.Exportable(prop)
+	size, err := rules.Malloc(op, size, prop, flags, d.Device(), "CUDA", d.pageOf)
 	if err != nil {
 		return 0, err
 	}
-	if posix {
-		p := *prop
-		p.HandleType = acl.MemHandleTypeNone
-		prop = &p
-	}
-	size, err = rules.Malloc(op, size, prop, flags, d.Device(), "CUDA", d.pageOf)
-	if err != nil {
-		return 0, err
+	if posix && !d.posixFD {
+		return 0, acl.Errorf(op, acl.ErrCodeRTFeatureNotSupport,
+			"device %d cannot export POSIX file descriptors (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0)", d.cfg.Device)
 	}
 	if err := d.begin(op); err != nil {
 		return 0, err
@@ -607,6 +607,9 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 	if err != nil {
 		return err
 	}
+	if err := rules.MapSource(op, h.imported, r.X.imported, len(r.Maps)); err != nil {
+		return err
+	}
 	b, err := d.bind()
 	if err != nil {
 		return err
@@ -617,6 +620,9 @@ func (d *Driver) MapMem(ptr acl.DevicePtr, size, offset uintptr, id acl.Physical
 		return d.lib.newError("cuMemMap", res)
 	}
 	r.Insert(i, &mapping{Addr: uintptr(ptr), Size: size, H: h})
+	if h.imported {
+		r.X.imported++
+	}
 	if h.size == 0 {
 		d.learnSize(h, size)
 	}
@@ -655,6 +661,9 @@ func (d *Driver) UnmapMem(ptr acl.DevicePtr) error {
 		return d.lib.newError("cuMemUnmap", res)
 	}
 	r.Remove(i)
+	if m.H.imported {
+		r.X.imported--
+	}
 	d.live.Mappings--
 	d.live.MappedBytes -= m.Size
 	d.unrefLocked(m.H)

@@ -44,15 +44,22 @@ func (d *Driver) FreeHost(buf []byte) error {
 		return err
 	}
 	defer d.end()
+	// Out of the books before CUDA frees it: once freed, the address may be
+	// another MallocHost's, whose entry a later Remove would take.
+	n, ok := d.hostBufs.Remove(buf)
+	if !ok {
+		return fail(op, acl.ErrCodeRTParamInvalid, "not host memory from aclrtMallocHost")
+	}
 	b, err := d.bind()
 	if err != nil {
+		d.hostBufs.Add(hostSlice(&buf[0], uintptr(n)))
 		return err
 	}
 	r := d.lib.cuMemFreeHost(&buf[0])
 	d.unbind(b)
 	if r != ResultSuccess {
+		d.hostBufs.Add(hostSlice(&buf[0], uintptr(n)))
 		return d.lib.newError("cuMemFreeHost", r)
 	}
-	d.hostBufs.Remove(buf)
 	return nil
 }

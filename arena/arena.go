@@ -1221,6 +1221,7 @@ func (a *Arena) thaw(s, n uint64) {
 	e, l := a.nextEpoch(s), min(n, a.cap.Load())
 	if l < s&lenMask {
 		a.dropped(e, l)
+		sched.At(sched.DropRecorded, a)
 	}
 	f := uint64(0)
 	if a.lifeNow() != lifeOpen {

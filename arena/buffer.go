@@ -72,11 +72,41 @@ func (a *Arena) Slice(i, j int) (Buffer, error) {
 	if i < 0 || j < i {
 		return Buffer{}, fmt.Errorf("arena: slice [%d:%d]: %w", i, j, ErrRange)
 	}
-	b := Buffer{a: a, off: uintptr(i), n: uintptr(j - i), gen: a.drops.last.Load()}
+	b := Buffer{a: a, off: uintptr(i), n: uintptr(j - i), gen: a.viewGen()}
 	if err := b.check("slice"); err != nil {
 		return Buffer{}, err
 	}
 	return b, nil
+}
+
+// viewGen returns the epoch a new view of the bytes in use carries: that of
+// the state word its range is then checked against (check reads the word
+// again, no older). Not the newest drop's: a drop is recorded before the
+// word that lowers Len is stored (thaw), and a view stamped with it but
+// checked against the word before would never count it, and write into
+// what is cut there next. A frozen word may be in the middle of that (its
+// next epoch, and at a wrap its era, not yet stored): the view then waits
+// for the arena's lock, which every freeze holds until its thaw, unless it
+// is cut by a backing-change callback running under that lock, whose
+// operation thaws only after it.
+func (a *Arena) viewGen() uint64 {
+	for {
+		s := a.state.Load()
+		if s&frozen == 0 {
+			w := a.lowWater.Load()
+			if a.state.Load() == s { // no freeze between: the era goes with s
+				return epochOf(s, w)
+			}
+			continue
+		}
+		if a.ev.owner.Load() != 0 && a.inCallback() {
+			return epochOf(s, a.lowWater.Load())
+		}
+		a.mu.Lock()
+		s, w := a.state.Load(), a.lowWater.Load()
+		a.mu.Unlock()
+		return epochOf(s, w)
+	}
 }
 
 // check reports whether b is still an allocation of the arena's: not

@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -15,6 +16,7 @@ import (
 	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/arena/tensor"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 func staleArena(t *testing.T, cfg arena.Config) (*arena.Arena, *host.Driver) {
@@ -357,4 +359,48 @@ func TestStaleAgainstHistory(t *testing.T) {
 		}
 	}
 	t.Logf("%d buffers, %d drop records at the end", len(cuts), arena.DropRecords(a))
+}
+
+// Arena.Slice racing a Truncate: the drop is recorded before the word that
+// lowers Len is stored, and a view cut in between, stamped with the newest
+// drop and checked against the old Len, was never stale: it wrote into the
+// allocation cut there next. Stopped between the two (sched.DropRecorded),
+// a Slice of the dropped range now fails, or its view is stale.
+func TestSliceRacesTruncate(t *testing.T) {
+	a, _ := staleArena(t, arena.Config{})
+	_, err := a.Alloc(128, 1)
+	require.NoError(t, err)
+	type cut struct {
+		b   arena.Buffer
+		err error
+	}
+	got := make(chan cut, 1)
+	var once sync.Once
+	defer sched.Set(func(p sched.Point, who any) {
+		if p != sched.DropRecorded || who != a {
+			return
+		}
+		once.Do(func() {
+			go func() {
+				b, err := a.Slice(64, 128)
+				got <- cut{b, err}
+			}()
+			// The Slice either returns at once (a view stamped with the old
+			// word, which must then be stale) or waits for this Truncate.
+			time.Sleep(20 * time.Millisecond)
+		})
+	})()
+	require.NoError(t, a.Truncate(64))
+	c := <-got
+	if c.err != nil {
+		require.ErrorIs(t, c.err, arena.ErrRange, "cut after the drop")
+		return
+	}
+	next, err := a.Alloc(64, 1)
+	require.NoError(t, err)
+	require.NoError(t, arena.CopyIn(next, []byte("next")))
+	require.ErrorIs(t, arena.CopyIn(c.b, []byte("STALE")), arena.ErrStale, "a view of the dropped range")
+	out := make([]byte, 4)
+	require.NoError(t, arena.CopyOut(out, next))
+	assert.Equal(t, "next", string(out))
 }

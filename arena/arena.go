@@ -629,10 +629,10 @@ func (a *Arena) allocSlowContext(ctx context.Context, size, align uint64) (Buffe
 		}
 		end := start + size
 		if end > a.cap.Load() {
-			a.missed()
 			if err := a.growLocked(ctx, end, false); err != nil {
 				return Buffer{}, fmt.Errorf("arena: alloc %s: %w", units.Ubytes(size), err)
 			}
+			a.missed()
 		}
 		// Lock-free Allocs may have moved Len meanwhile; if so, go round.
 		if a.state.CompareAndSwap(s, s&^lenMask|end) {
@@ -672,11 +672,12 @@ func (a *Arena) grow(ctx context.Context, n int) error {
 	if uint64(n) > a.reserved-l {
 		return a.exhausted(fmt.Sprintf("grow by %s at %d", units.Bytes(int64(n)), l))
 	}
-	if l+uint64(n) > a.cap.Load() {
-		a.missed()
-	}
+	miss := l+uint64(n) > a.cap.Load()
 	if err := a.growLocked(ctx, l+uint64(n), false); err != nil {
 		return fmt.Errorf("arena: grow by %s: %w", units.Bytes(int64(n)), err)
+	}
+	if miss {
+		a.missed() // a growth that mapped on the caller's path, not one that failed
 	}
 	a.floor.Store(max(a.floor.Load(), l+uint64(n)))
 	a.wantHeadroom(l + uint64(n))

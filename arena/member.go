@@ -101,7 +101,7 @@ func (c client) Refill() {
 		// next Alloc below the low-water mark would lose a refill asked
 		// for under mu, as Wake does, when no Alloc follows.)
 		if l := a.lifeNow(); l != lifeClosed && l != lifeAsleep {
-			a.member.WantRefill()
+			a.askRefill() // as it was asked: an arena without headroom asks through the pool's mutex
 		}
 		return
 	}

@@ -65,7 +65,6 @@ type observer struct {
 	ooms     atomic.Int64
 	waits    atomic.Int64
 	waitNS   atomic.Int64
-	quiet    atomic.Int32 // waits in progress: their tries' failures are the wait's, counted once
 }
 
 // Activity counts what the arena's callers saw, failures included, beyond
@@ -111,14 +110,18 @@ func (o *observer) emit(a *Arena, level slog.Level, msg string, attrs ...slog.At
 type growth struct {
 	start time.Time
 	r     *trace.Region
+	quiet bool // a try of a wait for memory: its failure is the wait's to count (waitFor)
 }
+
+// quietKey marks the ctx of a wait's tries (waitFor).
+type quietKey struct{}
 
 func (o *observer) begin(ctx context.Context, speculative bool) growth {
 	name := RegionGrow
 	if speculative {
 		name = RegionRefill
 	}
-	g := growth{r: trace.StartRegion(ctx, name)}
+	g := growth{r: trace.StartRegion(ctx, name), quiet: ctx.Value(quietKey{}) != nil}
 	if o.timed.Load() {
 		g.start = time.Now()
 	}
@@ -139,7 +142,7 @@ func (o *observer) end(a *Arena, g growth, c, target uint64, speculative bool, e
 		}
 	}
 	if err != nil && !speculative && errors.Is(err, ErrOutOfMemory) {
-		if o.quiet.Load() == 0 {
+		if !g.quiet {
 			o.oom(a, target-min(target, a.state.Load()&lenMask), err)
 		}
 		return

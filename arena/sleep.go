@@ -630,7 +630,7 @@ func (a *Arena) wake(ctx context.Context) (woke bool, mode SleepMode, err error)
 	var need int
 	var asked uint64
 	var never bool
-	try := func() error {
+	try := func(ctx context.Context) error {
 		l, err := a.lockSleep(ctx)
 		if err != nil {
 			return err
@@ -647,7 +647,7 @@ func (a *Arena) wake(ctx context.Context) (woke bool, mode SleepMode, err error)
 		return err
 	}
 	if a == nil || a.drv == nil {
-		return false, 0, try()
+		return false, 0, try(ctx)
 	}
 	err = a.waitFor(ctx, &a.sl.growth, func() (int, uint64, bool) { return need, asked, never }, try)
 	return woke, mode, err

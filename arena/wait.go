@@ -36,7 +36,7 @@ func (a *Arena) GrowContext(ctx context.Context, n int) error {
 	if n >= 0 && a.mapped(uint64(n)) {
 		return nil // Grow's fast path
 	}
-	return a.wait(ctx, uint64(max(n, 0)), func() error { return a.grow(ctx, n) })
+	return a.wait(ctx, uint64(max(n, 0)), func(ctx context.Context) error { return a.grow(ctx, n) })
 }
 
 // AllocContext is Alloc that waits for memory as GrowContext does, when
@@ -56,7 +56,7 @@ func (a *Arena) AllocContext(ctx context.Context, size, align int) (Buffer, erro
 		return Buffer{}, a.badAlloc(size, align)
 	}
 	var b Buffer
-	err := a.wait(ctx, uint64(size), func() (err error) {
+	err := a.wait(ctx, uint64(size), func(ctx context.Context) (err error) {
 		b, err = a.allocSlowContext(ctx, uint64(size), uint64(align))
 		return err
 	})
@@ -76,9 +76,9 @@ func (a *Arena) fits(size, align int) bool {
 // wait tries until try, which needs asked more bytes, succeeds, fails for
 // another reason than memory, or ctx is done; between tries it waits in the
 // pool's queue.
-func (a *Arena) wait(ctx context.Context, asked uint64, try func() error) error {
+func (a *Arena) wait(ctx context.Context, asked uint64, try func(context.Context) error) error {
 	if a == nil || a.drv == nil {
-		return try() // the error Grow and Alloc give
+		return try(ctx) // the error Grow and Alloc give
 	}
 	return a.waitFor(ctx, &a.growth, func() (int, uint64, bool) {
 		if b := a.pool.Budget(); b > 0 && a.roundUp(a.state.Load()&lenMask+asked) > uint64(b) {
@@ -97,12 +97,14 @@ func (a *Arena) wait(ctx context.Context, asked uint64, try func() error) error 
 // than memory, or ctx is done, and between tries it waits in the pool's
 // queue as a growth that lacks the n chunks need says after its first try,
 // of asked bytes (never: it can never fit the budget, and fails at once).
-func (a *Arena) waitFor(ctx context.Context, g *chunk.Growth, need func() (n int, asked uint64, never bool), try func() error) error {
+func (a *Arena) waitFor(ctx context.Context, g *chunk.Growth, need func() (n int, asked uint64, never bool), try func(context.Context) error) error {
 	o := &a.obs
-	o.quiet.Add(1) // the tries' failures are this wait's, counted once
-	defer o.quiet.Add(-1)
+	// The tries' failures are this wait's, counted once (not the failures
+	// of other growths of the arena meanwhile): they run with a ctx that
+	// says so (observer.begin).
+	tctx := context.WithValue(ctx, quietKey{}, true)
 	mark := a.lend.Mark()
-	err := try()
+	err := try(tctx)
 	if !errors.Is(err, ErrOutOfMemory) {
 		return err
 	}
@@ -125,7 +127,7 @@ func (a *Arena) waitFor(ctx context.Context, g *chunk.Growth, need func() (n int
 		// else need wake it: the retry says why it cannot grow, or that
 		// the arena is awake. (A Close or Sleep sets the state before it
 		// interrupts, and this waiter joined before it looked.)
-		return try()
+		return try(tctx)
 	}
 	defer trace.StartRegion(ctx, RegionWait).End()
 	start, tries := time.Now(), 1
@@ -138,7 +140,7 @@ func (a *Arena) waitFor(ctx context.Context, g *chunk.Growth, need func() (n int
 		}
 		tries++
 		last := err
-		err = try()
+		err = try(tctx)
 		if err == nil {
 			sched.At(sched.WaitServed, a)
 			o.waited(a, start, asked, tries, "granted", nil)

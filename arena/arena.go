@@ -1065,6 +1065,7 @@ func (a *Arena) unmapStrays(giveBack func(chunk.Chunk) error) error {
 	for i, s := range a.strays {
 		ms[i] = chunk.Mapped{At: s.at, C: s.c}
 	}
+	was := a.heldOf(ms)
 	free, lerr := a.letGoHeld(BackingUndo, ms)
 	errs := []error{lerr}
 	kept := a.strays[:0]
@@ -1074,7 +1075,10 @@ func (a *Arena) unmapStrays(giveBack func(chunk.Chunk) error) error {
 			continue
 		}
 		if err := a.lend.Unmap(s.at); err != nil {
-			errs = append(errs, err, a.stillMapped(ms[i:i+1]))
+			errs = append(errs, err)
+			if was[i] { // one no callback held may lack access: not told Mapped
+				errs = append(errs, a.stillMapped(ms[i:i+1]))
+			}
 			kept = append(kept, s)
 			continue
 		}

@@ -249,12 +249,17 @@ func (a *Arena) mappings() []acl.Mapping {
 	for i, c := range a.chunks {
 		add(a.at(i), c)
 	}
+	// Strays and slots a failure left mapped are not trusted (their access
+	// may never have been granted): only those a callback holds already
+	// (had access when announced) are told.
 	for _, s := range a.strays {
-		add(s.at, s.c)
+		if a.ev.held[s.at].mask != 0 {
+			add(s.at, s.c)
+		}
 	}
 	if st := a.sl.st; st != nil {
 		for i, sl := range st.slots {
-			if sl.state == slotMapped || sl.state == slotLeft {
+			if sl.state == slotMapped || sl.state == slotLeft && a.ev.held[a.at(i)].mask != 0 {
 				add(a.at(i), sl.c)
 			}
 		}
@@ -448,6 +453,20 @@ func (a *Arena) letGoHeld(cause BackingCause, ms []chunk.Mapped) ([]bool, error)
 		return free, nil
 	}
 	return a.letGo(cause, ms)
+}
+
+// heldOf returns which of ms some callback holds now. Call with mu held.
+func (a *Arena) heldOf(ms []chunk.Mapped) []bool {
+	out := make([]bool, len(ms))
+	if a.ev.n.Load() == 0 {
+		return out
+	}
+	a.ev.mu.Lock()
+	defer a.ev.mu.Unlock()
+	for i, m := range ms {
+		out[i] = a.ev.held[m.At].mask != 0
+	}
+	return out
 }
 
 // stillMapped tells the callbacks again about ms, mappings they were told

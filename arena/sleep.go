@@ -436,12 +436,17 @@ func (a *Arena) sleepAgain(st *sleepState) error {
 			errs = append(errs, err)
 			continue // its bytes are only there: it stays mapped
 		}
-		if free, err := a.letGoHeld(BackingSleep, []chunk.Mapped{{At: a.at(i), C: sl.c}}); !free[0] {
+		m := []chunk.Mapped{{At: a.at(i), C: sl.c}}
+		was := a.heldOf(m)[0]
+		if free, err := a.letGoHeld(BackingSleep, m); !free[0] {
 			errs = append(errs, err)
 			continue
 		}
 		if err := a.lend.Unmap(a.at(i)); err != nil {
-			errs = append(errs, err, a.stillMapped([]chunk.Mapped{{At: a.at(i), C: sl.c}}))
+			errs = append(errs, err)
+			if was {
+				errs = append(errs, a.stillMapped(m))
+			}
 			continue
 		}
 		a.unmaps++
@@ -1020,12 +1025,16 @@ func (a *Arena) closeAsleep() error {
 				continue // its bytes are only there: it stays mapped
 			}
 			m := []chunk.Mapped{{At: a.at(i), C: s.c}}
+			was := a.heldOf(m)[0]
 			if free, err := a.letGoHeld(BackingClose, m); !free[0] {
 				errs = append(errs, err)
 				continue
 			}
 			if err := a.lend.Unmap(a.at(i)); err != nil {
-				errs = append(errs, err, a.stillMapped(m))
+				errs = append(errs, err)
+				if was {
+					errs = append(errs, a.stillMapped(m))
+				}
 				continue
 			}
 			a.unmaps++

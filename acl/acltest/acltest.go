@@ -72,6 +72,7 @@ func Run(t *testing.T, f Factory) {
 		{"CopyRoundTrip", testCopy, nil},
 		{"RemapKeepsData", testRemap, nil},
 		{"HostMemory", testHostMemory, nil},
+		{"HostMemoryConcurrent", testHostMemoryConcurrent, nil},
 		{"GetMemInfo", testMemInfo, nil},
 		{"Concurrent", testConcurrent, nil},
 		{"Streams", testStreams, nil},

@@ -236,6 +236,12 @@ func testMallocChecks(t *testing.T, d acl.Driver, f Factory) {
 		{"ddrOnDevice", g, func(p *acl.PhysicalMemProp) { p.MemAttr = acl.DDRMemHuge }, 0, acl.ErrCodeInvalidParam},
 		{"hbmMem", g, func(p *acl.PhysicalMemProp) { p.MemAttr = acl.HBMMem }, 0, acl.ErrCodeInvalidParam},
 		{"device", g, func(p *acl.PhysicalMemProp) { p.Location.ID = 4096 }, 0, acl.ErrCodeRTInvalidDeviceID},
+		// ACL's own checks come before the device's (and before this
+		// module's exportable property is looked at).
+		{"size0 before device", 0, func(p *acl.PhysicalMemProp) { p.Location.ID = 4096 }, 0, acl.ErrCodeInvalidParam},
+		{"flags before device", g, func(p *acl.PhysicalMemProp) { p.Location.ID = 4096 }, 1, acl.ErrCodeInvalidParam},
+		{"size0 before host location", 0, func(p *acl.PhysicalMemProp) { p.Location.Type = acl.MemLocationTypeHost }, 0, acl.ErrCodeInvalidParam},
+		{"size0 exportable", 0, func(p *acl.PhysicalMemProp) { p.HandleType = acl.MemHandleTypePOSIX }, 0, acl.ErrCodeInvalidParam},
 	}
 	for _, tc := range cases {
 		p := prop(d)

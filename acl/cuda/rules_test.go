@@ -13,33 +13,6 @@ import (
 	"github.com/vmarena/vmarena/acl/ipc"
 )
 
-// MallocPhysical runs ACL's own checks first, in ACL's order (size, flags,
-// then the property), as the host driver does: size 0 or flags 1 give 100000
-// whatever a later check of the property would say.
-func TestMallocCheckOrder(t *testing.T) {
-	d, _ := openFake(t, 0, Config{})
-	other := *prop()
-	other.Location.ID = 7
-	hostLoc := *prop()
-	hostLoc.Location.Type = acl.MemLocationTypeHost
-	for _, tc := range []struct {
-		name  string
-		size  uintptr
-		prop  *acl.PhysicalMemProp
-		flags uint64
-	}{
-		{"size 0, another device", 0, &other, 0},
-		{"flags 1, another device", 2 << 20, &other, 1},
-		{"size 0, a host location", 0, &hostLoc, 0},
-	} {
-		h, err := d.MallocPhysical(tc.size, tc.prop, tc.flags)
-		if err == nil {
-			require.NoError(t, d.FreePhysical(h))
-		}
-		acltest.RequireCode(t, err, acl.ErrCodeInvalidParam, tc.name)
-	}
-}
-
 // One reservation holds this process's own memory or imported memory, never
 // both at once (ACL's rule, docs/acl.md; the host driver refuses it with
 // 107000, and the CUDA binding claims the host driver's rules and codes).

@@ -15,41 +15,6 @@ import (
 	"github.com/vmarena/vmarena/acl/host"
 )
 
-// MallocPhysical runs ACL's own checks first, in ACL's order (size, flags,
-// then the property), so that a size of 0 or flags of 1 give 100000 even
-// with a property a later check refuses (another device's id, 107001; a
-// host location, 207000), and an exportable property (this module's
-// extension) changes no code.
-func TestMallocCheckOrder(t *testing.T) {
-	d := newHost(t, host.Config{Capacity: 64 << 20})
-	defer func() { require.NoError(t, d.Close()) }()
-	other := acl.DeviceProp(0, 0)
-	other.Location.ID = 7
-	hostLoc := acl.DeviceProp(0, 0)
-	hostLoc.Location.Type = acl.MemLocationTypeHost
-	posix := acl.DeviceProp(0, 0)
-	posix.HandleType = acl.MemHandleTypePOSIX
-	for _, tc := range []struct {
-		name  string
-		size  uintptr
-		prop  *acl.PhysicalMemProp
-		flags uint64
-	}{
-		{"size 0, another device", 0, &other, 0},
-		{"flags 1, another device", chunk, &other, 1},
-		{"size 0, a host location", 0, &hostLoc, 0},
-		{"size 0, exportable", 0, &posix, 0},
-		{"flags 1, exportable", chunk, &posix, 1},
-	} {
-		h, err := d.MallocPhysical(tc.size, tc.prop, tc.flags)
-		if err == nil {
-			require.NoError(t, d.FreePhysical(h))
-		}
-		acltest.RequireCode(t, err, acl.ErrCodeInvalidParam, tc.name)
-	}
-	assert.True(t, d.Live().Zero(), "%+v", d.Live())
-}
-
 // One reservation holds this process's own memory or imported memory, never
 // both at once (ACL's rule); once the one kind is unmapped, the other may
 // come.

@@ -15,6 +15,8 @@ func dlopen(path string) (uintptr, error) {
 
 func dlsym(h uintptr, name string) (uintptr, error) { return purego.Dlsym(h, name) }
 
+func dlclose(h uintptr) error { return purego.Dlclose(h) }
+
 // register makes the func that fptr points to call the C function at addr.
 // It panics only if fptr's type is not one purego can call, a bug in the
 // symbol table that every test finds.

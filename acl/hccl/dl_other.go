@@ -18,3 +18,4 @@ var errPlatform = fmt.Errorf("%w: HCCL exists for linux/amd64 and linux/arm64 on
 func dlopen(string) (uintptr, error)         { return 0, errPlatform }
 func dlsym(uintptr, string) (uintptr, error) { return 0, errPlatform }
 func register(any, uintptr)                  {}
+func dlclose(uintptr) error                  { return nil }

@@ -107,6 +107,7 @@ func Open(cfg Config) (*Library, error) {
 		}
 		l := &Library{path: c.path, h: h}
 		if err := l.resolve(); err != nil {
+			_ = dlclose(h)
 			return nil, err
 		}
 		if registry.libs == nil {

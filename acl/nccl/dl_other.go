@@ -19,3 +19,4 @@ var errPlatform = fmt.Errorf("%w: the NCCL binding loads libraries on linux/amd6
 func dlopen(string) (uintptr, error)         { return 0, errPlatform }
 func dlsym(uintptr, string) (uintptr, error) { return 0, errPlatform }
 func register(any, uintptr)                  {}
+func dlclose(uintptr) error                  { return nil }

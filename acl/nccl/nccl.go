@@ -117,10 +117,12 @@ func Open(cfg Config) (*Library, error) {
 		register(s.fn, addr)
 	}
 	if len(missing) > 0 {
+		_ = dlclose(h)
 		return nil, fmt.Errorf("nccl: %w: %s lacks %s (user-buffer registration needs NCCL 2.19 or later)",
 			acl.ErrNotSupported, path, strings.Join(missing, ", "))
 	}
 	if err := l.fail("ncclGetVersion", 0, l.fns.getVersion(&l.version)); err != nil {
+		_ = dlclose(h)
 		return nil, err
 	}
 	if registry.libs == nil {

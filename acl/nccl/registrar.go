@@ -343,11 +343,8 @@ func (r *Registrar) Live() (ranges, mappings int, bytes uintptr) { return r.book
 // registrar (one per mapping, or, with Coalesce, per run) and how many
 // ncclCommRegister and ncclCommDeregister calls it has made in all.
 func (r *Registrar) Registrations() (held int, calls int64) {
-	if err := r.books.Lock("Registrations"); err != nil {
-		return 0, 0
-	}
-	defer r.books.Unlock()
-	return len(r.regs), r.calls
+	r.books.With(func() { held, calls = len(r.regs), r.calls })
+	return held, calls
 }
 
 // Close deregisters what is still registered and forgets what is still set
@@ -359,6 +356,11 @@ func (r *Registrar) Close() error {
 		// The registration covering m goes whole; the other mappings
 		// of a run then find none.
 		if i := r.find(m.Ptr, 1); i < len(r.regs) && r.regs[i].ptr <= m.Ptr {
+			if r.regs[i].ptr < m.Ptr {
+				// The run's first mapping could not deregister it:
+				// m stays registered with it.
+				return fmt.Errorf("nccl: %v stays registered: its run's deregistration failed", m)
+			}
 			return r.deregisterNCCL(r.regs[i])
 		}
 		return nil

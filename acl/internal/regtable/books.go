@@ -35,6 +35,13 @@ func (b *Books) Lock(op string) error {
 // Unlock releases what Lock took.
 func (b *Books) Unlock() { b.mu.Unlock() }
 
+// With runs fn holding the books, closed or not (to read them).
+func (b *Books) With(fn func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	fn()
+}
+
 // Table returns the table. Call it holding the books.
 func (b *Books) Table() *Table { return &b.table }
 

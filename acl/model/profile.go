@@ -536,7 +536,10 @@ func compile(p *Profile) costs {
 // mapping of an access span costs a one-granule access call, and launches
 // hold the device lock that serial calls hold.
 func (c *costs) pessimistic() {
-	c.perMapping = c.host(cAccess, c.gran)
+	// The span's per-MiB part already counts every mapping's bytes beyond
+	// the first granule: each further mapping adds a call's base less the
+	// granule a one-mapping call does not pay for.
+	c.perMapping = c.base[cAccess] - int64(c.perByte[cAccess]*float64(c.gran))
 	c.serial[cLaunch] = true
 }
 

@@ -35,3 +35,17 @@ func waitUntil(deadline int64) {
 	for now() < deadline {
 	}
 }
+
+// waitUntilOr is waitUntil, returning early once quit is closed.
+func waitUntilOr(deadline int64, quit <-chan struct{}) {
+	if left := deadline - now(); left > int64(sleepAbove) {
+		t := time.NewTimer(time.Duration(left) - spinTail)
+		select {
+		case <-t.C:
+		case <-quit:
+			t.Stop()
+			return
+		}
+	}
+	waitUntil(deadline)
+}

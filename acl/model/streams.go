@@ -74,20 +74,35 @@ func schedule(s *stream) {
 	}
 }
 
-// advanceLocked retires the work on s that has finished by now, applying
-// memsets (unless Config.NoData). Call with the queues' lock held.
-func (d *Driver) advanceLocked(s *stream) {
-	schedule(s)
+// advanceLocked retires the work that has finished by now, on every
+// stream, in the order it finished, applying memsets (unless
+// Config.NoData): memsets on two streams land in the order the device ran
+// them, whichever stream a call looks at first. Call with the queues' lock
+// held.
+func (d *Driver) advanceLocked(_ *stream) {
 	t := now()
-	for len(s.Queue) > 0 && s.Queue[0].X.known && s.Queue[0].X.end <= t {
-		w := s.Queue[0]
+	for {
+		var first *stream
+		for st := range d.ss.StreamsLocked() {
+			schedule(st)
+			if len(st.Queue) == 0 || !st.Queue[0].X.known || st.Queue[0].X.end > t {
+				continue
+			}
+			if first == nil || st.Queue[0].X.end < first.Queue[0].X.end {
+				first = st
+			}
+		}
+		if first == nil {
+			return
+		}
+		w := first.Queue[0]
 		if !w.Faulted && w.Kind == queue.Memset && w.X.spans != nil {
 			d.data.Lock()
 			applyFill(w.X.spans, w.Value)
 			d.data.Unlock()
 		}
-		s.X.tail = w.X.end
-		s.Retire()
+		first.X.tail = w.X.end
+		first.Retire()
 	}
 }
 
@@ -118,7 +133,7 @@ func (d *Driver) enqueue(op string, s acl.Stream, w *work) error {
 	if d.closed {
 		return fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
-	if w.Hi > w.Lo {
+	if w.Hi != w.Lo { // a range that wraps is checked too (and refused)
 		check := d.book.Accessible
 		if w.Kind == queue.Memset {
 			check = d.book.Writable
@@ -248,7 +263,7 @@ func (d *Driver) waitFor(op string, s *stream, seq uint64) error {
 			continue
 		}
 		ss.Unlock()
-		waitUntil(end)
+		waitUntilOr(end, ss.Quit()) // Close ends the wait
 		ss.Lock()
 	}
 }

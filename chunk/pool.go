@@ -147,9 +147,9 @@ type Stats struct {
 	Misses    int64 // chunks that called MallocPhysical
 	Allocs    int64 // successful MallocPhysical calls
 	Ahead     int64 // of Allocs, those made ahead of need (Config.Ahead, Warm)
-	Frees     int64 // FreePhysical calls
+	Frees     int64 // FreePhysical calls that freed (a refused one frees nothing)
 	Evictions int64 // Puts that freed a chunk because the cache was full
-	Failures  int64 // Gets that failed (budget or driver)
+	Failures  int64 // Gets (and imports) that failed for want of memory (budget or device)
 
 	Scrubs      int64 // chunks cleared so that no tenant read another's bytes
 	ScrubsFresh int64 // of Scrubs, fresh chunks from MallocPhysical
@@ -774,7 +774,6 @@ func (p *Pool) freeNotify(e entry, notify bool) error {
 	err := p.drv.FreePhysical(e.h)
 	p.mu.Lock()
 	p.freeing--
-	p.stats.Frees++
 	if err != nil {
 		// The driver kept the memory; so do we, and the budget stays true.
 		p.cache = append(p.cache, e)
@@ -782,6 +781,7 @@ func (p *Pool) freeNotify(e entry, notify bool) error {
 		p.mu.Unlock()
 		return fmt.Errorf("chunk: free: %w", err)
 	}
+	p.stats.Frees++
 	p.held -= p.size
 	if notify {
 		p.returns++

@@ -49,11 +49,11 @@ func (p *Pool) freeShared(r doomedRef) error {
 	err := p.drv.FreePhysical(r.h)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.stats.Frees++
 	if err != nil {
 		p.doomed = append(p.doomed, r)
 		return fmt.Errorf("chunk: free shared chunk: %w", err)
 	}
+	p.stats.Frees++
 	if !r.extra {
 		p.held -= p.size
 		p.returns++
@@ -202,7 +202,9 @@ func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 	p.pool.mu.Lock()
 	if err != nil {
 		p.pool.held -= p.pool.size
-		p.pool.stats.Failures++
+		if errors.Is(err, acl.ErrOutOfMemory) { // Failures are shortages (vmarena_pool_ooms_total)
+			p.pool.stats.Failures++
+		}
 		p.pool.mu.Unlock()
 		return Chunk{}, fmt.Errorf("chunk: import %v: %w", s, err)
 	}

@@ -43,6 +43,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/vmarena/vmarena/arena"
 	"github.com/vmarena/vmarena/chunk"
@@ -195,8 +196,8 @@ type member[T any] struct {
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry { return &Registry{} }
 
-// AddArena exports a under name (its "arena" label). Names are unique among
-// the registry's arenas. From then on the arena times its growths for the
+// AddArena exports a under name (its "arena" label): a non-empty, valid
+// UTF-8 string (ErrInvalid otherwise), unique among the registry's arenas. From then on the arena times its growths for the
 // grow-latency histogram (an arena nobody observes reads no clock).
 func (r *Registry) AddArena(name string, a *arena.Arena) error {
 	if a == nil {
@@ -209,8 +210,8 @@ func (r *Registry) AddArena(name string, a *arena.Arena) error {
 	return nil
 }
 
-// AddPool exports p under name (its "pool" label). Names are unique among
-// the registry's pools.
+// AddPool exports p under name (its "pool" label): a non-empty, valid UTF-8
+// string (ErrInvalid otherwise), unique among the registry's pools.
 func (r *Registry) AddPool(name string, p *chunk.Pool) error {
 	if p == nil {
 		return fmt.Errorf("metrics: add pool %q: %w: nil pool", name, arena.ErrInvalid)
@@ -221,6 +222,9 @@ func (r *Registry) AddPool(name string, p *chunk.Pool) error {
 func add[T any](r *Registry, list *[]member[T], name string, v T) error {
 	if name == "" {
 		return fmt.Errorf("metrics: %w: empty name", arena.ErrInvalid)
+	}
+	if !utf8.ValidString(name) { // a label value: Prometheus refuses the scrape
+		return fmt.Errorf("metrics: %w: name %q is not valid UTF-8", arena.ErrInvalid, name)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -95,3 +95,28 @@ func TestPrefetchNotLostWhileLocked(t *testing.T) {
 	e.pool.Lender().Settle()
 	assert.GreaterOrEqual(t, a.Cap(), cg/2+4*cg, "the second prefetch was served")
 }
+
+// A GrowContext whose pool closes between its failed try and its joining
+// the queue fails without waiting; its shortage is counted once, as a
+// plain Grow's would be (the try was quiet, and no wait counted it).
+func TestOOMCountedWhenThePoolClosesBeforeTheWait(t *testing.T) {
+	d := isoDriver(t, 64<<20)
+	pool, err := chunk.New(d, chunk.Config{Budget: 2 * wg})
+	require.NoError(t, err)
+	holder := isoArena(t, arena.Config{Pool: pool, Reserve: 16 << 20})
+	_, err = holder.Alloc(2*wg, 1) // the whole budget, in use
+	require.NoError(t, err)
+	w, err := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20})
+	require.NoError(t, err)
+	var once sync.Once
+	defer sched.Set(func(p sched.Point, who any) {
+		if p == sched.WaitJoining && who == w {
+			once.Do(func() { _ = pool.Close() }) // reports the arenas still open
+		}
+	})()
+	err = w.GrowContext(context.Background(), wg)
+	require.ErrorIs(t, err, arena.ErrOutOfMemory)
+	assert.Equal(t, int64(1), w.Activity().OOMs)
+	require.NoError(t, w.Close())
+	require.NoError(t, holder.Close())
+}

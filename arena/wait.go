@@ -116,6 +116,7 @@ func (a *Arena) waitFor(ctx context.Context, g *chunk.Growth, need func() (n int
 	sched.At(sched.WaitJoining, a)
 	w, qerr := a.member.Enqueue(mark, g, n)
 	if qerr != nil {
+		o.oom(a, asked, err) // the try was quiet, and no wait will count it
 		return errors.Join(err, fmt.Errorf("arena: wait for memory: %w", qerr))
 	}
 	defer w.Done()

@@ -21,7 +21,8 @@ import (
 //     request rounded up to 2 MiB above;
 //   - a request takes the smallest free block that fits (best fit, then the
 //     lowest address) and splits it when the rest is worth keeping (at
-//     least 512 bytes in the small pool, more than 1 MiB in the large one);
+//     least 512 bytes in the small pool and in expandable mode, more than
+//     1 MiB in the large pool otherwise: PyTorch's should_split);
 //   - a freed block merges with the free blocks beside it in its segment;
 //   - when no block fits, a new segment is allocated; when the device (or
 //     the budget) refuses, every wholly free segment is released (the
@@ -184,8 +185,8 @@ func (s *cachingStrategy) alloc(n int64) (segment, any, error) {
 	}
 	p.remove(b)
 	split := cSplitLarge + 1
-	if p.small {
-		split = cSplitSmall
+	if p.small || s.expandable {
+		split = cSplitSmall // PyTorch's should_split: is_small || expandable_segments
 	}
 	if rest := b.size - size; rest >= int64(split) {
 		nb := &cblock{seg: b.seg, off: b.off + size, size: rest, free: true, prev: b, next: b.next}

@@ -170,6 +170,7 @@ type Env struct {
 	skew    time.Duration // the device waits' time beyond their modelled length (stepCompute.wait)
 	live    int64         // bytes of live tensors now
 	regions map[strategy.Region]bool
+	parts   map[strategy.Strategy]bool // the strategies regions were opened in besides S (strategy.Split's parts)
 }
 
 const touchChunk = 4 << 20
@@ -216,6 +217,12 @@ func (e *Env) openIn(s strategy.Strategy, max int64) (strategy.Region, error) {
 			e.regions = make(map[strategy.Region]bool)
 		}
 		e.regions[r] = true
+		if s != e.S {
+			if e.parts == nil {
+				e.parts = make(map[strategy.Strategy]bool)
+			}
+			e.parts[s] = true
+		}
 	}
 	return r, err
 }
@@ -373,7 +380,11 @@ func (e *Env) sample(step int) {
 func (e *Env) idleMemory() (cached, reclaimable int64) {
 	p := strategy.Pool(e.S)
 	if p == nil {
-		return strategy.Cached(e.S), 0
+		cached = strategy.Cached(e.S)
+		for s := range e.parts {
+			cached += strategy.Cached(s)
+		}
+		return cached, 0
 	}
 	ps := p.Stats()
 	cached = int64(ps.Cached) * int64(ps.ChunkSize)

@@ -212,6 +212,8 @@ func New(cfg Config) (*Arena, error) {
 	pool, own := cfg.Pool, false
 	drv := cfg.Driver
 	switch {
+	case pool != nil && pool.Driver() == nil:
+		return nil, fmt.Errorf("arena: %w: Config.Pool was not made by chunk.New", ErrInvalid)
 	case pool != nil && drv != nil && pool.Driver() != drv:
 		return nil, fmt.Errorf("arena: %w: Config.Driver (%s) is not Config.Pool's driver (%s): leave Driver nil with a Pool",
 			ErrInvalid, drv.Name(), pool.Driver().Name())
@@ -1571,10 +1573,14 @@ type Stats struct {
 	Closed      bool
 }
 
-// Stats returns the arena's counters. A nil *Arena has none, and is closed.
+// Stats returns the arena's counters. A nil *Arena has none, and is closed;
+// an Arena not made by New has none.
 func (a *Arena) Stats() Stats {
 	if a == nil {
 		return Stats{Closed: true}
+	}
+	if a.drv == nil {
+		return Stats{} // not made by New: nothing reserved, nothing mapped
 	}
 	if a.ev.owner.Load() != 0 && a.inCallback() {
 		// A callback's own goroutine, which would wait for itself: what

@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"net"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -669,6 +670,10 @@ func ImportContext(ctx context.Context, conn *net.UnixConn, cfg ImportConfig) (*
 	}
 	drv := cfg.Driver
 	switch {
+	case cfg.Pool != nil && cfg.Pool.Driver() == nil:
+		return nil, fmt.Errorf("%s: %w: ImportConfig.Pool was not made by chunk.New", op, ErrInvalid)
+	case drv != nil && nilPointer(drv):
+		return nil, fmt.Errorf("%s: %w: nil driver", op, ErrInvalid)
 	case cfg.Pool != nil && drv != nil && cfg.Pool.Driver() != drv:
 		return nil, fmt.Errorf("%s: %w: ImportConfig.Driver differs from the pool's driver", op, ErrInvalid)
 	case cfg.Pool != nil:
@@ -693,6 +698,13 @@ func ImportContext(ctx context.Context, conn *net.UnixConn, cfg ImportConfig) (*
 		return nil, wrapOp(op, err)
 	}
 	return v, nil
+}
+
+// nilPointer reports whether d is a nil pointer in an interface (a typed
+// nil), which New refuses through chunk.New and Import here.
+func nilPointer(d acl.Driver) bool {
+	v := reflect.ValueOf(d)
+	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
 // importOver is the hand-over of ImportContext, whose arguments it checked.

@@ -3,6 +3,8 @@ package chunk
 import (
 	"errors"
 	"fmt"
+
+	"github.com/vmarena/vmarena/acl"
 )
 
 // Sentinels callers branch on with errors.Is, all of them here. Their texts
@@ -50,5 +52,7 @@ var (
 // The sentinels as the package returns them alone: with its prefix.
 var (
 	errClosed = fmt.Errorf("chunk: %w", ErrClosed)
-	errBusy   = fmt.Errorf("chunk: %w", ErrBusy)
+	// errNotMade is what a Pool not made by New (its zero value) answers.
+	errNotMade = fmt.Errorf("chunk: %w: the Pool was not made by New", acl.ErrInvalidParam)
+	errBusy    = fmt.Errorf("chunk: %w", ErrBusy)
 )

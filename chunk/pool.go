@@ -351,8 +351,17 @@ func isNilPointer(d acl.Driver) bool {
 	return v.Kind() == reflect.Pointer && v.IsNil()
 }
 
-// Driver returns the pool's driver.
-func (p *Pool) Driver() acl.Driver { return p.drv.(traced).Driver }
+// Driver returns the pool's driver (nil for a Pool not made by New).
+func (p *Pool) Driver() acl.Driver {
+	if !p.made() {
+		return nil
+	}
+	return p.drv.(traced).Driver
+}
+
+// made reports whether New made p: a zero Pool refuses everything
+// (errNotMade) rather than dereference what it lacks.
+func (p *Pool) made() bool { return p != nil && p.drv != nil }
 
 // ChunkSize returns the size of every chunk, in bytes: Config.Size, or the
 // size the pool chose for Config.Size 0 (see SizeFor). It never changes.
@@ -371,6 +380,9 @@ func (p *Pool) Budget() int64 { return int64(p.budget.Load()) }
 // fails with acl.ErrInvalidParam for a negative budget, and with ErrClosed
 // after Close.
 func (p *Pool) SetBudget(n int64) error {
+	if !p.made() {
+		return errNotMade
+	}
 	if n < 0 {
 		return fmt.Errorf("chunk: set budget %d: %w: negative", n, acl.ErrInvalidParam)
 	}
@@ -491,6 +503,9 @@ const (
 // checkAsk refuses, before any driver call, a negative ask and one larger
 // than the whole budget.
 func (p *Pool) checkAsk(n int) error {
+	if !p.made() {
+		return errNotMade
+	}
 	if n < 0 {
 		return fmt.Errorf("chunk: acquire %d chunks: %w", n, acl.ErrInvalidParam)
 	}
@@ -796,6 +811,9 @@ func (p *Pool) freeNotify(e entry, notify bool) error {
 // Trim frees every cached chunk. A chunk the driver fails to free stays
 // cached, and the error says so.
 func (p *Pool) Trim() error {
+	if !p.made() {
+		return errNotMade
+	}
 	_, err := p.trim()
 	return err
 }
@@ -855,6 +873,9 @@ func (p *Pool) Close() error { return p.CloseContext(context.Background()) }
 func (p *Pool) CloseContext(ctx context.Context) error {
 	if p == nil {
 		return nil
+	}
+	if p.drv == nil {
+		return errNotMade
 	}
 	p.mu.Lock()
 	first := !p.closed

@@ -262,6 +262,9 @@ const maxReliefs = 3
 // while it waits. A growth stopped (Placer.Unlock's channel) tries Place
 // once more, which says why it cannot go on.
 func (p Lender) Grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode GrowMode) error {
+	if !p.pool.made() {
+		return errNotMade
+	}
 	p.pool.growing.Add(1) // the rule of ErrDeadlock waits for it
 	err := p.grow(ctx, g, t, pl, mode)
 	p.pool.growing.Add(-1)

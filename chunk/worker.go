@@ -275,6 +275,9 @@ func (p *Pool) fillAhead() { _, _ = p.fill(p.ahead, -1) }
 // pre-allocates its page pool). The chunks stay free to take: any tenant of
 // the pool may use them, and Trim gives them back.
 func (p *Pool) Warm(n int) (int, error) {
+	if !p.made() {
+		return 0, errNotMade
+	}
 	if n < 0 {
 		return 0, fmt.Errorf("chunk: warm %d chunks: %w", n, acl.ErrInvalidParam)
 	}

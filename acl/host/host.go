@@ -23,7 +23,7 @@ type Config struct {
 	// 0 means half of MemAvailable at New (at least 256 MiB).
 	Capacity uintptr
 	// MaxReserve is the largest ReserveMemAddress one call may make.
-	// 0 means 128 GiB, the Ascend driver's limit.
+	// 0 means 128 GiB, the Ascend driver's limit; at most 64 TiB.
 	MaxReserve uintptr
 	// MapLimit caps the kernel memory areas (VMAs) the driver's reservations
 	// may use, so the process stays far below vm.max_map_count. A MapMem that
@@ -129,6 +129,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if cfg.MaxReserve == 0 {
 		cfg.MaxReserve = acl.MaxReserve
+	}
+	if cfg.MaxReserve > rules.ReserveCeiling {
+		return nil, fmt.Errorf("host driver: %w: MaxReserve %d is above %d", acl.ErrInvalidParam, cfg.MaxReserve, uintptr(rules.ReserveCeiling))
 	}
 	if cfg.MapLimit == 0 {
 		cfg.MapLimit = maxMapCount() / 4

@@ -83,3 +83,11 @@ func TestMallocRacesClose(t *testing.T) {
 		}
 	}
 }
+
+// A per-call limit near the address space's size let a reservation's size
+// round up past zero: the host driver booked a 0-byte reservation it could
+// never release. Config.MaxReserve is bounded (64 TiB).
+func TestMaxReserveBounded(t *testing.T) {
+	_, err := host.New(host.Config{Capacity: 64 << 20, MaxReserve: ^uintptr(0)})
+	require.ErrorIs(t, err, acl.ErrInvalidParam)
+}

@@ -24,7 +24,8 @@ type Config struct {
 	// Capacity overrides the profile's device memory in bytes; 0 keeps it.
 	Capacity uintptr
 	// MaxReserve is the largest ReserveMemAddress one call may make.
-	// 0 means 128 GiB, the Ascend driver's limit, as on every driver.
+	// 0 means 128 GiB, the Ascend driver's limit, as on every driver; at
+	// most 64 TiB.
 	MaxReserve uintptr
 	// Device is the device id the driver answers to.
 	Device int32
@@ -138,6 +139,9 @@ func New(cfg Config) (*Driver, error) {
 	}
 	if cfg.MaxReserve == 0 {
 		cfg.MaxReserve = acl.MaxReserve
+	}
+	if cfg.MaxReserve > rules.ReserveCeiling {
+		return nil, fmt.Errorf("model: %w: MaxReserve %d is above %d", acl.ErrInvalidParam, cfg.MaxReserve, uintptr(rules.ReserveCeiling))
 	}
 	if cfg.Device < 0 || cfg.Capacity >= 1<<62 {
 		return nil, fmt.Errorf("model: %w: device %d, capacity %d", acl.ErrInvalidParam, cfg.Device, cfg.Capacity)
@@ -429,7 +433,7 @@ func (d *Driver) reserve(op string, size, alignment uintptr, expect acl.DevicePt
 		return 0, 0, fail(op, acl.ErrCodeRTContextNull, errClosedMsg)
 	}
 	base := (d.nextVA + align - 1) &^ (align - 1)
-	if base > vaLimit-size {
+	if size > vaLimit || base > vaLimit-size {
 		return 0, 0, fail(op, acl.ErrCodeRTMemoryAllocation, "modelled address space exhausted")
 	}
 	d.nextVA = base + size
@@ -626,7 +630,7 @@ func (d *Driver) MemcpyHtoD(dst acl.DevicePtr, src []byte) error {
 	}
 	t0 := d.begin(cHtoD)
 	err := d.syncAccess(op, dst, n, true, 0, 0, func(r *reservation) { d.writeData(r, uintptr(dst), src) })
-	d.end(cHtoD, t0, d.cost.base[cHtoD], ok(err, int64(perByte*float64(n))))
+	d.end(cHtoD, t0, d.cost.base[cHtoD], ok(err, nanos(perByte*float64(n))))
 	return err
 }
 
@@ -649,7 +653,7 @@ func (d *Driver) MemcpyDtoH(dst []byte, src acl.DevicePtr) error {
 	err := d.syncAccess(op, src, n, false, 0, 0, func(r *reservation) { d.readData(r, uintptr(src), dst) })
 	// Without data the modelled device still copies (the call costs its
 	// transfer, so that timings match), but there is nothing to return.
-	d.end(cDtoH, t0, d.cost.base[cDtoH], ok(err, int64(perByte*float64(n))))
+	d.end(cDtoH, t0, d.cost.base[cDtoH], ok(err, nanos(perByte*float64(n))))
 	if err == nil && d.cfg.NoData {
 		err = fail(op, acl.ErrCodeRTFeatureNotSupport, "%s", errNoData)
 	}

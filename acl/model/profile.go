@@ -358,6 +358,21 @@ func (p *Profile) Validate() error {
 			bad("%s: must be positive", what)
 		}
 	}
+	// A time beyond maxCallUS would hold a call for longer than any driver
+	// takes (and near 1e16 µs no longer fits int64 nanoseconds), and a
+	// bandwidth below minGBps makes a copy take as long.
+	duration := func(what string, c Coef) {
+		nonneg(what, c)
+		if c.Value > maxCallUS {
+			bad("%s: %v µs is more than %v", what, c.Value, float64(maxCallUS))
+		}
+	}
+	bandwidth := func(what string, c Coef) {
+		positive(what, c)
+		if c.Value > 0 && c.Value < minGBps {
+			bad("%s: %v GB/s is less than %v", what, c.Value, minGBps)
+		}
+	}
 	positive("capacity_bytes", p.Capacity)
 	positive("granularity_bytes", p.Granularity)
 	if g := p.Granularity.Value; g > 0 && (g != math.Trunc(g) || g < 4096 || uint64(g)&(uint64(g)-1) != 0 || g > acl.Huge1GPageSize) {
@@ -378,15 +393,15 @@ func (p *Profile) Validate() error {
 	if p.Caps.Fresh.Source == "" {
 		bad("caps.fresh: no source")
 	}
-	nonneg("device.latency_us", p.Device.Latency)
-	positive("device.local_gbps", p.Device.LocalGBps)
-	positive("device.htod_gbps", p.Device.HtoDGBps)
-	positive("device.dtoh_gbps", p.Device.DtoHGBps)
+	duration("device.latency_us", p.Device.Latency)
+	bandwidth("device.local_gbps", p.Device.LocalGBps)
+	bandwidth("device.htod_gbps", p.Device.HtoDGBps)
+	bandwidth("device.dtoh_gbps", p.Device.DtoHGBps)
 	if c := p.Device.PinnedHtoDGBps; c != nil {
-		positive("device.pinned_htod_gbps", *c)
+		bandwidth("device.pinned_htod_gbps", *c)
 	}
 	if c := p.Device.PinnedDtoHGBps; c != nil {
-		positive("device.pinned_dtoh_gbps", *c)
+		bandwidth("device.pinned_dtoh_gbps", *c)
 	}
 	for c := range numCalls {
 		name := callNames[c]
@@ -395,7 +410,7 @@ func (p *Profile) Validate() error {
 			bad("calls.%s: missing", name)
 			continue
 		}
-		nonneg("calls."+name+".base_us", cc.Base)
+		duration("calls."+name+".base_us", cc.Base)
 		if cc.Serial.Source == "" {
 			bad("calls.%s.serial: no source", name)
 		}
@@ -405,7 +420,7 @@ func (p *Profile) Validate() error {
 		case cc.PerMiB == nil && c.sized():
 			bad("calls.%s.per_mib_us: missing (the call takes a size)", name)
 		case cc.PerMiB != nil:
-			nonneg("calls."+name+".per_mib_us", *cc.PerMiB)
+			duration("calls."+name+".per_mib_us", *cc.PerMiB)
 		}
 		switch {
 		case cc.PerMapping != nil && c != cAccess:
@@ -413,7 +428,7 @@ func (p *Profile) Validate() error {
 		case cc.PerMapping == nil && c == cAccess:
 			bad("calls.access.per_mapping_us: missing")
 		case cc.PerMapping != nil:
-			nonneg("calls.access.per_mapping_us", *cc.PerMapping)
+			duration("calls.access.per_mapping_us", *cc.PerMapping)
 		}
 	}
 	for name := range p.Calls {
@@ -539,22 +554,43 @@ func (c *costs) pessimistic() {
 	// The span's per-MiB part already counts every mapping's bytes beyond
 	// the first granule: each further mapping adds a call's base less the
 	// granule a one-mapping call does not pay for.
-	c.perMapping = c.base[cAccess] - int64(c.perByte[cAccess]*float64(c.gran))
+	c.perMapping = max(0, c.base[cAccess]-nanos(c.perByte[cAccess]*float64(c.gran)))
 	c.serial[cLaunch] = true
 }
 
-func usToNS(us float64) int64 { return int64(math.Round(us * 1e3)) }
+// The bounds Validate puts on a profile's times and bandwidths, and the
+// longest time a cost may come to (about 104 days: past it, a sum of costs
+// could wrap int64 nanoseconds).
+const (
+	maxCallUS = 1e7  // 10 s
+	minGBps   = 1e-3 // 1 MB/s
+	maxNS     = 1 << 53
+)
+
+func usToNS(us float64) int64 { return nanos(us * 1e3) }
+
+// nanos converts x ns to int64, at least 0 and at most maxNS (a float
+// beyond int64 would convert to anything).
+func nanos(x float64) int64 {
+	switch {
+	case !(x > 0):
+		return 0
+	case x >= maxNS:
+		return maxNS
+	}
+	return int64(math.Round(x))
+}
 
 // host returns the host-side time of a call of kind k over n bytes.
 func (c *costs) host(k call, n uintptr) int64 {
 	t := c.base[k]
 	if n > c.gran && c.perByte[k] != 0 {
-		t += int64(c.perByte[k] * float64(n-c.gran))
+		t = min(t+nanos(c.perByte[k]*float64(n-c.gran)), maxNS)
 	}
 	return t
 }
 
 // device returns the device time of work that moves n bytes.
 func (c *costs) device(moved uintptr) int64 {
-	return c.latency + int64(c.local*float64(moved))
+	return min(c.latency+nanos(c.local*float64(moved)), maxNS)
 }

@@ -144,3 +144,42 @@ func TestPessimisticSpanCostsKCalls(t *testing.T) {
 	}
 	require.NoError(t, d.ReleaseMemAddress(base))
 }
+
+// A per-call limit near the address space's size let a reservation's size
+// round up past zero and be booked with 0 bytes: Config.MaxReserve is
+// bounded (rules.ReserveCeiling), and a reservation up to it cannot wrap.
+func TestReserveSizeCannotWrap(t *testing.T) {
+	_, err := New(Config{Untimed: true, MaxReserve: ^uintptr(0)})
+	require.ErrorIs(t, err, acl.ErrInvalidParam)
+	d, err := New(Config{Untimed: true, MaxReserve: 1 << 46})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.Close()) }()
+	p, err := d.ReserveMemAddress(1<<46, 0, 0, 0)
+	require.NoError(t, err)
+	require.Equal(t, uintptr(1<<46), d.Live().ReservedBytes)
+	require.NoError(t, d.ReleaseMemAddress(p))
+	_, err = d.ReserveMemAddress(1<<46+1, 0, 0, 0)
+	require.ErrorIs(t, err, acl.ErrInvalidParam)
+}
+
+// A profile whose times no longer fit int64 nanoseconds (1e16 µs) made
+// every call wait for centuries: Validate bounds times and bandwidths, and
+// costs saturate.
+func TestProfileBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(p *Profile)
+	}{
+		{"a call's base", func(p *Profile) { p.Calls["granularity"].Base.Value = 1e16 }},
+		{"a per-MiB cost", func(p *Profile) { p.Calls["map"].PerMiB.Value = 1e12 }},
+		{"a bandwidth", func(p *Profile) { p.Device.LocalGBps.Value = 1e-300 }},
+		{"the device latency", func(p *Profile) { p.Device.Latency.Value = 1e16 }},
+	} {
+		p, err := LoadProfile("h200")
+		require.NoError(t, err)
+		tc.set(p)
+		require.Error(t, p.Validate(), tc.name)
+	}
+	require.Equal(t, int64(maxNS), nanos(1e30))
+	require.Zero(t, nanos(-1))
+}

@@ -77,6 +77,11 @@ func Malloc(op string, size uintptr, prop *acl.PhysicalMemProp, flags uint64, de
 	return size, nil
 }
 
+// ReserveCeiling bounds a simulator's Config.MaxReserve (64 TiB, half of a
+// 47-bit user address space): a size up to it, rounded up to a page or
+// aligned to 1 GiB, cannot wrap.
+const ReserveCeiling = 1 << 46
+
 // Reserve checks the arguments of aclrtReserveMemAddress; max is the largest
 // reservation one call may make.
 func Reserve(op string, size, alignment uintptr, expect acl.DevicePtr, flags uint64, max uintptr) error {

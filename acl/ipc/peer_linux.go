@@ -196,6 +196,12 @@ func (p *Process) Alive() error {
 	if p == nil {
 		return fmt.Errorf("ipc: no process: %w: %w", ErrNoProcess, unix.ESRCH)
 	}
+	// A pidfd polls readable once its process has exited, reaped or not
+	// (a zombie still takes signal 0).
+	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
+	if n, perr := unix.Poll(fds, 0); perr == nil && n > 0 && fds[0].Revents&unix.POLLIN != 0 {
+		return fmt.Errorf("ipc: process %d: %w: %w", p.pid, ErrNoProcess, unix.ESRCH)
+	}
 	err := unix.PidfdSendSignal(p.pidfd, 0, nil, 0)
 	switch {
 	case err == nil, errors.Is(err, unix.EPERM): // EPERM: alive, and not ours to signal

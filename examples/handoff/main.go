@@ -113,7 +113,20 @@ func copied(n int64) string {
 }
 
 // prefill writes the prompt's caches, starts the decoder and hands them over.
+// checkFlags refuses flag values the processes cannot work with, in both
+// processes (the decode process gets the prefill's flags).
+func checkFlags() error {
+	if *layers < 1 || *dim < 1 || *prompt < 1 || *newToks < 0 || *every < 1 {
+		return fmt.Errorf("-layers %d, -dim %d, -prompt %d, -tokens %d, -every %d: want layers, dim, prompt and every at least 1, tokens at least 0",
+			*layers, *dim, *prompt, *newToks, *every)
+	}
+	return nil
+}
+
 func prefill() (err error) {
+	if err := checkFlags(); err != nil {
+		return err
+	}
 	drv, reason, err := openDriver()
 	if err != nil {
 		return err
@@ -211,6 +224,9 @@ func prefill() (err error) {
 
 // decodeMain maps the prompt's caches and decodes on from them.
 func decodeMain() (err error) {
+	if err := checkFlags(); err != nil {
+		return err
+	}
 	f := os.NewFile(3, "socket")
 	conn, err := ipc.FileConn(f)
 	f.Close()

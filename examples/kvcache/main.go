@@ -52,6 +52,9 @@ type cache struct {
 }
 
 func run(seqLens []int) (err error) {
+	if *layers < 1 || *dim < 1 || *every < 1 {
+		return fmt.Errorf("-layers %d, -dim %d, -every %d: each must be at least 1", *layers, *dim, *every)
+	}
 	choice, err := device.FromEnv()
 	if err != nil {
 		return err

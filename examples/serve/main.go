@@ -107,6 +107,9 @@ type report struct {
 // run serves the trace on the driver o.spec names until every request it
 // accepted is done, then shuts down.
 func run(ctx context.Context, w io.Writer, o options) (rep report, err error) {
+	if o.requests < 0 {
+		return rep, fmt.Errorf("-requests %d: want 0 or more", o.requests)
+	}
 	choice, err := device.Open(o.spec)
 	if err != nil {
 		return rep, err

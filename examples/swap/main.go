@@ -104,6 +104,9 @@ type model struct {
 }
 
 func run(w io.Writer) (res result, err error) {
+	if *weightsMiB < 1 || *kvMiB < 0 || *turns < 1 {
+		return res, fmt.Errorf("-weights %d, -kv %d, -turns %d: want weights and turns at least 1, kv at least 0", *weightsMiB, *kvMiB, *turns)
+	}
 	choice, err := device.FromEnv()
 	if err != nil {
 		return res, err

@@ -156,7 +156,10 @@ func Pass(t testing.TB, path string) *net.UnixConn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer mine.Close()
+	// Open until the test ends: the connector stays alive reading its end
+	// (closed, it would exit at once, and a test that names it would meet
+	// an exited process).
+	t.Cleanup(func() { _ = mine.Close() })
 	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+string(js))
 	cmd.ExtraFiles = []*os.File{theirs}

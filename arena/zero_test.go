@@ -3,8 +3,6 @@ package arena_test
 import (
 	"errors"
 	"net"
-	"os"
-	"syscall"
 	"testing"
 
 	"github.com/vmarena/vmarena/acl/host"
@@ -37,24 +35,9 @@ func TestNewZeroPool(t *testing.T) {
 	})
 }
 
-func socketPair(t *testing.T) *net.UnixConn {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cs [2]*net.UnixConn
-	for i, fd := range fds {
-		f := os.NewFile(uintptr(fd), "sock")
-		c, err := net.FileConn(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		cs[i] = c.(*net.UnixConn)
-		t.Cleanup(func() { c.Close() })
-	}
-	return cs[0]
-}
+// socketPair returns a connection that Import's argument checks, which come
+// before any use of it, accept.
+func socketPair(t *testing.T) *net.UnixConn { return new(net.UnixConn) }
 
 // A typed-nil driver is refused by Import, as it is by New.
 func TestImportTypedNilDriver(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // Buffer is a range of an arena's memory in use: a tensor's storage. It is a
@@ -102,6 +103,7 @@ func (a *Arena) viewGen() uint64 {
 		if a.ev.owner.Load() != 0 && a.inCallback() {
 			return epochOf(s, a.lowWater.Load())
 		}
+		sched.At(sched.ViewWaits, a)
 		a.mu.Lock()
 		s, w := a.state.Load(), a.lowWater.Load()
 		a.mu.Unlock()

@@ -7,7 +7,6 @@ import (
 	"os"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -375,8 +374,12 @@ func TestSliceRacesTruncate(t *testing.T) {
 		err error
 	}
 	got := make(chan cut, 1)
+	waits := make(chan struct{}, 1)
 	var once sync.Once
 	defer sched.Set(func(p sched.Point, who any) {
+		if p == sched.ViewWaits && who == a {
+			waits <- struct{}{}
+		}
 		if p != sched.DropRecorded || who != a {
 			return
 		}
@@ -385,9 +388,14 @@ func TestSliceRacesTruncate(t *testing.T) {
 				b, err := a.Slice(64, 128)
 				got <- cut{b, err}
 			}()
-			// The Slice either returns at once (a view stamped with the old
-			// word, which must then be stale) or waits for this Truncate.
-			time.Sleep(20 * time.Millisecond)
+			// The Slice either returns before this Truncate goes on (a view
+			// stamped against the old word, which must then be stale), or
+			// waits for it (sched.ViewWaits).
+			select {
+			case c := <-got:
+				got <- c
+			case <-waits:
+			}
 		})
 	})()
 	require.NoError(t, a.Truncate(64))

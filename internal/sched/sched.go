@@ -30,6 +30,7 @@ const (
 	ReliefDone    Point = "relief.done"     // it handed the chunks over
 	GiveLocked    Point = "give.locked"     // a member holds its lock while it gives chunks to a relief
 	DropRecorded  Point = "drop.recorded"   // a drop (Truncate, a shrink of Len) is recorded, before the word that lowers Len is stored
+	ViewWaits     Point = "view.waits"      // Arena.Slice found the word frozen and is about to wait for the arena's lock
 	CloseLocked   Point = "close.locked"    // a Close holds its arena's lock, before it marks the arena closing
 	CloseWaiting  Point = "close.waiting"   // a Close marked its arena closing, released its lock, and is about to wait for the device
 	WakeAsked     Point = "wake.asked"      // a Wake asked the worker to refill the headroom, still holding its arena's lock

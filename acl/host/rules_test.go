@@ -3,7 +3,7 @@
 package host_test
 
 import (
-	"sync"
+	"runtime"
 	"testing"
 	"time"
 
@@ -45,41 +45,48 @@ func TestMapRefusesMixedSources(t *testing.T) {
 	assert.True(t, d.Live().Zero(), "%+v", d.Live())
 }
 
-// MallocPhysical commits its memory outside the driver's lock: a Close
-// meanwhile fails the allocation (107002) instead of the driver panicking
-// on its emptied books, and waits for the commit before it closes the
-// memory file (whose number could otherwise name another file by then).
+// MallocPhysical commits its memory outside the driver's lock. Stopped
+// there (host.StopMallocAt), a Close meanwhile waits for the commit before
+// it closes the memory file (whose number could otherwise name another file
+// by then); stopped once the commit ran, a Close that ends first makes the
+// allocation fail (107002) instead of the driver panicking on its emptied
+// books (a nil map, before).
 func TestMallocRacesClose(t *testing.T) {
-	for try := range 10 {
+	for _, point := range []int{host.PointCommit, host.PointCommitted} {
 		d := newHost(t, host.Config{Capacity: 1 << 30})
-		var wg sync.WaitGroup
-		errs := make([]error, 4)
-		panics := make(chan any, len(errs))
-		for i := range errs {
-			wg.Go(func() {
-				defer func() {
-					if r := recover(); r != nil {
-						panics <- r
-					}
-				}()
-				p := acl.DeviceProp(0, 0)
-				if i%2 == 1 {
-					p.HandleType = acl.MemHandleTypePOSIX
-				}
-				_, errs[i] = d.MallocPhysical(128<<20, &p, 0)
-			})
-		}
-		time.Sleep(time.Duration(try) * time.Millisecond)
-		_ = d.Close() // may report the allocations that made it as live
-		wg.Wait()
-		close(panics)
-		for r := range panics {
-			t.Fatalf("try %d: MallocPhysical panicked beside Close: %v", try, r)
-		}
-		for i, err := range errs {
-			if err != nil {
-				acltest.RequireCode(t, err, acl.ErrCodeRTContextNull, "try %d, allocation %d", try, i)
+		closed := make(chan error, 1)
+		restore := host.StopMallocAt(func(p int) {
+			if p != point {
+				return
 			}
+			go func() { closed <- d.Close() }()
+			for !host.Closed(d) {
+				runtime.Gosched()
+			}
+			if point == host.PointCommit {
+				select {
+				case err := <-closed:
+					t.Errorf("Close returned (%v) with a commit under way", err)
+				case <-time.After(20 * time.Millisecond):
+				}
+				return
+			}
+			<-closed // it ends first; the error reports nothing live yet
+		})
+		var err error
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					t.Fatalf("point %d: MallocPhysical panicked beside Close: %v", point, r)
+				}
+			}()
+			p := acl.DeviceProp(0, 0)
+			_, err = d.MallocPhysical(2<<20, &p, 0)
+		}()
+		restore()
+		acltest.RequireCode(t, err, acl.ErrCodeRTContextNull, "point %d", point)
+		if point == host.PointCommit {
+			require.NoError(t, <-closed)
 		}
 	}
 }

@@ -236,6 +236,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.kv.PerToken, "kv-per-token", false, "kv: one Alloc per token for every layer's K and V (a token-outermost layout) instead of one per layer's K and V")
 	fs.BoolVar(&o.kv.PrefetchBlocks, "kv-prefetch-blocks", true, "kv: with -kv-prefetch, also tell each running sequence the KV block it will grow into, -kv-prefetch-steps tokens ahead, as a scheduler that knows each sequence's length can")
 	fs.IntVar(&o.kv.PrefetchSteps, "kv-prefetch-steps", 8, "kv: with -kv-prefetch, how many steps ahead of the prefill, at most")
+	fs.BoolVar(&o.kv.TokenGrowth, "kv-token-growth", true, "kv: grow the arena's regions by the tokens they append instead of in -kv-block blocks (a prefill maps its prompt's tokens, a decode step its token), and with -kv-prefetch-blocks tell each running sequence its next -kv-token-ahead tokens instead of its next block; the other strategies still grow in blocks")
+	fs.IntVar(&o.kv.TokenAhead, "kv-token-ahead", 1, "kv: with -kv-token-growth and -kv-prefetch-blocks, the tokens each running sequence's arena is told ahead")
 
 	fs.IntVar(&o.models.Models, "mm-models", o.models.Models, "models: models on the device (their shape is kv's: -kv-layers, -kv-heads, -kv-headdim, -kv-dtype, -kv-hidden, -kv-block)")
 	fs.IntVar(&o.models.Slots, "mm-slots", o.models.Slots, "models: sequences each model decodes at once, at most")
@@ -443,8 +445,16 @@ func blocksAhead(w workload.Workload) bool {
 // block prefetched where that is larger.
 func (o *options) aheadFor(w workload.Workload, chunkSize int64) (int64, string) {
 	h := int64(o.headroomFor(w)) * chunkSize
-	if kv, ok := w.(workload.KV); ok && blocksAhead(kv) && kv.BlockBytes() > h {
-		return kv.BlockBytes(), "the block prefetched"
+	if kv, ok := w.(workload.KV); ok && blocksAhead(kv) {
+		if kv.TokenGrowth {
+			if t := int64(kv.TokenAhead) * kv.TokenBytes(); t > h {
+				return t, "the tokens prefetched"
+			}
+			return h, "headroom"
+		}
+		if kv.BlockBytes() > h {
+			return kv.BlockBytes(), "the block prefetched"
+		}
 	}
 	return h, "headroom"
 }

@@ -127,6 +127,9 @@ type arenaRegion struct {
 
 func (r *arenaRegion) Grow(n int64) error { return r.a.Grow(int(n)) }
 
+// MapsOnAlloc marks the region a Mapper: Arena.Alloc maps what it cuts.
+func (r *arenaRegion) MapsOnAlloc() {}
+
 func (r *arenaRegion) Alloc(n, align int64) (int64, error) {
 	b, err := r.a.Alloc(int(n), int(align))
 	if err != nil {

@@ -105,6 +105,13 @@ type Prefetcher interface {
 	Prefetch(n int64) error
 }
 
+// A Mapper is a region whose Alloc maps the memory it cuts (the arena): it
+// needs no Grow in a paged pool's blocks, and a workload may grow it by
+// exactly what it appends, token by token.
+type Mapper interface {
+	MapsOnAlloc()
+}
+
 // A Keeper is a region that can be told, while it is empty, how much its
 // next use needs: it keeps that and gives the rest back to be used
 // elsewhere, where keeping it costs memory (the arena, its pool not warmed:

@@ -75,6 +75,16 @@ type KV struct {
 	// PrefetchBlocks also tells each running sequence, PrefetchSteps tokens
 	// ahead, the KV block it will grow into (with Prefetch).
 	PrefetchBlocks bool
+	// TokenGrowth grows a region that maps what it cuts (strategy.Mapper:
+	// the arena) by the tokens it appends instead of in blocks: a prefill
+	// makes room for its prompt's tokens, a decode step cuts its token and
+	// the region maps what that needs, as a contiguous cache, which has no
+	// blocks, can; the other strategies still grow in blocks. With Prefetch
+	// such a region is told its next prompt's exact size, and, with
+	// PrefetchBlocks, each running sequence's next TokenAhead tokens
+	// (at most the tokens it has left) instead of its next block.
+	TokenGrowth bool
+	TokenAhead  int
 	// Load copies the model's weights (Shape's) into device memory before
 	// serving, as a server loads its model: from pinned host memory, into
 	// one allocation outside the strategy and its budget, timed as setup.
@@ -257,7 +267,18 @@ func (c KV) checkPrefetch() error {
 	if !c.Prefetch {
 		return nil
 	}
-	return atLeast("-kv-prefetch-steps", c.PrefetchSteps, 1)
+	return firstBad(
+		atLeast("-kv-prefetch-steps", c.PrefetchSteps, 1),
+		c.checkTokenAhead(),
+	)
+}
+
+// checkTokenAhead checks TokenAhead where it is used.
+func (c KV) checkTokenAhead() error {
+	if !c.TokenGrowth || !c.PrefetchBlocks {
+		return nil
+	}
+	return atLeast("-kv-token-ahead", c.TokenAhead, 1)
 }
 
 // MinBudget is the least -kv-budget with which every request can be served
@@ -294,6 +315,7 @@ type kvSeq struct {
 	req       request
 	tokens    int       // in the cache
 	gen, left int       // tokens to generate, still to generate
+	exact     bool      // grown by its tokens, not in blocks (TokenGrowth)
 	last      time.Time // when its last token came
 	// kept is what the empty region was last told to keep (Keeper), when
 	// keptSet: an idle slot is told again only when its next prompt changes.
@@ -332,6 +354,8 @@ func (c KV) Run(env *Env) (err error) {
 			return fmt.Errorf("kv: open slot %d: %w", i, err)
 		}
 		seqs[i].r = r
+		_, maps := r.(strategy.Mapper)
+		seqs[i].exact = c.TokenGrowth && maps
 		open++
 	}
 	if open == 0 {
@@ -432,8 +456,8 @@ func (c KV) Run(env *Env) (err error) {
 				// Prefill: the prompt's blocks at once.
 				q := queue[0]
 				queue = queue[1:]
-				*s = kvSeq{r: s.r, active: true, req: q, gen: q.gen, left: q.gen, last: q.last}
-				err := env.grow(s.r, ceilDiv(int64(q.prompt), int64(c.BlockTokens))*block)
+				*s = kvSeq{r: s.r, exact: s.exact, active: true, req: q, gen: q.gen, left: q.gen, last: q.last}
+				err := env.grow(s.r, c.promptBytes(s, q.prompt, block))
 				if err == nil {
 					err = appendTokens(s, q.prompt)
 				}
@@ -452,7 +476,7 @@ func (c KV) Run(env *Env) (err error) {
 			case s.active:
 				var err error
 				m := env.Res.MemNS
-				if s.tokens%c.BlockTokens == 0 {
+				if !s.exact && s.tokens%c.BlockTokens == 0 {
 					err = env.grow(s.r, block)
 				}
 				if err == nil {
@@ -601,7 +625,7 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 		s := &seqs[d.slot]
 		prompt := int64(0) // no request left for it: it needs nothing more
 		if k < len(queue) {
-			prompt = ceilDiv(int64(queue[k].prompt), int64(c.BlockTokens)) * block
+			prompt = c.promptBytes(s, queue[k].prompt, block)
 		}
 		if kp, ok := s.r.(strategy.Keeper); ok && !s.active && s.r.Len() == 0 && (!s.keptSet || s.kept != prompt) {
 			// An empty slot keeps what its next prompt needs, no more: told
@@ -628,7 +652,8 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 		return nil
 	}
 	// A running sequence that will reach its next block within
-	// PrefetchSteps tokens is told the block it will grow into.
+	// PrefetchSteps tokens is told the block it will grow into; one grown
+	// by its tokens, its next TokenAhead tokens.
 	bt := c.BlockTokens
 	for i := range seqs {
 		s := &seqs[i]
@@ -637,6 +662,17 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 		}
 		p, ok := s.r.(strategy.Prefetcher)
 		if !ok {
+			continue
+		}
+		if s.exact {
+			// The region ignores what it has mapped already: no call
+			// reaches the worker until the tokens pass into a chunk not yet
+			// mapped.
+			if n := min(c.TokenAhead, s.left); n > 0 {
+				if err := env.prefetch(p, int64(n)*c.TokenBytes()); err != nil {
+					return err
+				}
+			}
 			continue
 		}
 		at := ceilDiv(int64(s.tokens), int64(bt)) * int64(bt) // the token count of the next block's Grow
@@ -652,6 +688,16 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 		}
 	}
 	return nil
+}
+
+// promptBytes is what s makes room for to prefill a prompt of n tokens:
+// its tokens, or its blocks where s grows in blocks.
+// (block is BlockBytes).
+func (c KV) promptBytes(s *kvSeq, n int, block int64) int64 {
+	if s.exact {
+		return int64(n) * c.TokenBytes()
+	}
+	return ceilDiv(int64(n), int64(c.BlockTokens)) * block
 }
 
 // timedLauncher is a driver that queues stand-in device work of a given

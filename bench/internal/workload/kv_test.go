@@ -127,3 +127,74 @@ func TestSkewKeepsHostWorkAfterTheLaunch(t *testing.T) {
 		assert.Less(t, env.skew-before, time.Millisecond, "%s: the host work is not skew", name)
 	}
 }
+
+// A sequence grown by its tokens (TokenGrowth, on a region that maps what it
+// cuts) is told its next prompt's exact size and, while it runs, its next
+// TokenAhead tokens, no more than it has left; one grown in blocks still
+// gets blocks.
+func TestPrefetchTokenGrowth(t *testing.T) {
+	m, err := model.New(model.Config{Untimed: true, NoData: true})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, m.Close()) }()
+	env := &Env{Drv: counting.New(m, 0), Res: &Result{Workload: "kv"}}
+
+	c := KV{Layers: 1, KVHeads: 1, HeadDim: 128, DType: 2, BlockTokens: 16, PrefetchSteps: 4, Prefetch: true,
+		PrefetchBlocks: true, TokenGrowth: true, TokenAhead: 3, PromptMax: 100, GenMax: 100}
+	tok, block := c.TokenBytes(), c.BlockBytes()
+	run := func(tokens, left int, exact bool) (kvSeq, *fakeRegion) {
+		r := &fakeRegion{len: int64(tokens) * tok}
+		return kvSeq{r: r, exact: exact, active: true, tokens: tokens, left: left}, r
+	}
+	a, ra := run(20, 50, true) // far from any block boundary: told its next 3 tokens
+	b, rb := run(30, 2, true)  // 2 tokens left: told 2
+	d, rd := run(30, 10, false)
+	free := &fakeRegion{}
+	require.NoError(t, c.prefetch(env, []kvSeq{a, b, d, {r: free, exact: true}}, []request{{prompt: 37}}, block))
+	assert.Equal(t, []int64{37 * tok}, free.prefetch, "the prompt's tokens, not its 3 blocks")
+	assert.Equal(t, []int64{3 * tok}, ra.prefetch)
+	assert.Equal(t, []int64{2 * tok}, rb.prefetch)
+	assert.Equal(t, []int64{3*block - 30*tok}, rd.prefetch, "a block-grown sequence: up to the end of the block it grows into")
+
+	c.TokenAhead = 0
+	assert.ErrorContains(t, c.checkPrefetch(), "-kv-token-ahead")
+	c.PrefetchBlocks = false
+	assert.NoError(t, c.checkPrefetch(), "unused without -kv-prefetch-blocks")
+}
+
+// The arena grown by its tokens maps what its sequences hold, within a chunk
+// and the tokens told ahead per sequence, where grown in blocks it maps the
+// unused part of each sequence's last block too; the other strategies, and
+// the tokens served, are the same either way.
+func TestTokenGrowthMapsTheTokens(t *testing.T) {
+	c := KV{Layers: 2, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 512, Slots: 4, Requests: 4,
+		PromptMin: 100, PromptMax: 600, GenMin: 10, GenMax: 90, Prefetch: true, PrefetchSteps: 4,
+		PrefetchBlocks: true, TokenAhead: 1, Seed: 3}
+	tok := c.TokenBytes() // 8 KiB: a block is 4 MiB, a chunk 256 tokens
+	const chunk = 2 << 20
+	run := func(name string, tokens bool) *Result {
+		m, err := model.New(model.Config{Untimed: true, NoData: true})
+		require.NoError(t, err)
+		defer func() { require.NoError(t, m.Close()) }()
+		cd := counting.New(m, 0)
+		st, err := strategy.New(name, strategy.Config{Driver: cd, Chunk: chunk})
+		require.NoError(t, err)
+		env := NewEnv(cd, st, "kv")
+		k := c
+		k.TokenGrowth = tokens
+		require.NoError(t, k.Run(env))
+		env.Res.Mem = cd.Memory()
+		require.NoError(t, st.Close())
+		return env.Res
+	}
+	blocks, exact := run("arena", false), run("arena", true)
+	assert.Equal(t, blocks.Tokens, exact.Tokens)
+	assert.Equal(t, blocks.PeakLive, exact.PeakLive)
+	assert.LessOrEqual(t, exact.Mem.PeakMapped, exact.PeakLive+int64(c.Slots)*(chunk+tok),
+		"each sequence maps at most its tokens and the next one, in whole chunks")
+	assert.Less(t, exact.Mem.PeakMapped, blocks.Mem.PeakMapped)
+	t.Logf("peak live %d, mapped in blocks %d, by tokens %d", exact.PeakLive, blocks.Mem.PeakMapped, exact.Mem.PeakMapped)
+	assert.Zero(t, exact.Preempted)
+
+	pb, pe := run("paged", false), run("paged", true)
+	assert.Equal(t, pb.Mem.PeakPhysical, pe.Mem.PeakPhysical, "a paged pool grows in blocks either way")
+}

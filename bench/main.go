@@ -237,7 +237,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.kv.PrefetchBlocks, "kv-prefetch-blocks", true, "kv: with -kv-prefetch, also tell each running sequence the KV block it will grow into, -kv-prefetch-steps tokens ahead, as a scheduler that knows each sequence's length can")
 	fs.IntVar(&o.kv.PrefetchSteps, "kv-prefetch-steps", 8, "kv: with -kv-prefetch, how many steps ahead of the prefill, at most")
 	fs.BoolVar(&o.kv.TokenGrowth, "kv-token-growth", true, "kv: grow the arena's regions by the tokens they append instead of in -kv-block blocks (a prefill maps its prompt's tokens, a decode step its token), and with -kv-prefetch-blocks tell each running sequence its next -kv-token-ahead tokens instead of its next block; the other strategies still grow in blocks")
-	fs.IntVar(&o.kv.TokenAhead, "kv-token-ahead", 1, "kv: with -kv-token-growth and -kv-prefetch-blocks, the tokens each running sequence's arena is told ahead")
+	fs.IntVar(&o.kv.TokenAhead, "kv-token-ahead", 0, "kv: with -kv-token-growth and -kv-prefetch-blocks, the tokens each running sequence's arena is told ahead (0: those of 4ms of steps at the shortest step time, at least 1: one at realistic 70B-class steps, four at -kv-compute 1ms)")
 
 	fs.IntVar(&o.models.Models, "mm-models", o.models.Models, "models: models on the device (their shape is kv's: -kv-layers, -kv-heads, -kv-headdim, -kv-dtype, -kv-hidden, -kv-block)")
 	fs.IntVar(&o.models.Slots, "mm-slots", o.models.Slots, "models: sequences each model decodes at once, at most")
@@ -447,7 +447,7 @@ func (o *options) aheadFor(w workload.Workload, chunkSize int64) (int64, string)
 	h := int64(o.headroomFor(w)) * chunkSize
 	if kv, ok := w.(workload.KV); ok && blocksAhead(kv) {
 		if kv.TokenGrowth {
-			if t := int64(kv.TokenAhead) * kv.TokenBytes(); t > h {
+			if t := int64(kv.TokensAhead()) * kv.TokenBytes(); t > h {
 				return t, "the tokens prefetched"
 			}
 			return h, "headroom"

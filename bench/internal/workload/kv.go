@@ -82,7 +82,8 @@ type KV struct {
 	// blocks, can; the other strategies still grow in blocks. With Prefetch
 	// such a region is told its next prompt's exact size, and, with
 	// PrefetchBlocks, each running sequence's next TokenAhead tokens
-	// (at most the tokens it has left) instead of its next block.
+	// (at most the tokens it has left) instead of its next block; 0 means
+	// the tokens of TokenLead of steps (TokensAhead).
 	TokenGrowth bool
 	TokenAhead  int
 	// Load copies the model's weights (Shape's) into device memory before
@@ -278,7 +279,7 @@ func (c KV) checkTokenAhead() error {
 	if !c.TokenGrowth || !c.PrefetchBlocks {
 		return nil
 	}
-	return atLeast("-kv-token-ahead", c.TokenAhead, 1)
+	return atLeast("-kv-token-ahead", c.TokenAhead, 0)
 }
 
 // MinBudget is the least -kv-budget with which every request can be served
@@ -668,7 +669,7 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 			// The region ignores what it has mapped already: no call
 			// reaches the worker until the tokens pass into a chunk not yet
 			// mapped.
-			if n := min(c.TokenAhead, s.left); n > 0 {
+			if n := min(c.TokensAhead(), s.left); n > 0 {
 				if err := env.prefetch(p, int64(n)*c.TokenBytes()); err != nil {
 					return err
 				}
@@ -688,6 +689,28 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 		}
 	}
 	return nil
+}
+
+// TokenLead is how far ahead, in device time, a sequence grown by its tokens
+// is told what it will need when TokenAhead is 0: long enough for the pool's
+// worker to map a chunk for each of the sequences that cross into one in
+// the same step (each a few hundred microseconds of driver calls on a
+// device), short enough that the chunks mapped early are few.
+const TokenLead = 4 * time.Millisecond
+
+// TokensAhead is the tokens a running sequence grown by its tokens is told
+// ahead: TokenAhead, or, when it is 0, the steps of TokenLead at the
+// shortest step time (the empty cache's), at least 1; PrefetchSteps where
+// the steps take no time.
+func (c KV) TokensAhead() int {
+	if c.TokenAhead > 0 {
+		return c.TokenAhead
+	}
+	d := c.Steps().Step(0)
+	if d <= 0 {
+		return max(c.PrefetchSteps, 1)
+	}
+	return int(max(1, ceilDiv(int64(TokenLead), int64(d))))
 }
 
 // promptBytes is what s makes room for to prefill a prompt of n tokens:

@@ -155,10 +155,29 @@ func TestPrefetchTokenGrowth(t *testing.T) {
 	assert.Equal(t, []int64{2 * tok}, rb.prefetch)
 	assert.Equal(t, []int64{3*block - 30*tok}, rd.prefetch, "a block-grown sequence: up to the end of the block it grows into")
 
-	c.TokenAhead = 0
+	c.TokenAhead = -1
 	assert.ErrorContains(t, c.checkPrefetch(), "-kv-token-ahead")
 	c.PrefetchBlocks = false
 	assert.NoError(t, c.checkPrefetch(), "unused without -kv-prefetch-blocks")
+}
+
+// TokenAhead 0 tells a sequence the tokens of TokenLead of steps, at least
+// one.
+func TestTokensAhead(t *testing.T) {
+	c := KV{Layers: 80, KVHeads: 8, HeadDim: 128, DType: 2, PrefetchSteps: 8}
+	for _, tc := range []struct {
+		step time.Duration
+		want int
+	}{{time.Millisecond, 4}, {1500 * time.Microsecond, 3}, {4 * time.Millisecond, 1}, {35 * time.Millisecond, 1}, {0, 8}} {
+		c.StepCompute = tc.step
+		assert.Equal(t, tc.want, c.TokensAhead(), "%v steps", tc.step)
+	}
+	c.StepCompute, c.TokenAhead = time.Millisecond, 2
+	assert.Equal(t, 2, c.TokensAhead(), "told")
+	r := KV{Layers: 80, KVHeads: 8, HeadDim: 128, DType: 2, Hidden: 8192, Roofline: true, BandwidthGBps: 4000}
+	assert.Equal(t, 1, r.TokensAhead(), "a 70B-class step: %v", r.Steps().Step(0))
+	r.Layers, r.Hidden = 32, 4096
+	assert.Equal(t, 2, r.TokensAhead(), "an 8B-class step: %v", r.Steps().Step(0))
 }
 
 // The arena grown by its tokens maps what its sequences hold, within a chunk

@@ -206,7 +206,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.maxCached, "cache", 0, "arena pool reuse cache, in chunks (0: the pool's default; -1: none)")
 	fs.Float64Var(&o.growth, "growth", 2, "realloc growth factor, above 1")
 	fs.StringVar(&o.scrub, "scrub", "reuse", "arena pool scrub policy: reuse (the default), release, never")
-	fs.IntVar(&o.headroom, "headroom", -1, "arena: chunks of mapped headroom the pool's worker keeps above each region's Len (0: none; -1, the default: none for kv with -kv-prefetch-blocks, whose regions are told the block they will grow into, 2 elsewhere)")
+	fs.IntVar(&o.headroom, "headroom", -1, "arena: chunks of mapped headroom the pool's worker keeps above each region's Len (0: none; -1, the default: none for kv with -kv-prefetch-blocks, whose regions are told what they will grow into, 2 elsewhere)")
 	fs.IntVar(&o.maxHead, "max-headroom", 0, "arena: chunks the headroom each region learns may grow to (0: the arena's default, 8 × -headroom; equal to -headroom: fixed)")
 	fs.IntVar(&o.ahead, "ahead", 4, "arena: fresh chunks the pool's worker keeps allocated ahead, within the budget (0: none)")
 	fs.Float64Var(&o.workerCPU, "worker-cpu", 0, "arena: cap the pool's worker at this share of one CPU, e.g. 0.25 (0: no cap; else 0.01 to 1)")
@@ -417,9 +417,9 @@ func (o *options) checkBudgets(gran int64) error {
 
 // headroomFor is the arena's headroom for workload w, in chunks: -headroom,
 // or with -headroom -1 (the default) none for a kv workload that tells each
-// running sequence's region the block it will grow into (-kv-prefetch with
-// -kv-prefetch-blocks: the scheduler knows when every sequence crosses into
-// its next block, so nothing needs mapping on speculation, and the mapped
+// running sequence's region what it will grow into, its next block or
+// tokens (-kv-prefetch with -kv-prefetch-blocks: the scheduler knows how
+// every sequence grows, so nothing needs mapping on speculation, and the mapped
 // slack is memory the other sequences do not get), and 2 for the others,
 // whose regions grow without notice.
 func (o *options) headroomFor(w workload.Workload) int {
@@ -433,8 +433,8 @@ func (o *options) headroomFor(w workload.Workload) int {
 }
 
 // blocksAhead reports whether workload w tells each running sequence's
-// region the block it will grow into before it grows (kv with
-// -kv-prefetch-blocks).
+// region what it will grow into (its next block, or its next tokens with
+// -kv-token-growth) before it grows (kv with -kv-prefetch-blocks).
 func blocksAhead(w workload.Workload) bool {
 	kv, ok := w.(workload.KV)
 	return ok && kv.Prefetch && kv.PrefetchBlocks

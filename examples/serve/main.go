@@ -307,8 +307,8 @@ func newServer(drv acl.Driver, o options, w io.Writer) (*server, error) {
 			return nil, errors.Join(err, s.shutdown())
 		}
 	}
-	fmt.Fprintf(w, "pool: %d MiB budget in %d MiB chunks; weights: %d MiB for each of %s and %s; a token takes %d KiB of K and as much of V\n",
-		o.budget>>20, s.pool.ChunkSize()>>20, o.weights>>20, s.models[0].name, s.models[1].name, s.row>>10)
+	fmt.Fprintf(w, "pool: %s in %d MiB chunks; weights: %d MiB for each of %s and %s; a token takes %d KiB of K and as much of V\n",
+		budgetText(o.budget, "%d MiB budget"), s.pool.ChunkSize()>>20, o.weights>>20, s.models[0].name, s.models[1].name, s.row>>10)
 	return s, nil
 }
 
@@ -569,6 +569,15 @@ func (s *server) wake(ctx context.Context, m *model) error {
 	return nil
 }
 
+// budgetText formats a budget in MiB with format, or says there is none (a
+// pool given no budget is bounded by the device alone).
+func budgetText(budget int64, format string) string {
+	if budget <= 0 {
+		return "(no budget)"
+	}
+	return fmt.Sprintf(format, budget>>20)
+}
+
 // printMetrics prints what a dashboard reads, from one Snapshot: the pool's
 // figures, which count every arena drawing on it (the bytes they use, how
 // many there are), and the weights arenas added by name.
@@ -576,8 +585,8 @@ func (s *server) printMetrics() {
 	snap := s.reg.Snapshot()
 	for _, p := range snap.Pools {
 		st := p.Stats
-		fmt.Fprintf(s.w, "metrics: pool %s: %d arenas use %d MiB; %d MiB held of %d MiB; %d chunks allocated, %d reused from the cache, %d growths refused for the budget\n",
-			p.Name, st.Members, st.UsedBytes>>20, st.HeldBytes>>20, st.Budget>>20, st.Allocs, st.Hits, st.Failures)
+		fmt.Fprintf(s.w, "metrics: pool %s: %d arenas use %d MiB; %d MiB held %s; %d chunks allocated, %d reused from the cache, %d growths refused for the budget\n",
+			p.Name, st.Members, st.UsedBytes>>20, st.HeldBytes>>20, budgetText(st.Budget, "of %d MiB"), st.Allocs, st.Hits, st.Failures)
 	}
 	for _, a := range snap.Arenas {
 		fmt.Fprintf(s.w, "metrics: arena %s: %d MiB in use, %d MiB mapped, %d MiB reserved\n",

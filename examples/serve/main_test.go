@@ -177,3 +177,21 @@ func TestRequestLargerThanTheBudget(t *testing.T) {
 		t.Fatalf("admit of a request larger than the budget: %v", err)
 	}
 }
+
+// A pool given no budget (-budget 0) is bounded by the device alone, and the
+// output says so instead of a budget of 0 MiB.
+func TestNoBudgetSaysSo(t *testing.T) {
+	o := defaults()
+	o.spec, o.budget = "host", 0
+	var out bytes.Buffer
+	if _, err := run(context.Background(), &out, o); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	text := out.String()
+	if strings.Contains(text, "0 MiB budget") || strings.Contains(text, "of 0 MiB") {
+		t.Errorf("a budget of 0 MiB reported:\n%s", text)
+	}
+	if !strings.Contains(text, "pool: (no budget) in ") || !strings.Contains(text, "held (no budget)") {
+		t.Errorf("no word of the missing budget:\n%s", text)
+	}
+}

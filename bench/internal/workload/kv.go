@@ -18,7 +18,8 @@ import (
 // step until it has generated its tokens, and is then replaced by the next
 // request. Every token appends a K and a V tensor for every layer. A
 // sequence's cache is one region: it grows a block of BlockTokens tokens at a
-// time (the prompt's blocks at once); when the sequence finishes, the region
+// time (the prompt's blocks at once), or, with TokenGrowth on a region that
+// maps what it cuts, by its tokens; when the sequence finishes, the region
 // is truncated and marked idle, and the slot's next request starts in it.
 //
 // Every strategy runs under the same physical budget (Budget). A sequence
@@ -454,7 +455,7 @@ func (c KV) Run(env *Env) (err error) {
 			}
 			switch {
 			case !s.active && len(queue) > 0:
-				// Prefill: the prompt's blocks at once.
+				// Prefill: the prompt's blocks (or tokens) at once.
 				q := queue[0]
 				queue = queue[1:]
 				*s = kvSeq{r: s.r, exact: s.exact, active: true, req: q, gen: q.gen, left: q.gen, last: q.last}
@@ -655,7 +656,7 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 	// A running sequence that will reach its next block within
 	// PrefetchSteps tokens is told the block it will grow into; one grown
 	// by its tokens, its next TokenAhead tokens.
-	bt := c.BlockTokens
+	bt, tokensAhead := c.BlockTokens, c.TokensAhead()
 	for i := range seqs {
 		s := &seqs[i]
 		if s.r == nil || !s.active {
@@ -669,7 +670,7 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 			// The region ignores what it has mapped already: no call
 			// reaches the worker until the tokens pass into a chunk not yet
 			// mapped.
-			if n := min(c.TokensAhead(), s.left); n > 0 {
+			if n := min(tokensAhead, s.left); n > 0 {
 				if err := env.prefetch(p, int64(n)*c.TokenBytes()); err != nil {
 					return err
 				}
@@ -714,8 +715,7 @@ func (c KV) TokensAhead() int {
 }
 
 // promptBytes is what s makes room for to prefill a prompt of n tokens:
-// its tokens, or its blocks where s grows in blocks.
-// (block is BlockBytes).
+// its tokens, or, where s grows in blocks, its blocks of block bytes.
 func (c KV) promptBytes(s *kvSeq, n int, block int64) int64 {
 	if s.exact {
 		return int64(n) * c.TokenBytes()

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -73,10 +74,15 @@ func TestSyncReturnsOnClose(t *testing.T) {
 	s, err := d.CreateStream()
 	require.NoError(t, err)
 	require.NoError(t, d.LaunchFor(s, 0, 0, 3*time.Second))
+	waiting := make(chan struct{})
+	var once sync.Once
+	f := func() { once.Do(func() { close(waiting) }) }
+	syncWaits.Store(&f)
+	defer syncWaits.Store(nil)
 	errc := make(chan error, 1)
 	go func() { errc <- d.SynchronizeStream(s) }()
-	time.Sleep(50 * time.Millisecond) // the synchronisation is waiting
-	require.Error(t, d.Close())       // reports the queued work
+	<-waiting                   // the synchronisation waits for the 3 s of work
+	require.Error(t, d.Close()) // reports the queued work
 	select {
 	case err := <-errc:
 		require.ErrorIs(t, err, acl.ErrNoContext)

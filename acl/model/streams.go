@@ -1,6 +1,7 @@
 package model
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
@@ -263,10 +264,17 @@ func (d *Driver) waitFor(op string, s *stream, seq uint64) error {
 			continue
 		}
 		ss.Unlock()
+		if f := syncWaits.Load(); f != nil {
+			(*f)()
+		}
 		waitUntilOr(end, ss.Quit()) // Close ends the wait
 		ss.Lock()
 	}
 }
+
+// syncWaits, which only tests set, is called when a synchronisation has
+// found the work it waits for unfinished and is about to wait for its end.
+var syncWaits atomic.Pointer[func()]
 
 // SynchronizeStream waits until the work queued on s has run, and returns
 // the fault of work on s since the last synchronisation, if any. It returns

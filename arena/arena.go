@@ -64,8 +64,13 @@ type Config struct {
 	Streams []acl.Stream
 	// Headroom is mapped memory the pool's background worker keeps ready
 	// above Len, so that Alloc finds memory mapped instead of mapping it on
-	// the caller's path. It is rounded up to the chunk size, and may not pass
-	// Reserve or the pool's budget. 0 means none.
+	// the caller's path: after a refill at least Headroom bytes are mapped
+	// above Len, in whole chunks. A headroom smaller than a chunk maps the
+	// next chunk before Len reaches it and no more: a KV cache in 16 MiB
+	// chunks with a Headroom of a few tokens' bytes has each chunk mapped as
+	// the last tokens of the one before are cut, with no Prefetch per token,
+	// and holds half a chunk above Len on average. In whole chunks it may not
+	// pass Reserve or the pool's budget. 0 means none.
 	Headroom int
 	// MaxHeadroom bounds the headroom the arena learns. The worker keeps
 	// Headroom at first; each growth that has to map on the caller's path
@@ -76,7 +81,8 @@ type Config struct {
 	MaxHeadroom int
 	// LowWater is the headroom below which Alloc asks the worker to refill
 	// it (a request that never blocks). 0 means half of the learnt headroom
-	// (at least one chunk).
+	// in whole chunks, at least one chunk, or the whole headroom while it is
+	// smaller than a chunk.
 	LowWater int
 	// TrapStale is a debug mode that makes the memory Truncate and Reset drop
 	// unusable at once, so that a stale pointer into it fails loudly instead
@@ -245,8 +251,8 @@ func New(cfg Config) (*Arena, error) {
 	a.obs.log = cfg.Logger
 	a.obs.timed.Store(cfg.Logger != nil) // its events carry the durations
 	if cfg.Headroom > 0 {
-		a.hr.min = a.roundUp(uint64(cfg.Headroom))
-		a.hr.max = a.roundUp(uint64(cfg.MaxHeadroom))
+		a.hr.min = uint64(cfg.Headroom)
+		a.hr.max = uint64(cfg.MaxHeadroom)
 		if cfg.MaxHeadroom == 0 {
 			a.hr.max = defaultMaxHeadroom * a.hr.min
 			if b := uint64(pool.Budget()); b > 0 {
@@ -268,7 +274,7 @@ func New(cfg Config) (*Arena, error) {
 	if err := a.reserve(uint64(cfg.Reserve)); err != nil {
 		return fail(err)
 	}
-	if a.hr.min > a.reserved {
+	if a.roundUp(a.hr.min) > a.reserved {
 		return fail(errors.Join(fmt.Errorf("arena: %w: Config.Headroom %s exceeds the reservation, %s (the device's memory, as Config.Reserve is 0)",
 			ErrInvalid, units.Ubytes(a.hr.min), units.Ubytes(a.reserved)), a.releaseReservation()))
 	}
@@ -333,19 +339,19 @@ func (a *Arena) checkPool(cfg Config) error {
 		return fmt.Errorf("arena: %w: Config.Reserve %s (in chunks of %s) exceeds %s's largest reservation, %s (acl.Caps.MaxReserve)",
 			ErrInvalid, units.Bytes(int64(cfg.Reserve)), units.IEC(int64(cs)), a.drv.Name(), units.Ubytes(limit))
 	}
-	if cfg.Reserve > 0 && a.hr.min > a.roundUp(uint64(cfg.Reserve)) {
+	if cfg.Reserve > 0 && a.roundUp(a.hr.min) > a.roundUp(uint64(cfg.Reserve)) {
 		return fmt.Errorf("arena: %w: Config.Headroom %s exceeds Config.Reserve %s (in chunks of %s): headroom is mapped inside the reservation",
 			ErrInvalid, units.Bytes(int64(cfg.Headroom)), units.Bytes(int64(cfg.Reserve)), units.IEC(int64(cs)))
 	}
-	if b := uint64(a.pool.Budget()); b > 0 && a.hr.min > b {
+	if b := uint64(a.pool.Budget()); b > 0 && a.roundUp(a.hr.min) > b {
 		return fmt.Errorf("arena: %w: Config.Headroom %s (in chunks of %s) exceeds the pool's budget, %s",
 			ErrInvalid, units.Bytes(int64(cfg.Headroom)), units.IEC(int64(cs)), units.Ubytes(b))
 	}
-	if cfg.MaxHeadroom > 0 && cfg.Reserve > 0 && a.hr.max > a.roundUp(uint64(cfg.Reserve)) {
+	if cfg.MaxHeadroom > 0 && cfg.Reserve > 0 && a.roundUp(a.hr.max) > a.roundUp(uint64(cfg.Reserve)) {
 		return fmt.Errorf("arena: %w: Config.MaxHeadroom %s exceeds Config.Reserve %s (in chunks of %s): headroom is mapped inside the reservation",
 			ErrInvalid, units.Bytes(int64(cfg.MaxHeadroom)), units.Bytes(int64(cfg.Reserve)), units.IEC(int64(cs)))
 	}
-	if b := uint64(a.pool.Budget()); cfg.MaxHeadroom > 0 && b > 0 && a.hr.max > b {
+	if b := uint64(a.pool.Budget()); cfg.MaxHeadroom > 0 && b > 0 && a.roundUp(a.hr.max) > b {
 		return fmt.Errorf("arena: %w: Config.MaxHeadroom %s (in chunks of %s) exceeds the pool's budget, %s",
 			ErrInvalid, units.Bytes(int64(cfg.MaxHeadroom)), units.IEC(int64(cs)), units.Ubytes(b))
 	}

@@ -88,8 +88,10 @@
 // under pressure takes them back when another arena's growth needs them (see
 // package chunk), from idle arenas first, and never below Len or what Grow
 // promised. With Config.Headroom the pool's background worker keeps that much
-// mapped above Len: an Alloc that leaves less than the low-water mark asks for
-// a refill without blocking, and a decode step finds its memory mapped. The
+// mapped above Len, in whole chunks: an Alloc that leaves less than the
+// low-water mark asks for a refill without blocking, and a decode step finds
+// its memory mapped. A headroom smaller than a chunk (a few tokens' bytes of
+// a KV cache) maps each next chunk just before Len reaches it. The
 // headroom's size is learnt (headroom.go): a growth that has to map on the
 // caller's path doubles it, up to Config.MaxHeadroom, and refills without
 // such a miss shrink it back towards Config.Headroom. Prefetch asks the worker to map more than the headroom, ahead of a growth

@@ -15,8 +15,13 @@ import (
 // With Config.Headroom the arena is a pool member that asks for refills: an
 // Alloc (or Grow) that leaves less than the low-water mark mapped above Len
 // pokes the worker (chunk.Member.WantRefill, which never blocks), and the
-// worker maps, with memory free now, up to the headroom above Len
-// (refillLocked). Prefetch asks it for more, once.
+// worker maps, with memory free now, the chunks that cover the headroom
+// above Len (refillLocked). Prefetch asks it for more, once. The headroom
+// is counted in bytes and mapped in chunks: one smaller than a chunk has
+// the next chunk mapped once less than the headroom is left above the end
+// of the last allocation, so that an arena grown a little at a time (a KV
+// cache, token by token) holds what a Prefetch of its next tokens would
+// have it hold, without the call.
 //
 // The headroom's size is learnt from how memory is consumed. It starts at
 // Config.Headroom. A growth that has to map on the caller's path (Alloc's
@@ -24,13 +29,14 @@ import (
 // kept too little for one allocation, so the size doubles, up to
 // Config.MaxHeadroom. Once decayAfter refills have completed since the last
 // miss (the one that follows it included), the next refill shrinks the size
-// by a quarter, in whole chunks, down to Config.Headroom. A miss while the
-// pool had no room for the last refill teaches nothing (a larger headroom
-// would not have been mapped either) and leaves the size as it is; so does
-// a miss after a relief took the arena's memory, until a refill succeeds
-// again. Unless Config.LowWater fixes it, the low-water mark is half the
-// learnt size. The headroom is never a promise: a pool under pressure takes
-// it back like any memory above Len.
+// by a quarter (in whole chunks from a chunk up), down to Config.Headroom. A
+// miss while the pool had no room for the last refill teaches nothing (a
+// larger headroom would not have been mapped either) and leaves the size as
+// it is; so does a miss after a relief took the arena's memory, until a
+// refill succeeds again. Unless Config.LowWater fixes it, the low-water mark
+// is half the learnt size in whole chunks (at least one), or the whole size
+// while it is under a chunk. The headroom is never a promise: a pool under
+// pressure takes it back like any memory above Len.
 //
 // A refill maps in steps, holding the arena's mu for each and publishing Cap
 // after each, so that the lock-free Grow and Alloc find the first chunks
@@ -59,7 +65,7 @@ const refillStep = 2
 const defaultMaxHeadroom = 8
 
 type headroom struct {
-	min, max uint64        // Config.Headroom and the bound of the learnt size, whole chunks; min 0: no headroom
+	min, max uint64        // Config.Headroom and the bound of the learnt size, in bytes; min 0: no headroom
 	fixedLow uint64        // Config.LowWater; 0: half the learnt size
 	size     atomic.Uint64 // the learnt size, in [min, max]; Arena.lowWater goes with it
 	// prefetch is the end, above Len, of what Prefetch asked the worker to
@@ -81,7 +87,7 @@ func (a *Arena) setHeadroom(size uint64) {
 	a.hr.size.Store(size)
 	low := a.hr.fixedLow
 	if low == 0 {
-		low = max(size/2/a.chunkSize*a.chunkSize, a.chunkSize)
+		low = max(size/2/a.chunkSize*a.chunkSize, min(size, a.chunkSize))
 	}
 	a.lowWater.Store(a.lowWater.Load()&^lenMask | low) // the era above is the epoch's (stale.go)
 }
@@ -99,6 +105,16 @@ func (a *Arena) missed() {
 	if s := h.size.Load(); !h.short && s < h.max {
 		a.setHeadroom(min(2*s, h.max))
 	}
+}
+
+// decayed is the learnt headroom size shrunk by a quarter: in whole chunks
+// from a chunk up, in bytes below.
+func (a *Arena) decayed(size uint64) uint64 {
+	d := size * 3 / 4
+	if d < a.chunkSize {
+		return d
+	}
+	return d / a.chunkSize * a.chunkSize
 }
 
 // wantHeadroom asks the worker for a refill when the headroom above end is
@@ -184,7 +200,7 @@ func (a *Arena) refillLocked() {
 	h := &a.hr
 	size := h.size.Load()
 	if h.quiet >= decayAfter && size > h.min {
-		size = max(h.min, size*3/4/a.chunkSize*a.chunkSize)
+		size = max(h.min, a.decayed(size))
 		a.setHeadroom(size)
 		h.quiet = 0
 	}

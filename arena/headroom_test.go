@@ -155,6 +155,61 @@ func TestHeadroomLearns(t *testing.T) {
 	assert.Equal(t, int64(3), a.Stats().Misses, "no miss since")
 }
 
+// A headroom smaller than a chunk is kept in bytes, not rounded up to a
+// chunk: the next chunk is mapped once less than the headroom is left above
+// the last allocation, and no more, so that an arena grown a little at a
+// time holds at most a chunk and the headroom above Len. Misses double it in
+// bytes, and refills shrink it again in bytes while it is under a chunk.
+func TestHeadroomUnderAChunk(t *testing.T) {
+	const h, tok = cg / 8, cg / 32 // a headroom of four "tokens"
+	t.Run("fixed", func(t *testing.T) {
+		e := newDeferredEnv(t, chunk.Config{})
+		a := e.arena(t, arena.Config{Headroom: h, MaxHeadroom: h, Reserve: 64 << 20})
+		e.pool.Lender().Settle()
+		require.Equal(t, cg, a.Cap(), "the chunk that covers the headroom, not more")
+		assert.Equal(t, h, a.Stats().Headroom)
+		onPath := int64(0)
+		for range 4 * cg / tok {
+			onPath += e.mapsOnPath(func() {
+				_, err := a.Alloc(tok, 256)
+				require.NoError(t, err)
+			})
+			e.pool.Lender().Settle()
+			assert.Equal(t, (a.Len()+h+cg-1)/cg*cg, a.Cap(), "Len %d: the chunks that cover Len + the headroom", a.Len())
+		}
+		assert.Zero(t, onPath, "each chunk was mapped before an Alloc reached it")
+		assert.Zero(t, a.Stats().Misses)
+		assert.Equal(t, int64(5), a.Stats().Refills, "one refill at New, then one a chunk")
+	})
+	t.Run("learnt", func(t *testing.T) {
+		defer arena.SetDecayAfter(2)()
+		e := newDeferredEnv(t, chunk.Config{})
+		a := e.arena(t, arena.Config{Headroom: h, MaxHeadroom: 4 * h, Reserve: 64 << 20})
+		e.pool.Lender().Settle()
+		// A miss: an Alloc past Cap doubles the headroom, in bytes.
+		assert.Positive(t, e.mapsOnPath(func() {
+			_, err := a.Alloc(a.Cap()-a.Len()+tok, 256)
+			require.NoError(t, err)
+		}))
+		assert.Equal(t, 2*h, a.Stats().Headroom)
+		e.pool.Lender().Settle()
+		assert.Equal(t, (a.Len()+2*h+cg-1)/cg*cg, a.Cap())
+		// Refills without a miss shrink it by a quarter, in bytes, to Headroom.
+		for a.Stats().Headroom > h {
+			before := a.Stats().Headroom
+			for i := 0; a.Stats().Headroom == before && i < 64; i++ {
+				_, err := a.Alloc(a.Cap()-a.Len()-before/2, 256)
+				require.NoError(t, err)
+				e.pool.Lender().Settle()
+			}
+			got := a.Stats().Headroom
+			require.Less(t, got, before, "the headroom shrinks")
+			assert.Equal(t, max(h, before*3/4), got, "by a quarter, not to a whole chunk")
+		}
+		assert.Equal(t, int64(1), a.Stats().Misses)
+	})
+}
+
 // MaxHeadroom equal to Headroom keeps the headroom fixed; a miss while the
 // pool had no room for the last refill teaches nothing.
 func TestHeadroomFixedAndShort(t *testing.T) {

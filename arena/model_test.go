@@ -194,7 +194,7 @@ type marena struct {
 	seen     *[256]bool      // byte values that may be in the arena's memory (its tenant's)
 	strayOK  bool            // a failure's undo was itself failed: strays may exist
 	floor    int             // what Grow promised to keep mapped until the next drop
-	headroom int             // Config.Headroom, rounded up
+	headroom int             // Config.Headroom
 	maxHead  int             // Config.MaxHeadroom: the learnt headroom lies in [headroom, maxHead]
 	stream   acl.Stream      // its stream, or 0
 	busy     []chan struct{} // done channels of kernels that may be in flight on stream
@@ -722,6 +722,14 @@ func (w *world) newArena() {
 			}
 		}
 		cfg.Headroom, cfg.MaxHeadroom = h*w.cs, mh*w.cs
+		if w.c.intn(3) == 0 {
+			// A headroom under a chunk, kept in bytes: a few tokens ahead.
+			b := w.cs / 8 * (1 + w.c.intn(7))
+			cfg.Headroom, cfg.MaxHeadroom = b, max(b, min(b*(1+w.c.intn(4)), k*w.cs))
+			if bud := int(w.pool.Budget()); bud > 0 {
+				cfg.MaxHeadroom = max(b, min(cfg.MaxHeadroom, bud/w.cs*w.cs))
+			}
+		}
 	}
 	shared := w.o.tenants && w.c.intn(2) == 0
 	if shared {

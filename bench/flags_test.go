@@ -265,3 +265,35 @@ func TestHeadroomIsTheWorkloadsChoice(t *testing.T) {
 		t.Error("-headroom -2 accepted")
 	}
 }
+
+// -kv-token-headroom keeps a kv sequence's tokens ahead as the arena's
+// headroom, in bytes, where the workload grows the arena by its tokens and
+// tells it what it grows into, and -headroom leaves the choice to it.
+func TestTokenHeadroom(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		on   bool
+	}{
+		{nil, false},
+		{[]string{"-kv-token-headroom"}, true},
+		{[]string{"-kv-token-headroom", "-kv-compute", "1ms"}, true},
+		{[]string{"-kv-token-headroom", "-headroom", "2"}, false},
+		{[]string{"-kv-token-headroom", "-kv-token-growth=false"}, false},
+		{[]string{"-kv-token-headroom", "-kv-prefetch-blocks=false"}, false},
+	} {
+		o, err := parseFlags(c.args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := int64(0)
+		if c.on {
+			want = int64(o.kv.TokensAhead()) * o.kv.TokenBytes()
+		}
+		if got := o.tokenHeadroom(o.kv); got != want || c.on && got == 0 {
+			t.Errorf("%q: token headroom %d, want %d", c.args, got, want)
+		}
+		if got := o.tokenHeadroom(o.models); got != 0 {
+			t.Errorf("%q: models token headroom %d, want 0", c.args, got)
+		}
+	}
+}

@@ -78,6 +78,7 @@ type options struct {
 	scrub        string
 	headroom     int           // arena: chunks of headroom per region; -1: the workload's (headroomFor)
 	maxHead      int           // arena: chunks the learnt headroom may reach; 0: the arena's default
+	tokenHead    bool          // kv, token growth: the arena keeps the tokens ahead as headroom instead of being told them
 	ahead        int           // arena: fresh chunks the pool keeps ahead
 	warm         int           // arena: fresh chunks allocated at start (-1: the budget)
 	stream       bool          // arena: order unmaps and scrubs on the workload's stream
@@ -237,6 +238,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.kv.PrefetchBlocks, "kv-prefetch-blocks", true, "kv: with -kv-prefetch, also tell each running sequence the KV block it will grow into, -kv-prefetch-steps tokens ahead, as a scheduler that knows each sequence's length can")
 	fs.IntVar(&o.kv.PrefetchSteps, "kv-prefetch-steps", 8, "kv: with -kv-prefetch, how many steps ahead of the prefill, at most")
 	fs.BoolVar(&o.kv.TokenGrowth, "kv-token-growth", true, "kv: grow the arena's regions by the tokens they append instead of in -kv-block blocks (a prefill maps its prompt's tokens, a decode step its token), and with -kv-prefetch-blocks tell each running sequence its next -kv-token-ahead tokens instead of its next block; the other strategies still grow in blocks")
+	fs.BoolVar(&o.tokenHead, "kv-token-headroom", false, "kv: with -kv-token-growth, -kv-prefetch-blocks and -headroom -1, each arena keeps its sequence's next -kv-token-ahead tokens mapped as headroom (arena Config.Headroom, in bytes, fixed) instead of being told them with a Prefetch every step")
 	fs.IntVar(&o.kv.TokenAhead, "kv-token-ahead", 0, "kv: with -kv-token-growth and -kv-prefetch-blocks, the tokens each running sequence's arena is told ahead (0: those of 4ms of steps at the shortest step time, at least 1: one at realistic 70B-class steps, four at -kv-compute 1ms)")
 
 	fs.IntVar(&o.models.Models, "mm-models", o.models.Models, "models: models on the device (their shape is kv's: -kv-layers, -kv-heads, -kv-headdim, -kv-dtype, -kv-hidden, -kv-block)")
@@ -440,6 +442,19 @@ func blocksAhead(w workload.Workload) bool {
 	return ok && kv.Prefetch && kv.PrefetchBlocks
 }
 
+// tokenHeadroom is the headroom, in bytes, that keeps a kv sequence's next
+// tokens mapped (-kv-token-headroom): the tokens told ahead (KV.TokensAhead),
+// where the workload grows the arena by its tokens and tells each running
+// sequence what it will grow into, and -headroom leaves the choice to the
+// workload; else 0.
+func (o *options) tokenHeadroom(w workload.Workload) int64 {
+	kv, ok := w.(workload.KV)
+	if !ok || !o.tokenHead || o.headroom >= 0 || !blocksAhead(kv) || !kv.TokenGrowth {
+		return 0
+	}
+	return int64(kv.TokensAhead()) * kv.TokenBytes()
+}
+
 // aheadFor is what an arena of workload w may hold mapped above its Len
 // besides its partial chunk, in bytes, and what that is: its headroom, or a
 // block prefetched where that is larger.
@@ -447,6 +462,9 @@ func (o *options) aheadFor(w workload.Workload, chunkSize int64) (int64, string)
 	h := int64(o.headroomFor(w)) * chunkSize
 	if kv, ok := w.(workload.KV); ok && blocksAhead(kv) {
 		if kv.TokenGrowth {
+			if t := o.tokenHeadroom(kv); t > h {
+				return t, "the tokens kept ahead"
+			}
 			if t := int64(kv.TokensAhead()) * kv.TokenBytes(); t > h {
 				return t, "the tokens prefetched"
 			}
@@ -883,6 +901,9 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 		Budget: budget, Growth: o.growth, Scrub: scrubs[o.scrub], Headroom: int64(o.headroomFor(w)) * chunkSize,
 		MaxHeadroom: int64(o.maxHead) * chunkSize, Ahead: o.ahead,
 		WorkerCPU: o.workerCPU, Warm: o.warm, RegisterCost: o.registerCost}
+	if h := o.tokenHeadroom(w); h > 0 {
+		cfg.Headroom, cfg.MaxHeadroom = h, h // fixed: a prompt's Grow past Cap is no sign that the tokens need more
+	}
 	if o.register != "none" {
 		cfg.Register = o.register
 	}

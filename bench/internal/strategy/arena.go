@@ -93,7 +93,7 @@ func (s *arenaStrategy) Open(max int64) (Region, error) {
 			return nil, errors.Join(err, a.Close())
 		}
 	}
-	return &arenaRegion{a: a, eager: s.eager, warmed: s.cfg.Warm != 0}, nil
+	return &arenaRegion{a: a, eager: s.eager, warmed: s.cfg.Warm != 0, headroom: int64(cfg.Headroom)}, nil
 }
 
 // Close closes the pool, unless the strategy is a model's part of another's.
@@ -120,10 +120,16 @@ func (s *arenaStrategy) Prepare() error {
 }
 
 type arenaRegion struct {
-	a      *arena.Arena
-	eager  bool
-	warmed bool // the pool was warmed at start (Config.Warm)
+	a        *arena.Arena
+	eager    bool
+	warmed   bool  // the pool was warmed at start (Config.Warm)
+	headroom int64 // Config.Headroom
 }
+
+// KeepsAhead is the arena's Config.Headroom: the pool's worker keeps that
+// much mapped above Len (at least; the headroom may learn more), so the
+// region is an AheadKeeper.
+func (r *arenaRegion) KeepsAhead() int64 { return r.headroom }
 
 func (r *arenaRegion) Grow(n int64) error { return r.a.Grow(int(n)) }
 

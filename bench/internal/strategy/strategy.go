@@ -112,6 +112,13 @@ type Mapper interface {
 	MapsOnAlloc()
 }
 
+// An AheadKeeper is a region that keeps memory mapped above its length by
+// itself (the arena with Config.Headroom): KeepsAhead is how many bytes, so
+// that a workload need not tell it ahead what it will append.
+type AheadKeeper interface {
+	KeepsAhead() int64
+}
+
 // A Keeper is a region that can be told, while it is empty, how much its
 // next use needs: it keeps that and gives the rest back to be used
 // elsewhere, where keeping it costs memory (the arena, its pool not warmed:

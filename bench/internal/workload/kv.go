@@ -669,8 +669,9 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 		if s.exact {
 			// The region ignores what it has mapped already: no call
 			// reaches the worker until the tokens pass into a chunk not yet
-			// mapped.
-			if n := min(tokensAhead, s.left); n > 0 {
+			// mapped. A region that keeps the tokens ahead itself (an arena
+			// with that much headroom) is not told them.
+			if n := min(tokensAhead, s.left); n > 0 && !keepsAhead(s.r, int64(n)*c.TokenBytes()) {
 				if err := env.prefetch(p, int64(n)*c.TokenBytes()); err != nil {
 					return err
 				}
@@ -690,6 +691,13 @@ func (c KV) prefetch(env *Env, seqs []kvSeq, queue []request, block int64) error
 		}
 	}
 	return nil
+}
+
+// keepsAhead reports whether region r keeps n bytes mapped above its
+// length by itself (strategy.AheadKeeper).
+func keepsAhead(r strategy.Region, n int64) bool {
+	k, ok := r.(strategy.AheadKeeper)
+	return ok && k.KeepsAhead() >= n
 }
 
 // TokenLead is how far ahead, in device time, a sequence grown by its tokens

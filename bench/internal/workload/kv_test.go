@@ -27,6 +27,15 @@ func (r *fakeRegion) Prefetch(n int64) error {
 	return nil
 }
 
+// keepingRegion is a fakeRegion that keeps ahead bytes mapped above its
+// length by itself (strategy.AheadKeeper).
+type keepingRegion struct {
+	fakeRegion
+	ahead int64
+}
+
+func (r *keepingRegion) KeepsAhead() int64 { return r.ahead }
+
 // The queue's requests go to the free slots first, in slot order, then to
 // the running sequences in the order they finish, within PrefetchSteps; each
 // region is asked for what the prompt needs beyond its Len.
@@ -155,6 +164,15 @@ func TestPrefetchTokenGrowth(t *testing.T) {
 	assert.Equal(t, []int64{2 * tok}, rb.prefetch)
 	assert.Equal(t, []int64{3*block - 30*tok}, rd.prefetch, "a block-grown sequence: up to the end of the block it grows into")
 
+	// A region that keeps the tokens ahead itself is not told them; one
+	// that keeps fewer is.
+	k3 := &keepingRegion{fakeRegion: fakeRegion{len: 20 * tok}, ahead: 3 * tok}
+	k2 := &keepingRegion{fakeRegion: fakeRegion{len: 20 * tok}, ahead: 2 * tok}
+	seqs := []kvSeq{{r: k3, exact: true, active: true, tokens: 20, left: 50}, {r: k2, exact: true, active: true, tokens: 20, left: 50}}
+	require.NoError(t, c.prefetch(env, seqs, nil, block))
+	assert.Empty(t, k3.prefetch, "it keeps its next 3 tokens mapped")
+	assert.Equal(t, []int64{3 * tok}, k2.prefetch)
+
 	c.TokenAhead = -1
 	assert.ErrorContains(t, c.checkPrefetch(), "-kv-token-ahead")
 	c.PrefetchBlocks = false
@@ -190,12 +208,16 @@ func TestTokenGrowthMapsTheTokens(t *testing.T) {
 		PrefetchBlocks: true, TokenAhead: 1, Seed: 3}
 	tok := c.TokenBytes() // 8 KiB: a block is 4 MiB, a chunk 256 tokens
 	const chunk = 2 << 20
-	run := func(name string, tokens bool) *Result {
+	run := func(name string, tokens bool, headroom ...int64) *Result {
 		m, err := model.New(model.Config{Untimed: true, NoData: true})
 		require.NoError(t, err)
 		defer func() { require.NoError(t, m.Close()) }()
 		cd := counting.New(m, 0)
-		st, err := strategy.New(name, strategy.Config{Driver: cd, Chunk: chunk})
+		cfg := strategy.Config{Driver: cd, Chunk: chunk}
+		if len(headroom) > 0 {
+			cfg.Headroom, cfg.MaxHeadroom = headroom[0], headroom[0]
+		}
+		st, err := strategy.New(name, cfg)
 		require.NoError(t, err)
 		env := NewEnv(cd, st, "kv")
 		k := c
@@ -213,6 +235,16 @@ func TestTokenGrowthMapsTheTokens(t *testing.T) {
 	assert.Less(t, exact.Mem.PeakMapped, blocks.Mem.PeakMapped)
 	t.Logf("peak live %d, mapped in blocks %d, by tokens %d", exact.PeakLive, blocks.Mem.PeakMapped, exact.Mem.PeakMapped)
 	assert.Zero(t, exact.Preempted)
+
+	// The arena keeping its next token as headroom, in bytes (the bench's
+	// -kv-token-headroom; TestPrefetchTokenGrowth: it is not told the
+	// tokens), holds what one told them every step does.
+	kept := run("arena", true, tok)
+	assert.Equal(t, exact.Tokens, kept.Tokens)
+	assert.LessOrEqual(t, kept.Mem.PeakMapped, kept.PeakLive+int64(c.Slots)*(chunk+tok),
+		"each sequence maps at most its tokens and the next one, in whole chunks")
+	assert.Less(t, kept.Mem.PeakMapped, blocks.Mem.PeakMapped)
+	assert.Zero(t, kept.Preempted)
 
 	pb, pe := run("paged", false), run("paged", true)
 	assert.Equal(t, pb.Mem.PeakPhysical, pe.Mem.PeakPhysical, "a paged pool grows in blocks either way")

@@ -2,6 +2,7 @@ package ascend
 
 import (
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // MallocHost is aclrtMallocHost: size bytes of page-locked host memory,
@@ -40,6 +41,7 @@ func (d *Driver) FreeHost(b []byte) error {
 			d.hostBufs.Add(hostSlice(&b[0], uintptr(n)))
 			return err
 		}
+		sched.At(sched.HostFreed, d) // a MallocHost here may get the same address
 		return nil
 	})
 }

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // MallocHost is cuMemHostAlloc with flags 0 (the contract's
@@ -61,5 +62,6 @@ func (d *Driver) FreeHost(buf []byte) error {
 		d.hostBufs.Add(hostSlice(&buf[0], uintptr(n)))
 		return d.lib.newError("cuMemFreeHost", r)
 	}
+	sched.At(sched.HostFreed, d) // a MallocHost here may get the same address
 	return nil
 }

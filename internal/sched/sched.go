@@ -1,8 +1,9 @@
 // Package sched lets tests stop a goroutine at named points of the pool's
 // and the arena's slow paths (each lock taken and each driver call on the
-// growth, relief and wait paths), so that a test can run another growth
-// there and explore the schedules of two or three growths systematically,
-// instead of hoping that a stress run hits them.
+// growth, relief and wait paths), and of the device bindings' host-memory
+// frees, so that a test can run another growth (or allocation) there and
+// explore the schedules of two or three of them systematically, instead of
+// hoping that a stress run hits them.
 //
 // In production no hook is set and a point costs one atomic load; the
 // points lie on slow paths only (never in Alloc's fast path).
@@ -47,6 +48,7 @@ const (
 	BackingUnmap  Point = "backing.unmap"   // the pool is about to tell an arena that chunks it handed over still mapped go (passed with the arena)
 	ShareExported Point = "share.exported"  // Share exported the chunks and let go of its arena's lock, before it sends them
 	SharedFree    Point = "shared.free"     // a shared chunk put back is out of the pool's books, counted as freeing, before it is freed
+	HostFreed     Point = "host.freed"      // a binding's FreeHost: the runtime freed the buffer, before FreeHost returns (passed with the driver; its lock against Close is held for reading)
 )
 
 var hook atomic.Pointer[func(Point, any)]

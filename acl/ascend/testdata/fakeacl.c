@@ -1372,7 +1372,10 @@ API const char *aclrtGetSocName(void) { return "FakeAscend910B"; }
 // A host buffer is ordinary memory with a 64-byte-aligned start, as ACL
 // promises, kept on a list so that aclrtFreeHost refuses a pointer
 // aclrtMallocHost did not return (and a second free); fakeacl_live counts
-// the live ones.
+// the live ones. Like a runtime that pools its host memory, the double keeps
+// the last buffer freed and hands it back to the next aclrtMallocHost of the
+// same size, so that a freed address is reused at once, every time: the
+// binding's books must never mistake the new buffer for the old.
 struct hostbuf {
     void *p;
     size_t size;
@@ -1380,6 +1383,8 @@ struct hostbuf {
 };
 
 static struct hostbuf *hostbufs;
+static void *recycled;       // the last buffer freed, kept for reuse; NULL: none
+static size_t recycled_size; // its size
 
 API aclError aclrtMallocHost(void **hostPtr, size_t size) {
     ENTER();
@@ -1387,7 +1392,10 @@ API aclError aclrtMallocHost(void **hostPtr, size_t size) {
     if (size == 0) FAIL(ACL_ERROR_INVALID_PARAM, "size is 0");
     struct hostbuf *b = calloc(1, sizeof *b);
     void *p = NULL;
-    if (b == NULL || posix_memalign(&p, 64, size) != 0) {
+    if (b != NULL && recycled != NULL && recycled_size == size) {
+        p = recycled;
+        recycled = NULL;
+    } else if (b == NULL || posix_memalign(&p, 64, size) != 0) {
         free(b);
         FAIL(ACL_ERROR_RT_MEMORY_ALLOCATION, "%zu bytes of host memory", size);
     }
@@ -1410,7 +1418,9 @@ API aclError aclrtFreeHost(void *hostPtr) {
             *q = b->next;
             live.host_buffers--;
             live.host_bytes -= b->size;
-            free(b->p);
+            free(recycled);
+            recycled = b->p;
+            recycled_size = b->size;
             free(b);
             RET(ACL_SUCCESS);
         }

@@ -1437,7 +1437,10 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_, size_t *total) {
 // A host buffer is ordinary malloc'd memory, kept on a list so that
 // cuMemFreeHost refuses a pointer cuMemHostAlloc did not return (and a
 // second free) with CUDA_ERROR_INVALID_VALUE, and fakecuda_host_live can
-// count what is live.
+// count what is live. Like a driver that pools its host memory, the double
+// keeps the last buffer freed and hands it back to the next cuMemHostAlloc
+// of the same size, so that a freed address is reused at once, every time:
+// the binding's books must never mistake the new buffer for the old.
 struct hostbuf {
 	void *p;
 	size_t size;
@@ -1445,13 +1448,21 @@ struct hostbuf {
 };
 
 static struct hostbuf *hostbufs;
+static void *recycled;       // the last buffer freed, kept for reuse; NULL: none
+static size_t recycled_size; // its size
 
 EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
 	BEGIN("cuMemHostAlloc", need_ctx());
 	if (pp == NULL || size == 0 || flags > 0xf)
 		END(CUDA_ERROR_INVALID_VALUE);
 	struct hostbuf *b = calloc(1, sizeof *b);
-	void *p = malloc(size);
+	void *p;
+	if (recycled != NULL && recycled_size == size) {
+		p = recycled;
+		recycled = NULL;
+	} else {
+		p = malloc(size);
+	}
 	if (b == NULL || p == NULL) {
 		free(b);
 		free(p);
@@ -1471,7 +1482,9 @@ EXPORT CUresult cuMemFreeHost(void *p) {
 		if ((*q)->p == p) {
 			struct hostbuf *b = *q;
 			*q = b->next;
-			free(b->p);
+			free(recycled);
+			recycled = b->p;
+			recycled_size = b->size;
 			free(b);
 			END(CUDA_SUCCESS);
 		}

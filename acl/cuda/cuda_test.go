@@ -19,8 +19,8 @@ import (
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/acltest"
+	"github.com/vmarena/vmarena/acl/internal/hostmem/hostmemtest"
 	"github.com/vmarena/vmarena/arena/arenatest"
-	"github.com/vmarena/vmarena/internal/sched"
 )
 
 const g = acl.HugePageSize
@@ -839,27 +839,7 @@ func returnsSoon(t testing.TB, unblock func(), fn func() error) error {
 // next cuMemHostAlloc of its size, as a driver pooling host memory does.)
 func TestFreeHostRacesMallocHost(t *testing.T) {
 	d, f := openFake(t, 0, Config{})
-	const size = 512
-	old, err := d.MallocHost(size)
-	require.NoError(t, err)
-	var (
-		again []byte
-		aerr  error
-		once  sync.Once
-	)
-	t.Cleanup(sched.Set(func(p sched.Point, who any) {
-		if p == sched.HostFreed && who == d {
-			once.Do(func() { again, aerr = d.MallocHost(size) })
-		}
-	}))
-	require.NoError(t, d.FreeHost(old))
-	require.NoError(t, aerr)
-	require.Same(t, &old[0], &again[0], "the double gave the freed address to the MallocHost inside FreeHost (else this test forces nothing)")
-	require.Equal(t, 1, d.Live().HostBuffers, "the new buffer is in the books")
-	require.Equal(t, int64(1), f.live().HostBuffers)
-	require.NoError(t, d.FreeHost(again), "and can be freed")
-	require.Zero(t, d.Live().HostBuffers)
-	require.Zero(t, f.live().HostBuffers)
+	hostmemtest.RequireFreeHostKeepsReuse(t, d, func() int { return int(f.live().HostBuffers) })
 }
 
 // MallocHost and FreeHost are cuMemHostAlloc and cuMemFreeHost, and the

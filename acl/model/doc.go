@@ -93,8 +93,9 @@
 // several sizes, fits the costs and writes a profile; what it cannot measure
 // (the stand-in kernel launch, which calls are serialised) it carries over
 // from a base profile as estimates. Calibrating the model itself recovers
-// the model's coefficients (within 10% or 2 µs in the tests), which checks
-// both halves. From the command line:
+// the model's coefficients to the three figures a profile keeps (the test
+// runs the model on a virtual clock, so load cannot disturb it), which
+// checks both halves. From the command line:
 //
 //	go run ./bench -calibrate -device cuda -profile-out h200-mine.json
 //

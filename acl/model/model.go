@@ -48,6 +48,11 @@ type Config struct {
 	// another thread maps, sets access or unmaps. Until a device settles
 	// them, a figure that holds under both readings does not rest on them.
 	Pessimistic bool
+
+	// virtualTime spends no wall time: calls move a virtual clock, which
+	// Driver.now reads (spin.go). For tests that measure the model's
+	// charges exactly, from one goroutine.
+	virtualTime bool
 }
 
 // Driver is the device model: the acl.Driver contract with the books and
@@ -68,6 +73,7 @@ type Driver struct {
 	dev        sync.Mutex
 	launchWait atomic.Int64 // ns launches waited for dev (LaunchWaitNS)
 	charged    atomic.Int64 // modelled ns charged to the calls (ChargedNS)
+	virt       *vclock      // the clock of Config.virtualTime; nil for the monotonic clock
 
 	mu      sync.RWMutex // the books; copies and queries share it
 	closed  bool
@@ -165,6 +171,9 @@ func New(cfg Config) (*Driver, error) {
 	} else {
 		d.cost.gran = uintptr(p.Granularity.Value)
 	}
+	if cfg.virtualTime {
+		d.virt = new(vclock)
+	}
 	d.ss.Advance = d.advanceLocked
 	d.ss.Init()
 	return d, nil
@@ -226,15 +235,15 @@ func (d *Driver) begin(k call) int64 {
 		if k == cLaunch {
 			// A serial launch (the pessimistic reading): count what it
 			// waits for other threads' serial calls.
-			t := now()
+			t := d.now()
 			d.dev.Lock()
-			t0 := now()
+			t0 := d.now()
 			d.launchWait.Add(t0 - t)
 			return t0
 		}
 		d.dev.Lock()
 	}
-	return now()
+	return d.now()
 }
 
 // LaunchWaitNS returns the time kernel launches have spent waiting for the
@@ -257,12 +266,12 @@ func (d *Driver) ChargedNS() int64 { return d.charged.Load() }
 // the lock).
 func (d *Driver) end(k call, t0, host, after int64) {
 	d.charged.Add(host + max(after, 0))
-	waitUntil(t0 + host)
+	d.waitUntil(t0 + host)
 	if d.cost.serial[k] {
 		d.dev.Unlock()
 	}
 	if after > 0 {
-		waitUntil(t0 + host + after)
+		d.waitUntil(t0 + host + after)
 	}
 }
 

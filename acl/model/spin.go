@@ -1,6 +1,9 @@
 package model
 
-import "time"
+import (
+	"sync/atomic"
+	"time"
+)
 
 // Modelled time.
 //
@@ -11,6 +14,11 @@ import "time"
 // allocates nothing. A wait longer than sleepAbove sleeps for all but the
 // last spinTail and spins the rest, so that a long wait neither burns a CPU
 // for its whole length nor loses its accuracy.
+
+// A driver made with Config.virtualTime (tests only) spends nothing: its
+// clock is a counter that each wait moves forward to its deadline, so that a
+// single goroutine's calls add up to exactly what the profile charges,
+// however loaded the machine. The calibration test measures on it.
 
 // epoch is the origin of the model's clock.
 var epoch = time.Now()
@@ -48,4 +56,44 @@ func waitUntilOr(deadline int64, quit <-chan struct{}) {
 		}
 	}
 	waitUntil(deadline)
+}
+
+// vclock is a virtual clock: a wait moves it forward to its deadline at
+// once. It is exact for the calls of one goroutine; concurrent calls
+// overlap in it as they please.
+type vclock struct{ t atomic.Int64 }
+
+func (c *vclock) advance(deadline int64) {
+	for {
+		t := c.t.Load()
+		if t >= deadline || c.t.CompareAndSwap(t, deadline) {
+			return
+		}
+	}
+}
+
+// now returns the driver's clock: the monotonic clock, or the virtual one.
+func (d *Driver) now() int64 {
+	if d.virt != nil {
+		return d.virt.t.Load()
+	}
+	return now()
+}
+
+// waitUntil spends the driver's time until deadline.
+func (d *Driver) waitUntil(deadline int64) {
+	if d.virt != nil {
+		d.virt.advance(deadline)
+		return
+	}
+	waitUntil(deadline)
+}
+
+// waitUntilOr is waitUntil, returning early once quit is closed.
+func (d *Driver) waitUntilOr(deadline int64, quit <-chan struct{}) {
+	if d.virt != nil {
+		d.virt.advance(deadline)
+		return
+	}
+	waitUntilOr(deadline, quit)
 }

@@ -81,7 +81,7 @@ func schedule(s *stream) {
 // them, whichever stream a call looks at first. Call with the queues' lock
 // held.
 func (d *Driver) advanceLocked(_ *stream) {
-	t := now()
+	t := d.now()
 	for {
 		var first *stream
 		for st := range d.ss.StreamsLocked() {
@@ -166,7 +166,7 @@ func (d *Driver) watch(w *work) {
 	case <-d.ss.Quit():
 		return
 	}
-	t := now()
+	t := d.now()
 	d.ss.Lock()
 	w.X.closed, w.X.closeAt = true, t
 	d.ss.Broadcast()
@@ -267,7 +267,7 @@ func (d *Driver) waitFor(op string, s *stream, seq uint64) error {
 		if f := syncWaits.Load(); f != nil {
 			(*f)()
 		}
-		waitUntilOr(end, ss.Quit()) // Close ends the wait
+		d.waitUntilOr(end, ss.Quit()) // Close ends the wait
 		ss.Lock()
 	}
 }

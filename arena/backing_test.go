@@ -18,6 +18,7 @@ import (
 	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/regtest"
 	"github.com/vmarena/vmarena/internal/sched"
+	"github.com/vmarena/vmarena/internal/sched/schedtest"
 )
 
 var errRefused = errors.New("injected: the library refuses")
@@ -288,7 +289,9 @@ func TestBackingAttachRacesPoolUnmap(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the worker did not come to unmap the chunks")
 	}
-	time.Sleep(20 * time.Millisecond) // were it not to wait for the attach, it would unmap now
+	// The worker waits for the attach: blocked on the arena's lock of its
+	// callbacks, it cannot unmap until the callback returns.
+	schedtest.WaitBlocked(t, "sync.Mutex.Lock", "github.com/vmarena/vmarena/arena.client.Unmapping")
 	close(release)
 	require.NoError(t, <-attached)
 	pool.Lender().Settle()

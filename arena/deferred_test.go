@@ -265,7 +265,12 @@ func TestShrinkOrderedByStream(t *testing.T) {
 	assert.Zero(t, a.Cap())
 	assert.Equal(t, 4, e.pool.Stats().Pending, "the chunks wait for the kernel")
 	assert.Equal(t, 5, e.hd.Live().Mappings, "and are still mapped")
-	time.Sleep(5 * time.Millisecond)
+	// The worker asks twice whether the kernel is done, and hears no: it
+	// has decided once, and unmapped nothing.
+	q := e.fd.Calls(faultdriver.QueryEvent)
+	for deadline := time.Now().Add(5 * time.Second); e.fd.Calls(faultdriver.QueryEvent) < q+2; time.Sleep(100 * time.Microsecond) {
+		require.True(t, time.Now().Before(deadline), "the worker does not look at the kernel's event")
+	}
 	assert.Equal(t, 4, e.pool.Stats().Pending, "the kernel still reads them")
 
 	close(kernel)

@@ -57,6 +57,19 @@ func (e *tenants) waiting(t *testing.T, n int) {
 	}
 }
 
+// parked waits until n growths wait, every one parked with no wake-up
+// pending: whatever woke them has been answered.
+func (e *tenants) parked(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for l := e.pool.Lender(); l.Waiters() != n || l.Parked() != n; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d waiters, %d parked, want %d", l.Waiters(), l.Parked(), n)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
 // A GrowContext that finds the budget spent waits, holding no lock, until
 // another tenant gives memory back, however it does.
 func TestGrowContextWokenByRelease(t *testing.T) {
@@ -212,9 +225,11 @@ func TestGrowContextFirstComeFirstServed(t *testing.T) {
 	e.waiting(t, 2)
 
 	// One chunk comes free: enough for the small growth, not the big one,
-	// which is first. Nobody gets it yet.
+	// which is first. Nobody gets it yet. Truncate wakes whom it wakes
+	// before it returns; once both waiters are parked again with no
+	// wake-up pending, every wake-up was answered and nobody was served.
 	require.NoError(t, e.holder.Truncate(3*wg))
-	time.Sleep(50 * time.Millisecond)
+	e.parked(t, 2)
 	assert.Equal(t, 2, e.pool.Lender().Waiters())
 	mu.Lock()
 	assert.Empty(t, order)

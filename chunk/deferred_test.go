@@ -242,6 +242,15 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 	}
 }
 
+// polled waits until the driver has been asked n more times whether an
+// event has completed: the worker has looked at a release's event and, for
+// all but the last look, decided what to do on what it heard.
+func polled(t *testing.T, fd *faultdriver.Driver, n int64) {
+	t.Helper()
+	q := fd.Calls(faultdriver.QueryEvent)
+	waitFor(t, func() bool { return fd.Calls(faultdriver.QueryEvent) >= q+n }, "the worker to look at the event")
+}
+
 // ReleaseAfter returns at once; the chunk stays mapped, held and lent to
 // nobody until the work queued on its stream has run, then the worker
 // unmaps it into the cache. Work on another stream is never waited for, and
@@ -272,7 +281,7 @@ func TestReleaseAfterWaitsForItsStreamOnly(t *testing.T) {
 	assert.NotEqual(t, e.c, got[0], "a waiting chunk is handed to nobody")
 	require.NoError(t, e.p.Lender().Put(got[0]))
 
-	time.Sleep(5 * time.Millisecond)
+	polled(t, e.fd, 2)
 	assert.True(t, e.p.Lender().Pending(e.base), "the worker waits for the kernel")
 	close(kernel)
 	waitFor(t, func() bool { return !e.p.Lender().Pending(e.base) }, "the worker to unmap the chunk")
@@ -465,6 +474,19 @@ func releasedUnderKernel(t *testing.T, d *host.Driver, p *chunk.Pool, base acl.D
 	return kernel
 }
 
+// reliefChose returns a channel closed when a relief of p has chosen the
+// chunks it takes (sched.ReliefSelect), until the test ends.
+func reliefChose(t *testing.T, p *chunk.Pool) <-chan struct{} {
+	chose := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(sched.Set(func(pt sched.Point, who any) {
+		if who == p && pt == sched.ReliefSelect {
+			once.Do(func() { close(chose) })
+		}
+	}))
+	return chose
+}
+
 // acquireOne acquires one chunk of p in the background and puts it back,
 // and sends the outcome.
 func acquireOne(p *chunk.Pool) <-chan error {
@@ -581,8 +603,9 @@ func TestRegressionReliefCountsSettledChunks(t *testing.T) {
 	d, p, base, s := budgeted(t, 1)
 	kernel := releasedUnderKernel(t, d, p, base, s)
 
+	chose := reliefChose(t, p)
 	got := acquireOne(p)
-	time.Sleep(5 * time.Millisecond) // the Acquire waits for the kernel
+	<-chose // the Acquire's relief claimed the chunk that waits for the kernel, and waits with it
 	close(kernel)
 	require.NoError(t, <-got, "the chunk waiting for the device makes room once the kernel is done")
 	assert.Equal(t, 1, p.Stats().Cached)
@@ -799,17 +822,25 @@ func TestCloseWaitsOutAReliefsUnmap(t *testing.T) {
 				fd.FailNth(faultdriver.UnmapMem, 1, 0)
 			}
 
-			unmapping, goOn := make(chan struct{}), make(chan struct{})
-			var once sync.Once
+			chose, unmapping, goOn, awaiting := make(chan struct{}), make(chan struct{}), make(chan struct{}), make(chan struct{})
+			var chosen, once, awaited sync.Once
 			defer sched.Set(func(pt sched.Point, who any) {
-				if who == p && pt == sched.ReleaseUnmap {
+				if who != p {
+					return
+				}
+				switch pt {
+				case sched.ReliefSelect:
+					chosen.Do(func() { close(chose) })
+				case sched.ReleaseUnmap:
 					once.Do(func() { close(unmapping); <-goOn })
+				case sched.UnmapAwaited:
+					awaited.Do(func() { close(awaiting) })
 				}
 			})()
 			// The budget is full: the Acquire's relief claims the waiting
 			// chunk and, once the kernel is done, unmaps it, and stops there.
 			got := acquireOne(p)
-			time.Sleep(5 * time.Millisecond) // the relief claims the batch and waits for the kernel
+			<-chose // the relief claimed the batch and waits for the kernel
 			close(kernel)
 			<-unmapping
 			closed := make(chan error, 1)
@@ -817,7 +848,9 @@ func TestCloseWaitsOutAReliefsUnmap(t *testing.T) {
 			select {
 			case err := <-closed:
 				t.Fatalf("Close returned while the relief was unmapping: %v", err)
-			case <-time.After(20 * time.Millisecond):
+			case <-awaiting: // Close found the chunk being unmapped, and waits for that
+			case <-time.After(10 * time.Second):
+				t.Fatal("Close neither returned nor waited for the relief's unmap")
 			}
 			close(goOn)
 			err := <-got

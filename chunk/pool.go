@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/sched"
 	"github.com/vmarena/vmarena/internal/units"
 )
 
@@ -573,10 +574,16 @@ func budgetView(st Stats) string {
 // what the cache cannot keep), so a relief that freed nothing itself is
 // worth a retry when there is room.
 func (p *Pool) roomNow(ctx context.Context, stop <-chan struct{}) (int, error) {
+	told := false
 	err := poll(ctx, stop, func() bool {
 		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.freeing == 0
+		n := p.freeing
+		p.mu.Unlock()
+		if n > 0 && !told {
+			told = true
+			sched.At(sched.FreesAwaited, p)
+		}
+		return n == 0
 	})
 	if err != nil {
 		return 0, fmt.Errorf("chunk: wait for chunks on their way back to the driver: %w", err)

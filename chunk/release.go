@@ -642,6 +642,7 @@ func (p *Pool) unmapItems(b *batch, wait bool, t Tenant, out *[]Chunk) int {
 		for wait && it.state == chunkUnmapping {
 			done := it.done
 			p.mu.Unlock()
+			sched.At(sched.UnmapAwaited, p)
 			<-done
 			p.mu.Lock()
 		}

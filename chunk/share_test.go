@@ -3,7 +3,6 @@ package chunk_test
 import (
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -239,7 +238,8 @@ func TestExportReadOnly(t *testing.T) {
 // chunk neither in the books nor counted as freeing, and failed beside the
 // memory its free was about to give back. Now it is counted as freeing, so
 // the growth's relief waits for that free and counts it. The Put is held
-// between the books and the free until the relief has begun.
+// between the books and the free until the relief waits for frees under way
+// (or, were it unaware, until the Acquire has failed).
 func TestRegressionReliefWaitsForASharedFree(t *testing.T) {
 	d := newDriver(t, g) // room for one chunk
 	p, err := chunk.New(d, chunk.Config{Shareable: true, MaxCached: -1})
@@ -250,8 +250,8 @@ func TestRegressionReliefWaitsForASharedFree(t *testing.T) {
 	require.NoError(t, err)
 	_, err = l.Export(c, 1234)
 	require.NoError(t, err)
-	freeing, relief := make(chan struct{}), make(chan struct{})
-	var held, began sync.Once
+	freeing, awaits, acquired := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var held, awaited sync.Once
 	defer sched.Set(func(at sched.Point, who any) {
 		if who != p {
 			return
@@ -260,17 +260,20 @@ func TestRegressionReliefWaitsForASharedFree(t *testing.T) {
 		case sched.SharedFree:
 			held.Do(func() {
 				close(freeing)
-				<-relief
-				time.Sleep(50 * time.Millisecond) // the relief, unaware, would be over by now
+				select {
+				case <-awaits:
+				case <-acquired: // the relief did not wait: the Acquire is over
+				}
 			})
-		case sched.ReliefBegin:
-			began.Do(func() { close(relief) })
+		case sched.FreesAwaited:
+			awaited.Do(func() { close(awaits) })
 		}
 	})()
 	put := make(chan error, 1)
 	go func() { put <- l.Put(c) }()
 	<-freeing
 	cs, err := l.Acquire(chunk.NewTenant(), 1)
+	close(acquired)
 	require.NoError(t, err, "the shared chunk's free makes room for the Acquire")
 	require.NoError(t, <-put)
 	require.NoError(t, l.Put(cs[0]))

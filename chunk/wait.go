@@ -199,6 +199,23 @@ func (w *Waiter) Done() {
 // Waiters returns how many growths wait for memory in the pool's queue.
 func (p Lender) Waiters() int { return int(p.pool.wq.n.Load()) }
 
+// Parked returns how many of the waiters are parked: blocked in Wait with no
+// wake-up pending. The others are about to try again (or trying). When
+// Parked equals Waiters, every wake-up sent so far has been answered, which
+// is how a test tells that nobody was served by a release without waiting
+// for a while.
+func (p Lender) Parked() int {
+	p.pool.mu.Lock()
+	defer p.pool.mu.Unlock()
+	n := 0
+	for _, w := range p.pool.wq.q {
+		if w.parked && len(w.wake) == 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // Dropped tells the pool that the member dropped bytes it used, which the
 // pool may now reclaim for a waiter. It takes the pool's lock only when a
 // growth waits.

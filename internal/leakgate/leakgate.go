@@ -41,7 +41,6 @@
 package leakgate
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -223,6 +222,26 @@ type goroutine struct {
 
 // goroutines returns every goroutine's id and stack, the caller's first.
 func goroutines() []goroutine {
+	var out []goroutine
+	for _, block := range Stacks() {
+		head, _, _ := strings.Cut(block, "\n")
+		rest, ok := strings.CutPrefix(head, "goroutine ")
+		if !ok {
+			continue
+		}
+		id, _, _ := strings.Cut(rest, " ")
+		n, err := strconv.ParseUint(id, 10, 64)
+		if err != nil {
+			continue
+		}
+		out = append(out, goroutine{id: n, stack: block})
+	}
+	return out
+}
+
+// Stacks returns the dump of every goroutine, one string each (its
+// "goroutine N [state]:" line, then its frames), the caller's first.
+func Stacks() []string {
 	buf := make([]byte, 1<<16)
 	for {
 		n := runtime.Stack(buf, true)
@@ -232,21 +251,7 @@ func goroutines() []goroutine {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
-	var out []goroutine
-	for _, block := range bytes.Split(buf, []byte("\n\n")) {
-		head, _, _ := bytes.Cut(block, []byte("\n"))
-		rest, ok := bytes.CutPrefix(head, []byte("goroutine "))
-		if !ok {
-			continue
-		}
-		id, _, _ := bytes.Cut(rest, []byte(" "))
-		n, err := strconv.ParseUint(string(id), 10, 64)
-		if err != nil {
-			continue
-		}
-		out = append(out, goroutine{id: n, stack: string(block)})
-	}
-	return out
+	return strings.Split(string(buf), "\n\n")
 }
 
 // openFDs returns the process's open descriptors and what each refers to,

@@ -7,6 +7,10 @@
 //
 // In production no hook is set and a point costs one atomic load; the
 // points lie on slow paths only (never in Alloc's fast path).
+//
+// Where no point can say what a test needs (that a goroutine is blocked on a
+// lock, and so cannot yet do what the test checks it does not do), package
+// schedtest reads it from the goroutine dump.
 package sched
 
 import "sync/atomic"
@@ -43,6 +47,8 @@ const (
 	WaitDeadlock  Point = "wait.deadlock"   // a waiter fails: every holder of the memory waits (chunk.ErrDeadlock)
 	ReleaseQueued Point = "release.queued"  // chunks were handed to wait for the device
 	ReleaseUnmap  Point = "release.unmap"   // a chunk that waited for the device is about to be unmapped
+	UnmapAwaited  Point = "unmap.awaited"   // a Close (or a settle) found a chunk another goroutine is unmapping, and is about to wait for that unmap to end, holding nothing
+	FreesAwaited  Point = "frees.awaited"   // a relief found chunks on their way back to the driver, and waits for their frees before it counts the room, holding nothing
 	ShrinkWait    Point = "shrink.wait"     // a Shrink without streams holds nothing and is about to wait for the device
 	ShrinkWaited  Point = "shrink.waited"   // it has waited, and is about to take its arena's lock
 	BackingUnmap  Point = "backing.unmap"   // the pool is about to tell an arena that chunks it handed over still mapped go (passed with the arena)

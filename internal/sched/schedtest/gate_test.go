@@ -1,0 +1,9 @@
+package schedtest
+
+import (
+	"testing"
+
+	"github.com/vmarena/vmarena/internal/leakgate"
+)
+
+func TestMain(m *testing.M) { leakgate.Main(m) }

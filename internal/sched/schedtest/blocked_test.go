@@ -7,8 +7,9 @@ import (
 	"github.com/stretchr/testify/assert"
 )
 
-func lockIt(mu *sync.Mutex, done chan<- struct{}) {
+func lockIt(mu *sync.Mutex, n *int, done chan<- struct{}) {
 	mu.Lock()
+	*n++
 	mu.Unlock()
 	close(done)
 }
@@ -19,11 +20,14 @@ func TestBlocked(t *testing.T) {
 	assert.False(t, Blocked("sync.Mutex.Lock", frame), "nobody is there yet")
 	mu.Lock()
 	done := make(chan struct{})
-	go lockIt(&mu, done)
+	var n int
+	go lockIt(&mu, &n, done)
 	WaitBlocked(t, "sync.Mutex.Lock", frame)
 	assert.False(t, Blocked("select", frame), "another state")
 	assert.False(t, Blocked("sync.Mutex.Lock", frame+"Not"), "another function")
+	assert.Zero(t, n, "it has not got the lock")
 	mu.Unlock()
 	<-done
+	assert.Equal(t, 1, n)
 	assert.False(t, Blocked("sync.Mutex.Lock", frame), "it went on")
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/vmarena/vmarena/acl/host"
 	"github.com/vmarena/vmarena/chunk"
 	"github.com/vmarena/vmarena/internal/sched"
+	"github.com/vmarena/vmarena/internal/sched/schedtest"
 )
 
 // spanDriver is a host driver that allows one access call over adjacent
@@ -540,21 +541,39 @@ func TestRefillRequestsNeverLost(t *testing.T) {
 }
 
 // A worker that has not been asked for anything lately parks: it stops
-// waking up.
+// waking up. It is seen deciding to park after the round that refilled, and
+// then blocked; a worker that kept polling would never decide so.
 func TestIdleWorkerParks(t *testing.T) {
 	p, err := chunk.New(newDriver(t, 16<<20), chunk.Config{})
 	require.NoError(t, err)
 	defer p.Close()
+	parks := make(chan int64, 64) // the worker's rounds so far at each park
+	defer sched.Set(func(pt sched.Point, who any) {
+		if who == p && pt == sched.WorkerParks {
+			select {
+			case parks <- p.Stats().WorkerSpins:
+			default:
+			}
+		}
+	})()
 	r := &refiller{}
 	m, err := p.Lender().Join(r, true)
 	require.NoError(t, err)
+	before := p.Stats().WorkerSpins
 	m.WantRefill()
 	r.waitFor(t, 1)
-	require.Eventually(t, func() bool {
-		before := p.Stats().WorkerSpins
-		time.Sleep(30 * time.Millisecond)
-		return p.Stats().WorkerSpins == before
-	}, 5*time.Second, time.Millisecond, "the worker still wakes up with nothing to do")
+	timeout := time.After(10 * time.Second)
+	for parked := false; !parked; {
+		select {
+		case n := <-parks:
+			parked = n > before // after the round that refilled
+		case <-timeout:
+			t.Fatalf("the worker still wakes up with nothing to do (%d rounds)", p.Stats().WorkerSpins-before)
+		}
+	}
+	spins := p.Stats().WorkerSpins
+	schedtest.WaitBlocked(t, "select", "github.com/vmarena/vmarena/chunk.(*Pool).run")
+	assert.Equal(t, spins, p.Stats().WorkerSpins, "a parked worker makes no round until it is poked")
 }
 
 // budgeted returns a pool with a budget of chunks chunks on a host driver,

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/vmarena/vmarena/acl"
+	"github.com/vmarena/vmarena/internal/sched"
 )
 
 // The pool's worker: the one background goroutine of vmarena.
@@ -172,6 +173,7 @@ func (p *Pool) run(w *worker) {
 			// that came while polling was still set.
 			w.polling.Store(false)
 			if !w.asked.Load() {
+				sched.At(sched.WorkerParks, p)
 				select {
 				case <-w.kick:
 				case answer = <-w.settle:

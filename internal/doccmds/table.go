@@ -185,7 +185,7 @@ var table = []entry{
 	{cmd: "go test -run 'HandedOn' ./arena ./acl/ipc", how: byCI, line: ciTests},
 	{cmd: "go test -run '^$' -fuzz '^FuzzShareHandOn$' -fuzztime=200x ./arena", how: byCI, line: ciShareFuzz},
 	{cmd: "go test -run 'GrowContext|Wait' -v ./arena ./chunk", how: byCI, line: ciTests},
-	{cmd: "go test -run 'FirstComeFirstServed|WaitsForItsStreamOnly|ShrinkOrderedByStream|CountsSettledChunks|WaitsOutAReliefsUnmap|WaitsForASharedFree|AttachRacesPoolUnmap' -v ./arena ./chunk", how: byCI, line: ciTests},
+	{cmd: "go test -run 'FirstComeFirstServed|WaitsForItsStreamOnly|ShrinkOrderedByStream|CountsSettledChunks|WaitsOutAReliefsUnmap|WaitsForASharedFree|AttachRacesPoolUnmap|IdleWorkerParks' -v ./arena ./chunk", how: byCI, line: ciTests},
 	{cmd: "go test -run 'Share|Import' -v ./arena ./chunk ./acl/host", how: byCI, line: ciTests},
 	{cmd: "go test -run '^TestBadInput$' -v ./arena", how: byCI, line: ciTests},
 	{cmd: "go test -run 'TrapStale' -v ./arena; go test -run 'ShrunkTail' -v ./arena", how: byCI, line: ciTests},

@@ -47,6 +47,7 @@ const (
 	WaitDeadlock  Point = "wait.deadlock"   // a waiter fails: every holder of the memory waits (chunk.ErrDeadlock)
 	ReleaseQueued Point = "release.queued"  // chunks were handed to wait for the device
 	ReleaseUnmap  Point = "release.unmap"   // a chunk that waited for the device is about to be unmapped
+	WorkerParks   Point = "worker.parks"    // the pool's worker, with nothing asked and nothing to poll for, is about to block until it is poked
 	UnmapAwaited  Point = "unmap.awaited"   // a Close (or a settle) found a chunk another goroutine is unmapping, and is about to wait for that unmap to end, holding nothing
 	FreesAwaited  Point = "frees.awaited"   // a relief found chunks on their way back to the driver, and waits for their frees before it counts the room, holding nothing
 	ShrinkWait    Point = "shrink.wait"     // a Shrink without streams holds nothing and is about to wait for the device

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"image/color"
+	"math"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -171,7 +172,7 @@ func memPlot(path, w string, rows []*row) error {
 	p.Legend.Add("live tensors", l)
 	p.Y.Min = 0
 	p.Y.Max = top * 1.45 // room for the legend above the lines
-	return p.Save(plotW, plotH, path)
+	return save(p, path)
 }
 
 type cdfCurve struct {
@@ -190,6 +191,7 @@ func cdfPlot(path, title string, curves []cdfCurve) error {
 	p.Legend.Top = false
 	p.Legend.Left = false
 	drawn := false
+	lo, hi := math.Inf(1), math.Inf(-1)
 	for _, c := range curves {
 		if len(c.ev) == 0 {
 			continue
@@ -199,6 +201,7 @@ func cdfPlot(path, title string, curves []cdfCurve) error {
 			us[i] = max(float64(e.NS)/1e3, 1e-3)
 		}
 		slices.Sort(us)
+		lo, hi = min(lo, us[0]), max(hi, us[len(us)-1])
 		pts := make(plotter.XYs, 0, min(len(us), 2000))
 		step := max(1, len(us)/2000)
 		for i := 0; i < len(us); i += step {
@@ -218,10 +221,35 @@ func cdfPlot(path, title string, curves []cdfCurve) error {
 	}
 	if !drawn {
 		p.Add(plotter.NewFunction(func(float64) float64 { return 0 }))
-		p.X.Min, p.X.Max = 1, 10
+		lo, hi = 1, 10
 	}
+	p.X.Min, p.X.Max = logRange(lo, hi)
 	p.Y.Min, p.Y.Max = 0, 1
 	p.Legend.XOffs = -vg.Points(4)
 	p.Legend.YOffs = vg.Points(4)
+	return save(p, path)
+}
+
+// logRange returns the whole decades that hold [lo, hi], at least one
+// decade wide: a log axis left to the plotting library pads a range of one
+// value (a single Grow, or all of one latency) to below zero, and fails.
+func logRange(lo, hi float64) (float64, float64) {
+	a := math.Pow(10, math.Floor(math.Log10(lo)))
+	b := math.Pow(10, math.Ceil(math.Log10(hi)))
+	if b <= a {
+		b = a * 10
+	}
+	return a, b
+}
+
+// save writes p as a PNG at path. The plotting library panics on some
+// inputs; a plot that cannot be drawn is an error of the run, which has
+// written its results already, not a crash.
+func save(p *plot.Plot, path string) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("draw %s: %v", filepath.Base(path), r)
+		}
+	}()
 	return p.Save(plotW, plotH, path)
 }

@@ -419,7 +419,8 @@ func (c KV) Run(env *Env) (err error) {
 			}
 		}
 		if active == 1 {
-			return fmt.Errorf("kv: step %d: a sequence of %d tokens alone does not fit: %w", step, s.tokens, cause)
+			return fmt.Errorf("kv: step %d: one sequence alone (prompt %d tokens, %d of them cached so far) does not fit in the budget on this strategy (raise -kv-budget or -kv-budget-factor): %w",
+				step, s.req.prompt, s.tokens, cause)
 		}
 		done := s.gen - s.left
 		q := request{prompt: s.req.prompt + done, gen: s.left, last: s.last}

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/model"
 	"github.com/vmarena/vmarena/bench/internal/counting"
 	"github.com/vmarena/vmarena/bench/internal/strategy"
@@ -248,4 +249,27 @@ func TestTokenGrowthMapsTheTokens(t *testing.T) {
 
 	pb, pe := run("paged", false), run("paged", true)
 	assert.Equal(t, pb.Mem.PeakPhysical, pe.Mem.PeakPhysical, "a paged pool grows in blocks either way")
+}
+
+// A run whose budget cannot hold even one sequence fails with an error that
+// says so and names the flags that raise the budget, wrapping the driver's
+// out-of-memory error; it once said "a sequence of 0 tokens".
+func TestOneSequenceOverTheBudget(t *testing.T) {
+	c := KV{Layers: 2, KVHeads: 8, HeadDim: 128, DType: 2, BlockTokens: 16, Slots: 2, Requests: 2,
+		PromptMin: 2000, PromptMax: 2000, GenMin: 4, GenMax: 4, Seed: 1}
+	for _, name := range []string{"arena", "caching"} { // paged sizes its pool from the budget: it refuses first
+		t.Run(name, func(t *testing.T) {
+			m, err := model.New(model.Config{Untimed: true, NoData: true})
+			require.NoError(t, err)
+			defer func() { require.NoError(t, m.Close()) }()
+			cd := counting.New(m, 8<<20) // a prompt is 2000 × 8 KiB: 15.6 MiB
+			st, err := strategy.New(name, strategy.Config{Driver: cd, Chunk: 2 << 20})
+			require.NoError(t, err)
+			err = c.Run(NewEnv(cd, st, "kv"))
+			require.ErrorIs(t, err, acl.ErrOutOfMemory)
+			require.ErrorContains(t, err, "one sequence alone (prompt 2000 tokens, 0 of them cached so far) does not fit in the budget")
+			require.ErrorContains(t, err, "-kv-budget")
+			require.NoError(t, st.Close())
+		})
+	}
 }

@@ -51,6 +51,7 @@ const (
 	ciBadInput  = "go test -count=1 -run '^(TestBadInput|TestZeroConfig|TestRegression.*|TestTrapStale|TestTenantIsolation|TestFreshChunksScrubbed|TestScrubFailureKeepsChunkDirty|TestBudgetIsolation|TestScrubOn.*|TestGetForPrefersOwnChunk|TestMapErrMapped)$' -v ./arena ./chunk"
 	ciPressure  = "VMARENA_PRESSURE_ROUNDS=100000 VMARENA_KERNEL_MS=3000 go test -race -count=1 -v"
 	ciShareFuzz = `go test -run '^$' -fuzz "^$f\$" -fuzztime=200x -fuzzminimizetime=20x ./arena`
+	ciProfFuzz  = "go test -run '^$' -fuzz '^FuzzParseProfile$' -fuzztime=20000x -fuzzminimizetime=100x ./acl/model # a profile file (model:PATH)"
 	ciArm64     = "bash .ci/arm64.sh"
 	ciThisCheck = "go run ./internal/doccmds"
 
@@ -184,6 +185,7 @@ var table = []entry{
 	{cmd: "go test -run 'Stale' -v ./arena", how: byCI, line: ciTests},
 	{cmd: "go test -run 'HandedOn' ./arena ./acl/ipc", how: byCI, line: ciTests},
 	{cmd: "go test -run '^$' -fuzz '^FuzzShareHandOn$' -fuzztime=200x ./arena", how: byCI, line: ciShareFuzz},
+	{cmd: "go test -run '^$' -fuzz '^FuzzParseProfile$' -fuzztime=20000x ./acl/model", how: byCI, line: ciProfFuzz},
 	{cmd: "go test -run 'GrowContext|Wait' -v ./arena ./chunk", how: byCI, line: ciTests},
 	{cmd: "go test -run 'FirstComeFirstServed|WaitsForItsStreamOnly|ShrinkOrderedByStream|CountsSettledChunks|WaitsOutAReliefsUnmap|WaitsForASharedFree|AttachRacesPoolUnmap|IdleWorkerParks' -v ./arena ./chunk", how: byCI, line: ciTests},
 	{cmd: "go test -run 'Share|Import' -v ./arena ./chunk ./acl/host", how: byCI, line: ciTests},

@@ -65,7 +65,7 @@ func TestShareContextSilentPeer(t *testing.T) {
 				require.NoError(t, a.Close())
 				assert.True(t, d.Live().Zero(), "%+v", d.Live())
 				require.NoError(t, d.Close())
-				assert.Equal(t, before, openFDs(t), "no descriptor left open")
+				sameFDs(t, before, "no descriptor left open")
 			})
 		}
 	}

@@ -137,8 +137,8 @@ func FuzzShareHandOn(f *testing.F) {
 		if err := d.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if n := openFDs(t); n != before-2 { // less the two ends of the socket
-			t.Fatalf("%d descriptors open, %d before (and the socket's two ends)", n, before)
+		if now := openFDs(t); len(now) != len(before)-2 { // less the two ends of the socket
+			t.Fatalf("%d descriptors open, %d before (and the socket's two ends): %s", len(now), len(before), ipctest.FDChanges(before, now))
 		}
 	})
 }
@@ -275,8 +275,8 @@ func FuzzShareRecycled(f *testing.F) {
 		if err := d.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if n := openFDs(t); n != before {
-			t.Fatalf("%d descriptors open, %d before", n, before)
+		if ch := ipctest.FDChanges(before, openFDs(t)); ch != "" {
+			t.Fatalf("descriptors: %s", ch)
 		}
 	})
 }

@@ -23,19 +23,27 @@ import (
 
 const nobody = 65534
 
+// shareable returns an arena of shareable chunks on a host driver of its
+// own, and a two-chunk buffer of it to share; both close when t ends.
+func shareable(t *testing.T) (*arena.Arena, arena.Buffer) {
+	t.Helper()
+	d, err := host.New(host.Config{Capacity: 64 << 20})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, d.Close()) })
+	a, err := arena.New(arena.Config{Driver: d, Reserve: 16 << 20, Chunk: chunk.Config{Shareable: true}})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, a.Close()) })
+	b, err := a.Alloc(2*shareChunk, shareChunk)
+	require.NoError(t, err)
+	return a, b
+}
+
 // Share: the consumer named connects and hands the socket to nobody, who
 // sends the hello. Before, Share checked the connector alone and sent the
 // descriptors to nobody.
 func TestShareRefusesHandedOnSocket(t *testing.T) {
 	ipctest.NeedRoot(t)
-	d, err := host.New(host.Config{Capacity: 64 << 20})
-	require.NoError(t, err)
-	defer d.Close()
-	a, err := arena.New(arena.Config{Driver: d, Reserve: 16 << 20, Chunk: chunk.Config{Shareable: true}})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, a.Close()) }()
-	b, err := a.Alloc(2*shareChunk, shareChunk)
-	require.NoError(t, err)
+	a, b := shareable(t)
 
 	l, path := ipctest.Listen(t)
 	p := ipctest.HandOn(t, ipctest.HandOnSpec{Path: path, UID: nobody, GID: nobody, After: []ipctest.Step{
@@ -45,7 +53,7 @@ func TestShareRefusesHandedOnSocket(t *testing.T) {
 		{Send: ackFrame("VMAACK02", 0, 0, 0, 0, "")},
 	}})
 	c := ipctest.Accept(t, l)
-	err = b.Share(c, arena.ShareOptions{PID: p.PID()})
+	err := b.Share(c, arena.ShareOptions{PID: p.PID()})
 	require.ErrorIs(t, err, arena.ErrRefused)
 	assert.ErrorContains(t, err, "check sender")
 	c.Close()
@@ -56,6 +64,30 @@ func TestShareRefusesHandedOnSocket(t *testing.T) {
 	assert.Zero(t, other.FDs, "nobody received descriptors: %v", other.Links)
 	require.NotEmpty(t, other.Read, "nobody read the refusal: %s", other.Err)
 	assert.Equal(t, uint32(1), binary.LittleEndian.Uint32(other.Read[0][12:]), "a refusal")
+	assert.Zero(t, a.Pool().Stats().Exported, "nothing was exported")
+}
+
+// Share, when the consumer named handed the socket to nobody and both have
+// exited before the hello is read: still a refusal on the sender (it was
+// "no such process", as the connector was pinned before the message's
+// credentials were compared).
+func TestShareRefusesHandedOnSocketOnceGone(t *testing.T) {
+	ipctest.NeedRoot(t)
+	a, b := shareable(t)
+
+	l, path := ipctest.Listen(t)
+	p := ipctest.HandOn(t, ipctest.HandOnSpec{Path: path, UID: nobody, GID: nobody, After: []ipctest.Step{
+		{Send: helloFrame(fdForm, 1, 0, 0)},
+	}})
+	c := ipctest.Accept(t, l)
+	defer c.Close()
+	conn, other, werr := p.Wait() // both processes have exited
+	require.NoError(t, werr)
+	assert.Empty(t, conn.Err)
+	assert.Equal(t, nobody, other.UID)
+	err := b.Share(c, arena.ShareOptions{PID: p.PID()})
+	require.ErrorIs(t, err, arena.ErrRefused)
+	assert.ErrorContains(t, err, "check sender")
 	assert.Zero(t, a.Pool().Stats().Exported, "nothing was exported")
 }
 
@@ -89,7 +121,7 @@ func TestImportRefusesHandedOnSocket(t *testing.T) {
 			require.ErrorIs(t, err, arena.ErrRefused)
 			assert.ErrorContains(t, err, "check sender")
 			assert.True(t, d.Live().Zero(), "nothing imported: %+v", d.Live())
-			assert.Equal(t, before, openFDs(t), "no descriptor kept")
+			sameFDs(t, before, "no descriptor kept")
 			c.Close()
 			_, other, werr := p.Wait()
 			require.NoError(t, werr)

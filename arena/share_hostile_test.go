@@ -201,10 +201,21 @@ func drainPeer(c *net.UnixConn) {
 	}
 }
 
-func openFDs(t *testing.T) int {
-	n, err := ipctest.OpenFDs()
+// openFDs returns this process's open descriptors, each with what it is.
+func openFDs(t *testing.T) map[int]string {
+	t.Helper()
+	fds, err := ipctest.FDs()
 	require.NoError(t, err)
-	return n
+	return fds
+}
+
+// sameFDs checks that the descriptors open now are those open before,
+// naming the ones opened or closed since. A test that counts descriptors
+// must join the goroutines it started that close some: a close landing in
+// the next test reads as that test's.
+func sameFDs(t *testing.T, before map[int]string, msg string) bool {
+	t.Helper()
+	return assert.Empty(t, ipctest.FDChanges(before, openFDs(t)), msg)
 }
 
 // otherProcesses returns a process that runs (killed at the end) and one
@@ -386,7 +397,7 @@ func TestHostileProducer(t *testing.T) {
 			k.close()
 			assert.True(t, d.Live().Zero(), "leaked: %+v", d.Live())
 			require.NoError(t, d.Close())
-			assert.Equal(t, before, openFDs(t), "descriptors leaked")
+			sameFDs(t, before, "descriptors leaked")
 		})
 	}
 }
@@ -416,7 +427,7 @@ func TestHostileHarnessSucceeds(t *testing.T) {
 	k.close()
 	assert.True(t, d.Live().Zero())
 	require.NoError(t, d.Close())
-	assert.Equal(t, before, openFDs(t))
+	sameFDs(t, before, "descriptors leaked")
 }
 
 type consumerCase struct {
@@ -587,7 +598,7 @@ func TestHostileConsumer(t *testing.T) {
 			require.NoError(t, a.Close())
 			assert.True(t, d.Live().Zero(), "leaked: %+v", d.Live())
 			require.NoError(t, d.Close())
-			assert.Equal(t, before, openFDs(t), "descriptors leaked")
+			sameFDs(t, before, "descriptors leaked")
 		})
 	}
 }
@@ -612,8 +623,13 @@ func TestHostileTokenOffer(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mine, theirs := peerConns(t, 2*time.Second)
-			defer mine.Close()
+			played := make(chan struct{})
+			defer func() {
+				mine.Close()
+				<-played // its close is this test's, not the next one's
+			}()
 			go func() {
+				defer close(played)
 				defer theirs.Close()
 				if _, _, err := ipc.Recv(theirs, make([]byte, 32), 0); err != nil {
 					return

@@ -50,12 +50,21 @@ func TestShareModelRefusesUnsealed(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	mine, theirs := peerConns(t, 5*time.Second)
-	defer mine.Close()
 	memfd, err := ipctest.Memfd("vmarena-model", shareChunk, 0) // no seals at all
 	require.NoError(t, err)
 	defer ipctest.Close(memfd)
 	acked := make(chan struct{})
+	played := make(chan struct{})
+	// The producer's goroutine closes its end, waiting for an ack that a
+	// refused import never sends: closing ours ends it, and the test waits
+	// for it, so that its close does not land in the next test's count of
+	// open descriptors.
+	defer func() {
+		mine.Close()
+		<-played
+	}()
 	go func() {
+		defer close(played)
 		defer theirs.Close()
 		if _, _, err := ipc.Recv(theirs, make([]byte, 32), 0); err != nil {
 			return

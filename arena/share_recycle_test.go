@@ -171,7 +171,7 @@ func TestShareSendsWhatItExported(t *testing.T) {
 					}
 				}
 				require.NoError(t, drv.Close())
-				assert.Equal(t, before, openFDs(t), "no descriptor left open")
+				sameFDs(t, before, "no descriptor left open")
 			})
 		}
 	}

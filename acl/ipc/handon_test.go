@@ -3,6 +3,7 @@
 package ipc_test
 
 import (
+	"fmt"
 	"net"
 	"testing"
 
@@ -31,24 +32,41 @@ func accept(t *testing.T, l *net.UnixListener) *net.UnixConn {
 
 // A process connects, then hands the connected socket to a process of
 // another user, which writes: the writer is not the peer the kernel
-// recorded, and RecvPeer says so instead of naming the connector.
+// recorded, and RecvPeer says so instead of naming the connector, also
+// once the connector has exited (it once failed then with "no such
+// process", as it tried to pin the connector first, whenever the
+// connector was quicker to exit than the read).
 func TestRecvPeerHandedOn(t *testing.T) {
 	ipctest.NeedRoot(t)
-	l, path := ipctest.Listen(t)
-	p := ipctest.HandOn(t, ipctest.HandOnSpec{Path: path, UID: nobody, GID: nobody,
-		After: []ipctest.Step{{Send: []byte("hello")}}})
-	c := accept(t, l)
-	before := openFDs(t)
-	peer, err := ipc.RecvPeer(c, make([]byte, 5))
-	require.ErrorIs(t, err, ipc.ErrNotPeer, "the connector is process %d", p.PID())
-	assert.Nil(t, peer)
-	assert.Equal(t, before, openFDs(t), "no pidfd left open")
-	conn, other, err := p.Wait()
-	require.NoError(t, err)
-	assert.Empty(t, conn.Err)
-	assert.Empty(t, other.Err)
-	assert.Equal(t, nobody, other.UID)
-	assert.NotEqual(t, conn.PID, other.PID)
+	for _, gone := range []bool{false, true} {
+		t.Run(fmt.Sprintf("connector gone=%v", gone), func(t *testing.T) {
+			l, path := ipctest.Listen(t)
+			p := ipctest.HandOn(t, ipctest.HandOnSpec{Path: path, UID: nobody, GID: nobody,
+				After: []ipctest.Step{{Send: []byte("hello")}}})
+			c := accept(t, l)
+			var conn, other ipctest.Report
+			wait := func() {
+				var err error
+				conn, other, err = p.Wait()
+				require.NoError(t, err)
+			}
+			if gone {
+				wait() // both processes have written and exited
+			}
+			before := openFDs(t)
+			peer, err := ipc.RecvPeer(c, make([]byte, 5))
+			require.ErrorIs(t, err, ipc.ErrNotPeer, "the connector is process %d", p.PID())
+			assert.Nil(t, peer)
+			sameFDs(t, before, "no pidfd left open")
+			if !gone {
+				wait()
+			}
+			assert.Empty(t, conn.Err)
+			assert.Empty(t, other.Err)
+			assert.Equal(t, nobody, other.UID)
+			assert.NotEqual(t, conn.PID, other.PID)
+		})
+	}
 }
 
 // The connector's own message identifies it; a later message from the
@@ -67,8 +85,15 @@ func TestRecvFromHandedOn(t *testing.T) {
 			if tc.piece {
 				first = []byte("ab")
 			}
+			after := []ipctest.Step{{Send: tc.after}}
+			if !tc.piece {
+				// The other process waits for a byte of the test's before it
+				// exits, and the connector, its parent, with it: RecvPeer
+				// pins a connector that lives however late it reads.
+				after = append(after, ipctest.Step{Read: 1})
+			}
 			p := ipctest.HandOn(t, ipctest.HandOnSpec{Path: path, UID: nobody, GID: nobody,
-				Before: []ipctest.Step{{Send: first}}, After: []ipctest.Step{{Send: tc.after}}})
+				Before: []ipctest.Step{{Send: first}}, After: after})
 			c := accept(t, l)
 			if tc.piece {
 				_, _, err := p.Wait() // both wrote before the read
@@ -84,6 +109,7 @@ func TestRecvFromHandedOn(t *testing.T) {
 			assert.Equal(t, "SO_PEERCRED", peer.Via)
 			_, err = ipc.RecvFrom(c, make([]byte, len(tc.after)), 0, peer)
 			require.ErrorIs(t, err, ipc.ErrNotPeer)
+			require.NoError(t, ipc.Send(c, []byte{1}, nil, false))
 			_, _, err = p.Wait()
 			require.NoError(t, err)
 		})

@@ -15,8 +15,8 @@ import (
 // descriptors (a message that does fails, and they are closed), and returns
 // the peer as the kernel reports it (Identify), with the credentials that
 // came with the message: the sender of the message must be the peer
-// (ErrNotPeer otherwise). Enable credentials on c first
-// (EnableCredentials). The caller closes the Peer.
+// (ErrNotPeer otherwise, whether or not the peer still runs). Enable
+// credentials on c first (EnableCredentials). The caller closes the Peer.
 func RecvPeer(c *net.UnixConn, b []byte) (*Peer, error) {
 	_, cred, pidfd, err := recv(c, b, 0)
 	if err != nil {
@@ -33,8 +33,8 @@ func RecvFrom(c *net.UnixConn, b []byte, maxFDs int, p *Peer) ([]int, error) {
 	fds, cred, pidfd, err := recv(c, b, maxFDs)
 	if err == nil {
 		err = p.sent(cred, pidfd)
-	} else if pidfd >= 0 {
-		_ = unix.Close(pidfd)
+	} else {
+		closeOpen(pidfd)
 	}
 	if err != nil {
 		closeAll(fds)
@@ -51,6 +51,23 @@ func (p *Peer) sent(cred *Cred, pidfd int) error {
 		msg = &Process{pid: credPID(cred), pidfd: pidfd}
 		defer msg.Close()
 	}
+	if err := p.sentCred(cred); err != nil {
+		return err
+	}
+	if msg != nil && p.Proc != nil {
+		// One PID, and both pidfds hold a live process: one process.
+		if same, err := Same(p.Proc, msg); err != nil || !same {
+			return fmt.Errorf("ipc: %w: the message came from another process than the peer's pidfd holds (%v)", ErrNotPeer, err)
+		}
+	}
+	return nil
+}
+
+// sentCred checks that a message that brought cred came from p's
+// credentials: what can be said without p's process, so before it is
+// pinned (a message another process wrote is not the peer's, whether or
+// not the peer still lives).
+func (p *Peer) sentCred(cred *Cred) error {
 	switch {
 	case p == nil:
 		return fmt.Errorf("ipc: %w: no peer to compare with", ErrNotPeer)
@@ -58,11 +75,6 @@ func (p *Peer) sent(cred *Cred, pidfd int) error {
 		return fmt.Errorf("ipc: %w: the message carried no credentials (enable them before it is read)", ErrNotPeer)
 	case *cred != p.Cred:
 		return fmt.Errorf("ipc: %w: a message from process %d (uid %d, gid %d), not from the peer", ErrNotPeer, cred.PID, cred.UID, cred.GID)
-	case msg != nil && p.Proc != nil:
-		// One PID, and both pidfds hold a live process: one process.
-		if same, err := Same(p.Proc, msg); err != nil || !same {
-			return fmt.Errorf("ipc: %w: the message came from another process than the peer's pidfd holds (%v)", ErrNotPeer, err)
-		}
 	}
 	return nil
 }
@@ -83,9 +95,7 @@ func identify(c *net.UnixConn, sent *Cred, pidfd int, msg bool) (*Peer, error) {
 		return nil
 	})
 	if err != nil {
-		if pidfd >= 0 {
-			_ = unix.Close(pidfd)
-		}
+		closeOpen(pidfd)
 		return nil, fmt.Errorf("ipc: identify the peer: SO_PEERCRED: %w", err)
 	}
 	if int(uc.Pid) != os.Getpid() {
@@ -93,10 +103,16 @@ func identify(c *net.UnixConn, sent *Cred, pidfd int, msg bool) (*Peer, error) {
 		// read must be the connector's own: a connected socket handed on
 		// to another process speaks with that process's credentials.
 		p := &Peer{Cred: Cred{PID: int(uc.Pid), UID: int(uc.Uid), GID: int(uc.Gid)}, Via: "SO_PEERCRED"}
-		if err := p.pin(peerfd); err != nil {
-			if pidfd >= 0 {
-				_ = unix.Close(pidfd)
+		if msg {
+			// A message another process wrote is not the peer's, even if
+			// the connector has exited since: say so before pinning it.
+			if err := p.sentCred(sent); err != nil {
+				closeOpen(peerfd, pidfd)
+				return nil, err
 			}
+		}
+		if err := p.pin(peerfd); err != nil {
+			closeOpen(pidfd)
 			return nil, err
 		}
 		if msg {
@@ -104,30 +120,24 @@ func identify(c *net.UnixConn, sent *Cred, pidfd int, msg bool) (*Peer, error) {
 				_ = p.Close()
 				return nil, err
 			}
-		} else if pidfd >= 0 {
-			_ = unix.Close(pidfd)
+		} else {
+			closeOpen(pidfd)
 		}
 		return p, nil
 	}
 	// This process made the socket (a socketpair it handed to the peer):
 	// SO_PEERCRED names this process. The credentials of the message, which
 	// the kernel checked when it was sent, name the peer.
-	if peerfd >= 0 {
-		_ = unix.Close(peerfd)
-	}
+	closeOpen(peerfd)
 	if sent == nil {
-		if pidfd >= 0 {
-			_ = unix.Close(pidfd)
-		}
+		closeOpen(pidfd)
 		return nil, errors.New("ipc: identify the peer: the socket is this process's own and the message carried no credentials (enable them before it is read)")
 	}
 	if sent.PID == 0 {
 		// No process the kernel vouched for: a plain write that came
 		// before credentials were enabled, or a sender in a PID namespace
 		// this one cannot see. Nobody to pin, so nobody to trust.
-		if pidfd >= 0 {
-			_ = unix.Close(pidfd)
-		}
+		closeOpen(pidfd)
 		return nil, fmt.Errorf("ipc: %w: the message names no process (PID 0, uid %d): sent without credentials before they were enabled, or from a PID namespace not visible here", ErrNotPeer, sent.UID)
 	}
 	p := &Peer{Cred: *sent, Via: "SCM_CREDENTIALS"}
@@ -220,4 +230,13 @@ func (p *Process) Close() error {
 	err := unix.Close(p.pidfd)
 	p.pidfd = -1
 	return err
+}
+
+// closeOpen closes each of fds that is open (not -1).
+func closeOpen(fds ...int) {
+	for _, fd := range fds {
+		if fd >= 0 {
+			_ = unix.Close(fd)
+		}
+	}
 }

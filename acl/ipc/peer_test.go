@@ -13,14 +13,22 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl/ipc"
+	"github.com/vmarena/vmarena/acl/ipc/ipctest"
 )
 
-// openFDs counts this process's open descriptors.
-func openFDs(t *testing.T) int {
+// openFDs returns this process's open descriptors, each with what it is.
+func openFDs(t *testing.T) map[int]string {
 	t.Helper()
-	es, err := os.ReadDir("/proc/self/fd")
+	fds, err := ipctest.FDs()
 	require.NoError(t, err)
-	return len(es)
+	return fds
+}
+
+// sameFDs checks that the descriptors open now are those open before,
+// naming the ones opened or closed since.
+func sameFDs(t *testing.T, before map[int]string, msg string) {
+	t.Helper()
+	assert.Empty(t, ipctest.FDChanges(before, openFDs(t)), msg)
 }
 
 // Over a socketpair this process made, SO_PEERCRED names this process: the
@@ -66,7 +74,7 @@ func TestRecvPeerSocketpair(t *testing.T) {
 	w.Close()
 	a.Close()
 	b.Close()
-	assert.Equal(t, before, openFDs(t), "no descriptor left open")
+	sameFDs(t, before, "no descriptor left open")
 }
 
 // Over a connected socket the peer is who connected, as the kernel recorded

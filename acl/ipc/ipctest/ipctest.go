@@ -2,13 +2,17 @@
 
 // Package ipctest helps tests play a hostile peer of sharing: it makes the
 // descriptors such a peer would send (memory files with chosen seals, a
-// read-only reopen) and counts this process's open descriptors, so that a
-// test can prove that nothing leaked. It is for tests only.
+// read-only reopen) and lists this process's open descriptors, so that a
+// test can prove that nothing leaked, and name what did. It is for tests only.
 package ipctest
 
 import (
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -65,13 +69,56 @@ func Truncate(fd int, size int64) error { return unix.Ftruncate(fd, size) }
 // ErrSealed is what a change to a sealed memory file fails with (EPERM).
 var ErrSealed error = unix.EPERM
 
-// OpenFDs counts this process's open descriptors.
-func OpenFDs() (int, error) {
-	es, err := os.ReadDir("/proc/self/fd")
+// FDs returns this process's open descriptors, each with what
+// /proc/self/fd says it is ("socket:[4711]", "/memfd:vmarena-host
+// (deleted)", a path), so that a test can say which ones it leaked or
+// closed, not only how many.
+func FDs() (map[int]string, error) {
+	d, err := os.Open("/proc/self/fd")
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return len(es) - 1, nil // less the directory's own
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	fds := make(map[int]string, len(names))
+	for _, name := range names {
+		fd, err := strconv.Atoi(name)
+		if err != nil || fd == int(d.Fd()) {
+			continue // the directory's own
+		}
+		link, err := os.Readlink("/proc/self/fd/" + name)
+		if err != nil {
+			continue // closed since the listing
+		}
+		fds[fd] = link
+	}
+	return fds, nil
+}
+
+// FDChanges says how the descriptors open after differ from those open
+// before (both from FDs): the ones opened since and the ones closed since,
+// each with what it is, lowest number first; "" when they are the same.
+func FDChanges(before, after map[int]string) string {
+	diff := func(a, b map[int]string) []string {
+		var out []string
+		for _, fd := range slices.Sorted(maps.Keys(a)) {
+			if l, ok := b[fd]; !ok || l != a[fd] {
+				out = append(out, fmt.Sprintf("%d %s", fd, a[fd]))
+			}
+		}
+		return out
+	}
+	var parts []string
+	if o := diff(after, before); len(o) > 0 {
+		parts = append(parts, "opened since: "+strings.Join(o, ", "))
+	}
+	if c := diff(before, after); len(c) > 0 {
+		parts = append(parts, "closed since: "+strings.Join(c, ", "))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // ReadOnly is unix.O_RDONLY, and ReadWrite unix.O_RDWR, for Reopen.

@@ -114,6 +114,7 @@ var table = []entry{
 	// runs are scaled down past their own sizes too (later flags win).
 	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc", how: scaledDown, flags: quickOne},
 	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc -kv-compute 1ms", how: scaledDown, flags: quickOne},
+	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 15 -strategies arena,paged -kv-compute 1ms", how: scaledDown, flags: quickOne},
 	{cmd: "taskset -c 0 go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc -kv-compute 1ms", how: scaledDown, flags: quickOne},
 	{cmd: "taskset -c 0 go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc -kv-compute 1ms -kv-slots 64 -kv-layers 80 -kv-hidden 8192 -kv-requests 128 -kv-prompt 64:1024 -kv-gen 32:256", how: scaledDown, flags: quickServer},
 	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching -chunk 16MiB", how: scaledDown, flags: quickOne},

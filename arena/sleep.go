@@ -721,6 +721,20 @@ type waker struct {
 }
 
 func (w *waker) Place(have []chunk.Chunk) (chunk.Step, error) {
+	// restore maps a step at a time, taking each step's chunks as it goes,
+	// and undoes every map when a later step finds the pool short. When
+	// what the slots lack is plainly not there (what a relief found, the
+	// cache, the budget's room), the try ends here, before any driver call:
+	// a Wake retried under pressure would otherwise map and unmap, and
+	// allocate and free, the same chunks on every try.
+	if gone := w.st.count(slotGone); gone > len(have) && !w.a.lend.Fits(gone-len(have)) {
+		err := fmt.Errorf("%w: %w: %d chunks to map back, %d at hand, and the pool has not the rest free", chunk.ErrBudget,
+			ErrOutOfMemory, gone, len(have))
+		if perr := w.a.putChunks(have); perr != nil {
+			return chunk.Step{}, errors.Join(err, perr)
+		}
+		return chunk.Step{Missing: gone, Short: err}, nil
+	}
 	err := w.a.restore(w.st, false, &have)
 	perr := w.a.putChunks(have) // what the relief found beyond the need
 	if err == nil || perr != nil || !errors.Is(err, ErrOutOfMemory) {
@@ -746,8 +760,9 @@ func (w *waker) Unlock() <-chan struct{} {
 
 func (w *waker) Lock() { w.a.mu.Lock() }
 
-// takeChunks returns n chunks: from *have first, then free in the pool now.
-func (a *Arena) takeChunks(n int, have *[]chunk.Chunk) ([]chunk.Chunk, error) {
+// takeChunks returns n chunks: from *have first, then free in the pool now,
+// and adds those it took from the pool to taken.
+func (a *Arena) takeChunks(n int, have *[]chunk.Chunk, taken map[acl.PhysicalHandle]bool) ([]chunk.Chunk, error) {
 	if have != nil && len(*have) >= n {
 		cs := (*have)[:n:n]
 		*have = (*have)[n:]
@@ -760,6 +775,9 @@ func (a *Arena) takeChunks(n int, have *[]chunk.Chunk) ([]chunk.Chunk, error) {
 	more, err := a.lend.TakeFree(nil, a.tenant, n-len(cs))
 	if err != nil {
 		return nil, errors.Join(err, a.putChunks(cs))
+	}
+	for _, c := range more {
+		taken[c.Handle] = true
 	}
 	return append(cs, more...), nil
 }
@@ -842,6 +860,7 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 	}
 	var mapped []int // slots this call mapped (and, last, those a failed map left)
 	var unplaced []chunk.Chunk
+	taken := map[acl.PhysicalHandle]bool{} // chunks this call took from the pool (takeChunks)
 	scrubbed, copies := 0, 0
 	leftQueued := false
 	var err error
@@ -863,7 +882,7 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 		}
 		var fresh []chunk.Chunk
 		if need > 0 {
-			if fresh, err = a.takeChunks(need, have); err != nil {
+			if fresh, err = a.takeChunks(need, have, taken); err != nil {
 				break
 			}
 		}
@@ -965,16 +984,25 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 		}
 		a.unmaps++
 		if prev[i] == slotGone {
-			err = errors.Join(err, a.lend.Put(sl.c))
+			unplaced = append(unplaced, sl.c)
 			*sl = slot{state: slotGone}
 		} else {
 			*sl = slot{c: sl.c, state: slotHeld}
 		}
 	}
+	// What this call took from the pool goes back without waking the
+	// pool's waiters, this Wake among them: nothing came back that was not
+	// free before it tried. What a relief handed it is memory that came
+	// back, and goes back with Put.
+	var back []chunk.Chunk
 	for _, c := range unplaced {
-		err = errors.Join(err, a.lend.Put(c))
+		if taken[c.Handle] {
+			back = append(back, c)
+		} else {
+			err = errors.Join(err, a.lend.Put(c))
+		}
 	}
-	return err
+	return errors.Join(err, a.lend.PutBack(back))
 }
 
 // settleLeft unmaps the slots an earlier failure left mapped (slotLeft),

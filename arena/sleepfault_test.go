@@ -563,10 +563,10 @@ func TestSleepAgainFreesWhatAFailedWakeCached(t *testing.T) {
 	require.True(t, bytes.Equal(want, contents(t, b)))
 }
 
-// twoPools is a device of 4 chunks with two pools on it, and a maker of
+// twoPools is a device of n chunks with two pools on it, and a maker of
 // arenas in either pool that closes them at the end.
-func twoPools(t *testing.T) (fd *faultdriver.Driver, mine, other *chunk.Pool, newArena func(*chunk.Pool) *arena.Arena) {
-	hd, err := host.New(host.Config{Capacity: 4 * sleepChunk})
+func twoPools(t *testing.T, n int) (fd *faultdriver.Driver, mine, other *chunk.Pool, newArena func(*chunk.Pool) *arena.Arena) {
+	hd, err := host.New(host.Config{Capacity: uintptr(n) * sleepChunk})
 	require.NoError(t, err)
 	fd = faultdriver.New(hd)
 	mine, err = chunk.New(fd, chunk.Config{})
@@ -606,7 +606,7 @@ func waitIsQuiet(t *testing.T, fd *faultdriver.Driver, wait func(ctx context.Con
 // freed again) does not wake it, so it does not spin allocating and freeing
 // until its deadline.
 func TestWakeWaitIsQuiet(t *testing.T) {
-	fd, mine, other, newArena := twoPools(t)
+	fd, mine, other, newArena := twoPools(t, 4)
 	v := newArena(mine)
 	fill(t, v, 3*sleepChunk, 1)
 	require.NoError(t, v.Sleep(context.Background(), arena.Discard))
@@ -616,9 +616,70 @@ func TestWakeWaitIsQuiet(t *testing.T) {
 	require.True(t, v.Asleep())
 }
 
+// A Wake the pool cannot serve whole maps and allocates nothing. Wake maps
+// a step at a time, taking each step's chunks as it goes; a try that found
+// the pool short only at a later step undid every map before it, and freed
+// what it had allocated once the cache was full, on every try of a Wake
+// retried under pressure (a bench run with several models spent seconds so).
+func TestWakeShortMapsNothing(t *testing.T) {
+	e := newSleepEnv(t)
+	pool, err := chunk.New(e.fd, chunk.Config{Budget: 16 * sleepChunk})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pool.Close()) }) // after the arenas
+	v := e.arena(t, arena.Config{Pool: pool})
+	o := e.arena(t, arena.Config{Pool: pool})
+	fill(t, v, 12*sleepChunk, 1) // more than one step of Wake's
+	require.NoError(t, v.Sleep(context.Background(), arena.Discard))
+	fill(t, o, 6*sleepChunk, 2) // in use: 10 chunks of the budget are left, v wants 12
+	maps, mallocs := e.fd.Calls(faultdriver.MapMem), e.fd.Calls(faultdriver.MallocPhysical)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, v.Wake(ctx), arena.ErrOutOfMemory)
+	assert.Zero(t, e.fd.Calls(faultdriver.MapMem)-maps, "maps by a Wake the pool could not serve")
+	assert.Zero(t, e.fd.Calls(faultdriver.MallocPhysical)-mallocs, "allocations by a Wake the pool could not serve")
+	wakesOnceFreed(t, v, o)
+}
+
+// wakesOnceFreed checks that v, asleep after a Wake that could not be
+// served, wakes once o gives back what it holds (and its pools, the pools
+// of o's chunks, trim their caches).
+func wakesOnceFreed(t *testing.T, v, o *arena.Arena, trim ...*chunk.Pool) {
+	t.Helper()
+	require.True(t, v.Asleep())
+	require.NoError(t, o.Reset())
+	require.NoError(t, o.Shrink())
+	for _, p := range trim {
+		require.NoError(t, p.Trim())
+	}
+	require.NoError(t, v.Wake(context.Background()))
+	require.Equal(t, 12*sleepChunk, v.Cap())
+}
+
+// Where the device runs out first (no budget: the pool cannot know), a Wake
+// that finds it short at a later step undoes its maps, but does not take
+// the chunks its undo gave back for memory that came back: it waits for
+// others' as quietly as TestWakeWaitIsQuiet's, trying again only when
+// memory came back.
+func TestWakeShortOnTheDeviceWaitsQuietly(t *testing.T) {
+	fd, mine, other, newArena := twoPools(t, 16)
+	v, o := newArena(mine), newArena(other)
+	fill(t, v, 12*sleepChunk, 1) // more than one step of Wake's
+	require.NoError(t, v.Sleep(context.Background(), arena.Discard))
+	require.NoError(t, mine.Trim())
+	fill(t, o, 6*sleepChunk, 2) // in use: the device has 10 chunks left, v wants 12
+	maps := fd.Calls(faultdriver.MapMem)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, v.Wake(ctx), arena.ErrOutOfMemory)
+	tries := (fd.Calls(faultdriver.MapMem) - maps) / 8 // a step's maps per try
+	t.Logf("tries that mapped: %d", tries)
+	assert.LessOrEqual(t, tries, int64(4), "a Wake woken by its own undo tries again at once, until its deadline")
+	wakesOnceFreed(t, v, o, other)
+}
+
 // GrowContext waits as quietly as Wake does (TestWakeWaitIsQuiet).
 func TestGrowWaitIsQuiet(t *testing.T) {
-	fd, mine, other, newArena := twoPools(t)
+	fd, mine, other, newArena := twoPools(t, 4)
 	v := newArena(mine)
 	fill(t, newArena(other), 3*sleepChunk, 2)
 	waitIsQuiet(t, fd, func(ctx context.Context) error { return v.GrowContext(ctx, 3*sleepChunk) })

@@ -607,6 +607,37 @@ func (p *Pool) returnsSince(n uint64) bool {
 	return p.returns != n
 }
 
+// fitsLocked reports whether n chunks could be taken now, as far as the
+// pool's books know: from the cache, and within what the budget leaves. With
+// no budget only the device can say, by refusing an allocation. Call with mu
+// held.
+func (p *Pool) fitsLocked(n int) bool {
+	b := p.budget.Load()
+	if b == 0 || n <= len(p.cache) {
+		return true
+	}
+	free := uintptr(0)
+	if p.held < b {
+		free = (b - p.held) / p.size
+	}
+	return uint64(n-len(p.cache)) <= uint64(free)
+}
+
+// Fits reports whether a TakeFree of n chunks could succeed now, as far as
+// the pool's books know: the cache and the budget's room (with no budget,
+// only the device can refuse). It takes nothing, and the answer can be stale
+// by the time the caller acts on it: a client checks it before work that a
+// shortage would undo (a Wake that maps step by step), and still handles the
+// shortage.
+func (p Lender) Fits(n int) bool {
+	if !p.pool.made() {
+		return false
+	}
+	p.pool.mu.Lock()
+	defer p.pool.mu.Unlock()
+	return !p.pool.closed && p.pool.fitsLocked(n)
+}
+
 // roomNowNoWait is roomNow without the wait for frees under way.
 func (p *Pool) roomNowNoWait() int {
 	p.mu.Lock()
@@ -627,6 +658,14 @@ func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 	if p.closed {
 		p.mu.Unlock()
 		return nil, errClosed
+	}
+	if !p.fitsLocked(n - len(*got)) {
+		// An acquire takes all or nothing: what the cache and the budget
+		// hold cannot make n, so nothing is taken or allocated (each chunk
+		// allocated here would be freed again, the cache being full, or
+		// kept from the relief that follows).
+		p.mu.Unlock()
+		return errBudgetShort, nil
 	}
 	for len(*got) < n && len(p.cache) > 0 {
 		i := len(p.cache) - 1
@@ -727,11 +766,19 @@ func (p *Pool) putAll(cs []Chunk) error {
 // Trim and Close try again and report the error.
 func (p Lender) Put(c Chunk) error { return p.put(c, true) }
 
+// PutBack gives back chunks the caller took with TakeFree or TryAcquire in
+// a try that then fell short, as Put does (they must be unmapped), but
+// without telling the pool's waiters: nothing came back that was not free
+// before the try, so no waiter can be served by it. Telling them would wake
+// a waiting growth with its own failed try (a Wake that maps a step at a
+// time and undoes its maps when a later step finds the device short), which
+// would then try again at once, and again, until its deadline. Chunks a
+// relief handed over (Placer.Place's have) go back with Put: they are
+// memory that came back.
+func (p Lender) PutBack(cs []Chunk) error { return p.pool.putBack(cs) }
+
 // putBack returns what an acquire took before it fell short to where it
-// came from, without telling the waiters: nothing came back that was not
-// obtainable before the acquire, so no waiter can be served by it. Telling
-// them would wake a waiting growth with its own failed try, which would then
-// try again at once, and again, until its deadline.
+// came from, without telling the waiters (PutBack).
 func (p *Pool) putBack(cs []Chunk) error {
 	var errs []error
 	for _, c := range cs {

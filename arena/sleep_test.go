@@ -44,6 +44,16 @@ func newSleepEnv(t *testing.T) *sleepEnv {
 	return e
 }
 
+// budgetPool returns a pool on e's driver with a budget of n chunks, closed
+// after the arenas the test makes in it.
+func (e *sleepEnv) budgetPool(t *testing.T, n int) *chunk.Pool {
+	t.Helper()
+	pool, err := chunk.New(e.fd, chunk.Config{Budget: int64(n) * sleepChunk})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pool.Close()) }) // after the arenas, made later
+	return pool
+}
+
 func (e *sleepEnv) arena(t *testing.T, cfg arena.Config) *arena.Arena {
 	t.Helper()
 	if cfg.Pool == nil {

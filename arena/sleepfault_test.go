@@ -312,13 +312,11 @@ func gateAt(p sched.Point, a *arena.Arena, n int) (reached, resume chan struct{}
 // the undo needs.
 func TestSleepFaultUnderPressureLeavesItAwake(t *testing.T) {
 	e := newSleepEnv(t)
-	pool, err := chunk.New(e.fd, chunk.Config{Budget: 12 * sleepChunk})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, pool.Close()) }) // after the arenas
+	pool := e.budgetPool(t, 12)
 	k := e.arena(t, arena.Config{Pool: pool})
 	w := e.arena(t, arena.Config{Pool: pool})
 	b, want := fill(t, k, 10*sleepChunk, 8) // two steps of the pipeline
-	_, err = w.Alloc(2*sleepChunk, 1)
+	_, err := w.Alloc(2*sleepChunk, 1)
 	require.NoError(t, err)
 
 	// w waits for 8 chunks: the budget has none.
@@ -466,9 +464,7 @@ type wakeScene struct {
 func newWakeScene(t *testing.T) *wakeScene {
 	t.Helper()
 	e := newSleepEnv(t)
-	pool, err := chunk.New(e.fd, chunk.Config{Budget: 4 * sleepChunk})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, pool.Close()) }) // after the arenas
+	pool := e.budgetPool(t, 4)
 	sc := &wakeScene{e: e, pool: pool}
 	sc.k = e.arena(t, arena.Config{Tag: "w-weights"}) // e's pool: room enough
 	sc.v = e.arena(t, arena.Config{Pool: pool, Tag: "w-kv"})
@@ -623,9 +619,7 @@ func TestWakeWaitIsQuiet(t *testing.T) {
 // retried under pressure (a bench run with several models spent seconds so).
 func TestWakeShortMapsNothing(t *testing.T) {
 	e := newSleepEnv(t)
-	pool, err := chunk.New(e.fd, chunk.Config{Budget: 16 * sleepChunk})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, pool.Close()) }) // after the arenas
+	pool := e.budgetPool(t, 16)
 	v := e.arena(t, arena.Config{Pool: pool})
 	o := e.arena(t, arena.Config{Pool: pool})
 	fill(t, v, 12*sleepChunk, 1) // more than one step of Wake's

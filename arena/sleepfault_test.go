@@ -7,6 +7,7 @@ package arena_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -669,6 +670,55 @@ func TestWakeShortOnTheDeviceWaitsQuietly(t *testing.T) {
 	t.Logf("tries that mapped: %d", tries)
 	assert.LessOrEqual(t, tries, int64(4), "a Wake woken by its own undo tries again at once, until its deadline")
 	wakesOnceFreed(t, v, o, other)
+}
+
+// A Wake whose try fell short is served by memory another arena gives back
+// before the relief that follows looks for any, without joining the queue
+// of waiters: its growth reads the pool's count of returns before the try,
+// so what another arena gives back counts, and what its own try gave back
+// quietly (PutBack) does not. The memory comes back at the relief's first
+// point (a sched hook, on the Wake's goroutine). Under a budget the try ends
+// at the pool's Fits, before any driver call; on a device without a budget
+// it maps a step and undoes it when the next one finds the device full.
+func TestWakeShortServedByMemoryBackBeforeItsRelief(t *testing.T) {
+	for _, budget := range []bool{true, false} {
+		t.Run(fmt.Sprintf("budget=%v", budget), func(t *testing.T) {
+			var pool *chunk.Pool
+			if budget {
+				pool = newSleepEnv(t).budgetPool(t, 16)
+			} else {
+				_, pool, _, _ = twoPools(t, 16) // the device's 16 chunks, no budget
+			}
+			newArena := func() *arena.Arena {
+				a, err := arena.New(arena.Config{Pool: pool, Reserve: 32 << 20})
+				require.NoError(t, err)
+				t.Cleanup(func() { require.NoError(t, a.Close()) })
+				return a
+			}
+			v, o := newArena(), newArena()
+			fill(t, v, 12*sleepChunk, 1) // more than one step of Wake's
+			require.NoError(t, v.Sleep(context.Background(), arena.Discard))
+			require.NoError(t, pool.Trim())
+			fill(t, o, 6*sleepChunk, 2) // in use: 10 chunks are left, v wants 12
+			gave, queued := false, false
+			defer sched.Set(func(p sched.Point, who any) {
+				switch {
+				case p == sched.ReliefBegin && who == pool && !gave:
+					gave = true
+					require.NoError(t, o.Reset())
+					require.NoError(t, o.Shrink())
+				case p == sched.WaitJoining:
+					queued = true
+				}
+			})()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			require.NoError(t, v.Wake(ctx))
+			assert.True(t, gave, "the Wake's first try was not short")
+			assert.False(t, queued, "the memory o gave back did not count: the Wake joined the queue of waiters")
+			require.Equal(t, 12*sleepChunk, v.Cap())
+		})
+	}
 }
 
 // GrowContext waits as quietly as Wake does (TestWakeWaitIsQuiet).

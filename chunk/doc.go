@@ -7,7 +7,9 @@
 //
 // A chunk is one physical allocation (one aclrtMallocPhysical handle) of
 // exactly the pool's chunk size, and is mapped whole or not at all, because
-// ACL maps and unmaps only whole allocations:
+// ACL maps and unmaps only whole allocations. Each [Chunk] carries its size
+// (Chunk.Size, set by the pool), and the pool's books count bytes chunk by
+// chunk at that size (Stats.InUseBytes and the other byte fields):
 //
 //	none ──Acquire (miss: MallocPhysical)──▶ out ──MapRange──▶ mapped
 //	none ──Warm, Config.Ahead (worker)──▶ cached
@@ -33,9 +35,10 @@
 // that a large cache takes few calls and a small one wastes little; the
 // size is fixed at New, whatever SetBudget sets later.
 //
-// The pool knows which chunks are out: Put, MapRange and Release refuse, with
-// acl.ErrInvalidParam, a chunk that is not (put back twice, or from another
-// pool), so no two holders can ever have one chunk.
+// The pool knows which chunks are out, and their sizes: Put, MapRange and
+// Release refuse, with acl.ErrInvalidParam, a chunk that is not (put back
+// twice, or from another pool), or whose Size is not the one the pool lent
+// it out with, so no two holders can ever have one chunk.
 //
 // # Tenants and scrubbing
 //

@@ -75,8 +75,9 @@ func (e *LeftMappedError) Unwrap() error { return e.Err }
 func (e *LeftMappedError) Is(target error) bool { return target == ErrMapped }
 
 // MapRange maps the chunks cs side by side from ptr (a multiple of the chunk
-// size inside a reservation), grants the device read-write access to them,
-// and clears those that may hold another tenant's bytes (see Scrub).
+// size inside a reservation: each chunk at ptr plus the Sizes of those
+// before it), grants the device read-write access to them, and clears those
+// that may hold another tenant's bytes (see Scrub).
 //
 // Access is granted with one MemSetAccess over the whole range where the
 // driver allows it (acl.Caps.AccessSpan), else one per chunk; a driver
@@ -105,13 +106,14 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 	if err != nil {
 		return 0, err
 	}
+	at := ptr
 	for i, c := range cs {
-		at := p.pool.at(ptr, i)
-		if err := p.pool.drv.MapMem(at, p.pool.size, 0, c.Handle, 0); err != nil {
+		if err := p.pool.drv.MapMem(at, c.Size, 0, c.Handle, 0); err != nil {
 			return 0, p.pool.unmapRange(ptr, cs[:i], LeftNoAccess, fmt.Errorf("chunk: map at %v: %w", at, err))
 		}
+		at = at.Add(c.Size)
 	}
-	if err := p.pool.grantAccess(ptr, len(cs)); err != nil {
+	if err := p.pool.grantAccess(ptr, cs); err != nil {
 		return 0, p.pool.unmapRange(ptr, cs, LeftNoAccess, err)
 	}
 	var stream acl.Stream
@@ -120,16 +122,18 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 		stream = streams[0]
 	}
 	var fresh, moved, queued int
-	for i := range cs {
+	next := ptr
+	for i, c := range cs {
+		at := next
+		next = next.Add(c.Size)
 		need, isFresh := p.pool.needsScrub(ls[i].holder, ls[i].tenant)
 		if !need {
 			continue
 		}
-		at := p.pool.at(ptr, i)
 		r := region(RegionScrub)
 		var err error
 		if async {
-			err = p.pool.drv.MemsetAsync(at, 0, p.pool.size, stream)
+			err = p.pool.drv.MemsetAsync(at, 0, c.Size, stream)
 			if errors.Is(err, acl.ErrNotSupported) {
 				async = false
 			} else if err == nil {
@@ -137,7 +141,7 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 			}
 		}
 		if !async {
-			err = p.pool.drv.Memset(at, 0, p.pool.size)
+			err = p.pool.drv.Memset(at, 0, c.Size)
 		}
 		r.End()
 		if err != nil {
@@ -172,24 +176,26 @@ func (p Lender) MapRange(ptr acl.DevicePtr, cs []Chunk, streams []acl.Stream) (s
 	return queued, nil
 }
 
-// at returns the address of the ith chunk from ptr.
-func (p *Pool) at(ptr acl.DevicePtr, i int) acl.DevicePtr { return ptr.Add(uintptr(i) * p.size) }
+// grantAccess grants read-write access to the chunks cs mapped side by side
+// from ptr.
+func (p *Pool) grantAccess(ptr acl.DevicePtr, cs []Chunk) error { return p.grant(ptr, cs, p.access) }
 
-// grantAccess grants read-write access to the n chunks mapped from ptr.
-func (p *Pool) grantAccess(ptr acl.DevicePtr, n int) error { return p.grant(ptr, n, p.access) }
-
-// grant grants the access desc describes to the n chunks mapped from ptr.
-func (p *Pool) grant(ptr acl.DevicePtr, n int, desc []acl.MemAccessDesc) error {
+// grant grants the access desc describes to the chunks cs mapped side by
+// side from ptr: with one call over all their bytes where the driver allows
+// it (span), else one call per chunk.
+func (p *Pool) grant(ptr acl.DevicePtr, cs []Chunk, desc []acl.MemAccessDesc) error {
 	if p.implicit.Load() {
 		return nil
 	}
-	step := 1
-	if p.span {
-		step = n
-	}
-	for i := 0; i < n; i += step {
-		at := p.at(ptr, i)
-		err := p.drv.MemSetAccess(at, uintptr(min(step, n-i))*p.size, desc)
+	at := ptr
+	for i := 0; i < len(cs); {
+		j, size := i+1, cs[i].Size
+		if p.span {
+			for ; j < len(cs); j++ {
+				size += cs[j].Size
+			}
+		}
+		err := p.drv.MemSetAccess(at, size, desc)
 		switch {
 		case errors.Is(err, acl.ErrNotSupported):
 			p.implicit.Store(true)
@@ -197,6 +203,7 @@ func (p *Pool) grant(ptr acl.DevicePtr, n int, desc []acl.MemAccessDesc) error {
 		case err != nil:
 			return fmt.Errorf("chunk: set access at %v: %w", at, err)
 		}
+		at, i = at.Add(size), j
 	}
 	return nil
 }
@@ -225,9 +232,11 @@ func (p *Pool) needsScrub(holder, t Tenant) (need, isFresh bool) {
 func (p *Pool) unmapRange(ptr acl.DevicePtr, cs []Chunk, state LeftState, err error) error {
 	var left []Leftover
 	var uerrs []error
+	end := spanEnd(ptr, cs)
 	for i := len(cs) - 1; i >= 0; i-- {
-		if uerr := p.drv.UnmapMem(p.at(ptr, i)); uerr != nil {
-			left = append(left, Leftover{Mapped{p.at(ptr, i), cs[i]}, state})
+		end -= acl.DevicePtr(cs[i].Size)
+		if uerr := p.drv.UnmapMem(end); uerr != nil {
+			left = append(left, Leftover{Mapped{end, cs[i]}, state})
 			uerrs = append(uerrs, uerr)
 		}
 	}
@@ -241,19 +250,38 @@ func (p *Pool) unmapRange(ptr acl.DevicePtr, cs []Chunk, state LeftState, err er
 // from ptr, in state.
 func (p *Pool) leftAll(ptr acl.DevicePtr, cs []Chunk, state LeftState, err error) error {
 	left := make([]Leftover, 0, len(cs))
+	end := spanEnd(ptr, cs)
 	for i := len(cs) - 1; i >= 0; i-- {
-		left = append(left, Leftover{Mapped{p.at(ptr, i), cs[i]}, state})
+		end -= acl.DevicePtr(cs[i].Size)
+		left = append(left, Leftover{Mapped{end, cs[i]}, state})
 	}
 	return &LeftMappedError{Left: left, Err: err}
 }
 
-// leaseOf returns the lease of c, which must be out of this pool.
+// spanEnd returns the end of the chunks cs mapped side by side from ptr.
+func spanEnd(ptr acl.DevicePtr, cs []Chunk) acl.DevicePtr {
+	for _, c := range cs {
+		ptr = ptr.Add(c.Size)
+	}
+	return ptr
+}
+
+// leaseOf returns the lease of c, which must be out of this pool, and of
+// the size the pool lent it out as.
 func (p *Pool) leaseOf(op string, ptr acl.DevicePtr, c Chunk) (lease, error) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.leaseLocked(op, ptr, c)
+}
+
+// leaseLocked is leaseOf with mu held.
+func (p *Pool) leaseLocked(op string, ptr acl.DevicePtr, c Chunk) (lease, error) {
 	l, ok := p.out[c.Handle]
-	p.mu.Unlock()
 	if !ok {
 		return lease{}, notOut(op, ptr, c)
+	}
+	if c.Size != l.size {
+		return lease{}, wrongSize(op, ptr, c, l)
 	}
 	return l, nil
 }
@@ -269,12 +297,13 @@ func notOut(op string, ptr acl.DevicePtr, c Chunk) error {
 func (p *Pool) leasesOf(op string, ptr acl.DevicePtr, cs []Chunk, ls []lease) ([]lease, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for i, c := range cs {
-		l, ok := p.out[c.Handle]
-		if !ok {
-			return nil, notOut(op, p.at(ptr, i), c)
+	for _, c := range cs {
+		l, err := p.leaseLocked(op, ptr, c)
+		if err != nil {
+			return nil, err
 		}
 		ls = append(ls, l)
+		ptr = ptr.Add(c.Size)
 	}
 	return ls, nil
 }
@@ -329,7 +358,7 @@ func (p Lender) Release(ptr acl.DevicePtr, c Chunk) error {
 	}
 	scrub := p.pool.scrub == ScrubOnRelease && l.holder != zeroed && l.shared == nil // a shared chunk is freed, and its bytes are another process's too
 	if scrub {
-		if err := p.pool.drv.Memset(ptr, 0, p.pool.size); err != nil {
+		if err := p.pool.drv.Memset(ptr, 0, l.size); err != nil {
 			return fmt.Errorf("chunk: scrub at %v: %w", ptr, err)
 		}
 	}

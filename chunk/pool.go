@@ -133,6 +133,11 @@ type Config struct {
 // Chunk is one physical allocation of the pool's chunk size.
 type Chunk struct {
 	Handle acl.PhysicalHandle
+	// Size is the bytes of its physical allocation. The pool sets it when
+	// it hands the chunk out; a chunk whose Size differs from the pool's
+	// record of it is refused (acl.ErrInvalidParam), as one that is not out
+	// of the pool is.
+	Size uintptr
 }
 
 // Stats describes a pool at one moment.
@@ -142,8 +147,17 @@ type Stats struct {
 	Cached    int   // chunks in the reuse cache
 	Pending   int   // chunks of InUse waiting for the device before they are unmapped
 	Freeing   int   // chunks on their way back to the driver: out of the books of InUse and Cached, still counted by HeldBytes and the budget until FreePhysical returns
-	HeldBytes int64 // physical bytes held: (InUse + Cached + Freeing) × ChunkSize
+	HeldBytes int64 // physical bytes held: InUseBytes + CachedBytes + FreeingBytes, and the chunks being allocated (or shared ones whose free failed, which Trim and Close retry)
 	Budget    int64 // Config.Budget; 0 when none
+
+	// The bytes of the chunks counted above, each chunk counted at its
+	// Size: the counts say how many driver objects (handles) there are, the
+	// bytes how much memory they hold.
+	InUseBytes   int64 // bytes of the chunks of InUse
+	CachedBytes  int64 // bytes of the chunks of Cached
+	PendingBytes int64 // bytes of the chunks of Pending (a part of InUseBytes)
+	FreeingBytes int64 // bytes of the chunks of Freeing
+
 	Hits      int64 // chunks handed out from the cache
 	Misses    int64 // chunks that called MallocPhysical
 	Allocs    int64 // successful MallocPhysical calls
@@ -201,7 +215,7 @@ type Pool struct {
 	doomed  []doomedRef                  // shared chunks whose free failed: Trim and Close try again (share.go)
 	cache   []entry                      // LIFO: the chunk unmapped last is reused first
 	out     map[acl.PhysicalHandle]lease // chunks handed out and not yet Put back
-	held    uintptr                      // bytes in use, cached, or being allocated
+	held    uintptr                      // bytes in use, cached, freeing, or being allocated
 	stats   Stats
 	members []*Member // in the order they joined
 	pending pending   // chunks waiting for the device before they are unmapped (release.go)
@@ -223,8 +237,12 @@ type Pool struct {
 	// included: while one is, memory may move (wait.go, ErrDeadlock).
 	growing atomic.Int32
 	// freeing counts the chunks on their way back to the driver: still
-	// held, no longer cached (see free).
-	freeing int
+	// held, no longer cached (see free); freeingBytes is their bytes.
+	freeing      int
+	freeingBytes uintptr
+	// inUseBytes and cachedBytes are the bytes of the chunks stats.InUse
+	// and stats.Cached count, each at its own size.
+	inUseBytes, cachedBytes uintptr
 	// returns counts the chunks that came back to the cache or the driver
 	// (those an acquire puts back where they came from, as putBack does,
 	// are not counted: nothing came back that was not there before): a
@@ -237,16 +255,19 @@ type Pool struct {
 	filling int
 }
 
-// entry is a cached chunk and whose bytes it holds.
+// entry is a cached chunk, whose bytes it holds, and its size.
 type entry struct {
 	h      acl.PhysicalHandle
 	holder Tenant
+	size   uintptr
 }
 
-// lease is a chunk out of the pool: who has it, and whose bytes it holds.
+// lease is a chunk out of the pool: who has it, whose bytes it holds, and
+// its size (the pool's record, which a Chunk handed back must match).
 type lease struct {
 	tenant Tenant
 	holder Tenant
+	size   uintptr
 	shared *shared // exported or imported: freed when put back (share.go)
 }
 
@@ -675,13 +696,10 @@ func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 				break
 			}
 		}
-		e := p.cache[i]
-		p.cache = append(p.cache[:i], p.cache[i+1:]...)
-		p.out[e.h] = lease{tenant: t, holder: e.holder}
+		e := p.uncacheLocked(i)
+		p.lendLocked(e.h, lease{tenant: t, holder: e.holder, size: e.size})
 		p.stats.Hits++
-		p.stats.InUse++
-		p.stats.Cached--
-		*got = append(*got, Chunk{e.h})
+		*got = append(*got, Chunk{e.h, e.size})
 	}
 	want := n - len(*got)
 	room := want
@@ -713,10 +731,9 @@ func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
 		}
 		p.mu.Lock()
 		p.stats.Allocs++
-		p.stats.InUse++
-		p.out[h] = lease{tenant: t, holder: p.freshHolder()}
+		p.lendLocked(h, lease{tenant: t, holder: p.freshHolder(), size: p.size})
 		p.mu.Unlock()
-		*got = append(*got, Chunk{h})
+		*got = append(*got, Chunk{h, p.size})
 	}
 	if made < room {
 		p.mu.Lock()
@@ -759,11 +776,12 @@ func (p *Pool) putAll(cs []Chunk) error {
 }
 
 // Put gives back a chunk that Get returned and that is no longer mapped. It
-// goes to the cache, or back to the driver when the cache is full or the pool
-// is closed. Put fails with acl.ErrInvalidParam, and changes nothing, for a
-// chunk that is not out of this pool (put back twice, or never got). Should
-// the driver fail to free the chunk, the pool keeps it in the cache, where
-// Trim and Close try again and report the error.
+// goes to the cache, or back to the driver when the cache is full or the
+// pool is closed. Put fails with acl.ErrInvalidParam, and changes nothing,
+// for a chunk that is not out of this pool (put back twice, or never got),
+// or whose Size is not the size the pool lent it out with. Should the driver
+// fail to free the chunk, the pool keeps it in the cache, where Trim and
+// Close try again and report the error.
 func (p Lender) Put(c Chunk) error { return p.put(c, true) }
 
 // PutBack gives back chunks the caller took with TakeFree or TryAcquire in
@@ -801,15 +819,17 @@ func (p *Pool) putLocked(c Chunk, notify bool) error {
 		p.mu.Unlock()
 		return fmt.Errorf("chunk: %w: put of chunk %#x, which is not out of this pool", acl.ErrInvalidParam, uintptr(c.Handle))
 	}
+	if c.Size != l.size {
+		p.mu.Unlock()
+		return wrongSize("put", 0, c, l)
+	}
 	if l.shared != nil {
 		return p.putSharedLocked(c, l) // freed, never cached
 	}
-	delete(p.out, c.Handle)
-	p.stats.InUse--
-	e := entry{c.Handle, l.holder}
+	p.unlendLocked(c.Handle, l)
+	e := entry{c.Handle, l.holder, l.size}
 	if !p.closed && len(p.cache) < p.maxCached {
-		p.cache = append(p.cache, e)
-		p.stats.Cached++
+		p.cacheLocked(e)
 		if notify {
 			p.returns++
 			p.releasedLocked() // wait.go
@@ -826,10 +846,66 @@ func (p *Pool) putLocked(c Chunk, notify bool) error {
 	if !p.closed {
 		p.stats.Evictions++
 	}
-	p.freeing++
+	p.freeingLocked(e.size)
 	p.mu.Unlock()
 	_ = p.freeNotify(e, notify) // a failure keeps the chunk cached, for Trim and Close to retry
 	return nil
+}
+
+// The books of the chunks in use, cached and freeing, in chunks and in
+// bytes. Call them with mu held.
+
+// lendLocked books the chunk h out of the pool, leased as l.
+func (p *Pool) lendLocked(h acl.PhysicalHandle, l lease) {
+	p.out[h] = l
+	p.stats.InUse++
+	p.inUseBytes += l.size
+}
+
+// unlendLocked takes the chunk h, leased as l, off the books of those out.
+func (p *Pool) unlendLocked(h acl.PhysicalHandle, l lease) {
+	delete(p.out, h)
+	p.stats.InUse--
+	p.inUseBytes -= l.size
+}
+
+// cacheLocked puts e on top of the cache.
+func (p *Pool) cacheLocked(e entry) {
+	p.cache = append(p.cache, e)
+	p.stats.Cached++
+	p.cachedBytes += e.size
+}
+
+// uncacheLocked takes the ith entry out of the cache.
+func (p *Pool) uncacheLocked(i int) entry {
+	e := p.cache[i]
+	p.cache = append(p.cache[:i], p.cache[i+1:]...)
+	p.stats.Cached--
+	p.cachedBytes -= e.size
+	return e
+}
+
+// freeingLocked counts a chunk of size bytes on its way back to the
+// driver; freedLocked counts its free done (or refused).
+func (p *Pool) freeingLocked(size uintptr) {
+	p.freeing++
+	p.freeingBytes += size
+}
+
+func (p *Pool) freedLocked(size uintptr) {
+	p.freeing--
+	p.freeingBytes -= size
+}
+
+// wrongSize is the error of op on c at ptr (0: no address) when c's Size is
+// not the size of the chunk the pool lent out as l.
+func wrongSize(op string, ptr acl.DevicePtr, c Chunk, l lease) error {
+	at := ""
+	if ptr != 0 {
+		at = fmt.Sprintf(" at %v", ptr)
+	}
+	return fmt.Errorf("chunk: %s%s: %w: chunk %#x says its size is %s, but the pool lent it out as %s",
+		op, at, acl.ErrInvalidParam, uintptr(c.Handle), units.Ubytes(uint64(c.Size)), units.Ubytes(uint64(l.size)))
 }
 
 // free gives e back to the driver. If the driver refuses, the chunk goes
@@ -842,16 +918,15 @@ func (p *Pool) free(e entry) error { return p.freeNotify(e, true) }
 func (p *Pool) freeNotify(e entry, notify bool) error {
 	err := p.drv.FreePhysical(e.h)
 	p.mu.Lock()
-	p.freeing--
+	p.freedLocked(e.size)
 	if err != nil {
 		// The driver kept the memory; so do we, and the budget stays true.
-		p.cache = append(p.cache, e)
-		p.stats.Cached++
+		p.cacheLocked(e)
 		p.mu.Unlock()
 		return fmt.Errorf("chunk: free: %w", err)
 	}
 	p.stats.Frees++
-	p.held -= p.size
+	p.held -= e.size
 	if notify {
 		p.returns++
 	}
@@ -878,7 +953,10 @@ func (p *Pool) trim() (int, error) {
 	cache := p.cache
 	p.cache = nil
 	p.stats.Cached = 0
-	p.freeing += len(cache)
+	for _, e := range cache {
+		p.freeingLocked(e.size)
+	}
+	p.cachedBytes = 0
 	p.mu.Unlock()
 	errs := []error{p.freeDoomed()}
 	n := 0
@@ -898,8 +976,12 @@ func (p *Pool) Stats() Stats {
 	defer p.mu.Unlock()
 	s := p.stats
 	s.HeldBytes = int64(p.held)
+	s.InUseBytes = int64(p.inUseBytes)
+	s.CachedBytes = int64(p.cachedBytes)
 	s.Pending = p.pending.chunks
+	s.PendingBytes = int64(p.pending.bytes)
 	s.Freeing = p.freeing
+	s.FreeingBytes = int64(p.freeingBytes)
 	s.Waiters = len(p.wq.q)
 	s.Members = len(p.members)
 	for _, m := range p.members {

@@ -65,6 +65,7 @@ type pending struct {
 	byAddr map[acl.DevicePtr]*item
 	queue  []*batch // oldest first
 	chunks int
+	bytes  uintptr     // of the chunks, each at its size
 	free   []acl.Event // events to record again
 }
 
@@ -111,14 +112,15 @@ func (m *Member) ReleaseAfterDevice(ms []Mapped) error {
 	return nil
 }
 
-// allOut checks that every chunk of ms is out of this pool, under one hold
-// of its lock: leaseOf for a release's chunks.
+// allOut checks that every chunk of ms is out of this pool, and of the size
+// it was lent out as, under one hold of its lock: leaseOf for a release's
+// chunks.
 func (p *Pool) allOut(op string, ms []Mapped) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, m := range ms {
-		if _, ok := p.out[m.C.Handle]; !ok {
-			return notOut(op, m.At, m.C)
+		if _, err := p.leaseLocked(op, m.At, m.C); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -146,7 +148,7 @@ func (p Lender) releaseAfter(owner *Member, ms []Mapped, streams []acl.Stream) e
 			if p.pool.isShared(m.C) {
 				continue // freed, and its bytes are another process's too
 			}
-			if err := p.pool.drv.MemsetAsync(m.At, 0, p.pool.size, streams[0]); err != nil {
+			if err := p.pool.drv.MemsetAsync(m.At, 0, m.C.Size, streams[0]); err != nil {
 				return p.pool.fallback(nil, fmt.Errorf("scrub at %v: %w", m.At, err))
 			}
 			scrubbed++
@@ -225,8 +227,14 @@ func (p *Pool) enqueueEvents(owner *Member, ms []Mapped, evs []acl.Event, claime
 	for i := range ms { // top down
 		it := &its[i]
 		*it = item{Mapped: ms[len(ms)-1-i], b: b, state: state}
+		if l, ok := p.out[it.C.Handle]; ok {
+			// The pool's record of the size is the one its books keep (a
+			// member's Give, which cannot be refused, is not checked).
+			it.C.Size = l.size
+		}
 		b.items[i] = it
 		p.pending.byAddr[it.At] = it
+		p.pending.bytes += it.C.Size
 	}
 	p.pending.queue = append(p.pending.queue, b)
 	p.pending.chunks += len(ms)
@@ -305,26 +313,27 @@ func (p *Pool) dropEvents() error {
 }
 
 // ReclaimRun takes back, for their tenant, the chunks waiting for the device
-// in the len(into) chunk-sized slots from ptr, still mapped there: into[i]
-// gets the chunk of slot i, or stays the zero Chunk where none waits. It
-// makes no driver call and never waits: when one of them is busy (claimed
-// by a relief, or being unmapped) it takes none, and returns what to wait
-// for before trying again. It returns how many it took, and allocates
-// nothing.
+// in the len(into) slots of the pool's chunk size from ptr, still mapped
+// there: into[i] gets the chunk of slot i, or stays the zero Chunk where none
+// waits. It makes no driver call and never waits: when one of them is busy
+// (claimed by a relief, or being unmapped) it takes none, and returns what
+// to wait for before trying again. It returns how many it took, and
+// allocates nothing.
 func (p Lender) ReclaimRun(ptr acl.DevicePtr, into []Chunk) (n int, busy Busy) {
 	p.pool.mu.Lock()
 	defer p.pool.mu.Unlock()
 	if len(p.pool.pending.byAddr) == 0 {
 		return 0, Busy{}
 	}
+	// One size: slot i starts i chunks from ptr.
 	for i := range into {
-		at := p.pool.at(ptr, i)
+		at := ptr.Add(uintptr(i) * p.pool.size)
 		if it := p.pool.pending.byAddr[at]; it != nil && it.state.busy() {
 			return 0, Busy{p.pool, at}
 		}
 	}
 	for i := range into {
-		if it := p.pool.pending.byAddr[p.pool.at(ptr, i)]; it != nil {
+		if it := p.pool.pending.byAddr[ptr.Add(uintptr(i)*p.pool.size)]; it != nil {
 			p.pool.settleLocked(it, chunkMapped, true)
 			into[i] = it.C
 			n++
@@ -361,6 +370,7 @@ func (p *Pool) settleLocked(it *item, to chunkState, closeDone bool) {
 	it.state = to
 	delete(p.pending.byAddr, it.At)
 	p.pending.chunks--
+	p.pending.bytes -= it.C.Size
 	if closeDone && it.done != nil {
 		close(it.done)
 	}

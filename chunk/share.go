@@ -41,6 +41,7 @@ type shared struct {
 // failed: never cached, tried again by Trim and Close.
 type doomedRef struct {
 	h     acl.PhysicalHandle
+	size  uintptr // its bytes, which leave the books when it is freed
 	extra bool
 }
 
@@ -55,7 +56,7 @@ func (p *Pool) freeShared(r doomedRef) error {
 	}
 	p.stats.Frees++
 	if !r.extra {
-		p.held -= p.size
+		p.held -= r.size
 		p.returns++
 	}
 	return nil
@@ -90,14 +91,13 @@ func (p *Pool) putSharedLocked(c Chunk, l lease) error {
 		p.mu.Unlock()
 		return nil
 	}
-	delete(p.out, c.Handle)
-	p.stats.InUse--
-	p.freeing++ // on its way back: a growth short of memory waits for it (roomNow)
+	p.unlendLocked(c.Handle, l)
+	p.freeingLocked(l.size) // on its way back: a growth short of memory waits for it (roomNow)
 	p.mu.Unlock()
 	sched.At(sched.SharedFree, p)
-	_ = p.freeShared(doomedRef{h: c.Handle}) // a failure keeps it doomed, for Trim and Close
+	_ = p.freeShared(doomedRef{h: c.Handle, size: l.size}) // a failure keeps it doomed, for Trim and Close
 	p.mu.Lock()
-	p.freeing--
+	p.freedLocked(l.size)
 	p.mu.Unlock()
 	return nil
 }
@@ -171,12 +171,12 @@ func (p *Pool) export(c Chunk, pid int32, readOnly bool) (acl.ShareableHandle, e
 }
 
 // Import imports the memory another process exported as s, a chunk of the
-// pool's size, and lends it to tenant t like a chunk of the pool's own (map
-// it with MapImported, give it back with Put). It counts against the budget
-// (ErrBudget before any driver call). The chunk holds t's bytes, so it is
-// never scrubbed; it is freed, not cached, when put back. Importing memory
-// the pool holds already returns the same chunk, which must then be put back
-// as many times.
+// pool's size (the Chunk's Size is the pool's ChunkSize), and lends it to
+// tenant t like a chunk of the pool's own (map it with MapImported, give it
+// back with Put). It counts against the budget (ErrBudget before any driver
+// call). The chunk holds t's bytes, so it is never scrubbed; it is freed,
+// not cached, when put back. Importing memory the pool holds already returns
+// the same chunk, which must then be put back as many times.
 func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 	if t == 0 {
 		t = NewTenant()
@@ -187,21 +187,22 @@ func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 		p.pool.mu.Unlock()
 		return Chunk{}, errClosed
 	}
-	if b := p.pool.budget.Load(); b != 0 && p.pool.held+p.pool.size > b {
+	size := p.pool.size // the size the import books
+	if b := p.pool.budget.Load(); b != 0 && p.pool.held+size > b {
 		held := p.pool.held
 		p.pool.stats.Failures++
 		p.pool.mu.Unlock()
 		return Chunk{}, fmt.Errorf("chunk: %w: %w: %d of %d bytes held, importing %d more", ErrBudget, acl.ErrOutOfMemory,
-			held, b, p.pool.size)
+			held, b, size)
 	}
-	p.pool.held += p.pool.size
+	p.pool.held += size
 	p.pool.mu.Unlock()
 
 	h, err := p.pool.drv.MemImportFromShareableHandle(s, p.pool.drv.Device())
 
 	p.pool.mu.Lock()
 	if err != nil {
-		p.pool.held -= p.pool.size
+		p.pool.held -= size
 		if errors.Is(err, acl.ErrOutOfMemory) { // Failures are shortages (vmarena_pool_ooms_total)
 			p.pool.stats.Failures++
 		}
@@ -210,19 +211,18 @@ func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 	}
 	l, ok := p.pool.out[h]
 	if !ok {
-		p.pool.out[h] = lease{tenant: t, holder: t, shared: &shared{imported: true, holders: 1}}
-		p.pool.stats.InUse++
+		p.pool.lendLocked(h, lease{tenant: t, holder: t, size: size, shared: &shared{imported: true, holders: 1}})
 		p.pool.stats.Imported++
 		p.pool.mu.Unlock()
-		return Chunk{h}, nil
+		return Chunk{h, size}, nil
 	}
 	// The driver handed back memory the pool holds already, with one more
 	// reference (ACL's rule). Drop that reference: the pool's first one
 	// keeps the memory, and counts it once.
-	p.pool.held -= p.pool.size
+	p.pool.held -= size
 	p.pool.mu.Unlock()
 	var ferr error
-	if err := p.pool.freeShared(doomedRef{h: h, extra: true}); err != nil {
+	if err := p.pool.freeShared(doomedRef{h: h, size: size, extra: true}); err != nil {
 		ferr = fmt.Errorf("chunk: import %v: drop the second reference: %w", s, err)
 	}
 	if l.shared == nil || !l.shared.imported {
@@ -233,7 +233,7 @@ func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 	l.shared.holders++
 	p.pool.stats.Imported++
 	p.pool.mu.Unlock()
-	return Chunk{h}, nil
+	return Chunk{h, l.size}, nil
 }
 
 // MapImported maps imported chunks cs side by side from ptr and grants the
@@ -244,23 +244,26 @@ func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 // cannot unmap is listed in a *LeftMappedError. The chunks are given back as
 // any others: Release or ReleaseAfter, then Put.
 func (p Lender) MapImported(ptr acl.DevicePtr, cs []Chunk, readOnly bool) error {
-	for i, c := range cs {
-		if _, err := p.pool.leaseOf("map", p.pool.at(ptr, i), c); err != nil {
+	at := ptr
+	for _, c := range cs {
+		if _, err := p.pool.leaseOf("map", at, c); err != nil {
 			return err
 		}
+		at = at.Add(c.Size)
 	}
+	at = ptr
 	for i, c := range cs {
-		at := p.pool.at(ptr, i)
-		if err := p.pool.drv.MapMem(at, p.pool.size, 0, c.Handle, 0); err != nil {
+		if err := p.pool.drv.MapMem(at, c.Size, 0, c.Handle, 0); err != nil {
 			return p.pool.unmapRange(ptr, cs[:i], LeftNoAccess, fmt.Errorf("chunk: map at %v: %w", at, err))
 		}
+		at = at.Add(c.Size)
 	}
 	desc := p.pool.access
 	if readOnly && p.pool.drv.Caps().ReadOnly {
 		desc = acl.ReadWrite(p.pool.drv.Device())
 		desc[0].Flags = acl.MemAccessRead
 	}
-	if err := p.pool.grant(ptr, len(cs), desc); err != nil {
+	if err := p.pool.grant(ptr, cs, desc); err != nil {
 		return p.pool.unmapRange(ptr, cs, LeftNoAccess, err)
 	}
 	return nil

@@ -141,9 +141,11 @@ func TestImport(t *testing.T) {
 	assert.Equal(t, c1, c1b, "the same memory")
 	c2, err := p.Lender().Import(tn, tok(2))
 	require.NoError(t, err)
+	assert.Equal(t, uintptr(p.ChunkSize()), c1.Size, "an import books the pool's chunk size")
 	st := p.Stats()
 	assert.Equal(t, int64(2*g), st.HeldBytes, "counted once")
 	assert.Equal(t, 2, st.InUse)
+	assert.Equal(t, int64(2*g), st.InUseBytes)
 	assert.Equal(t, int64(3), st.Imported)
 	calls := fd.Calls(faultdriver.MemImportFromShareableHandle)
 	_, err = p.Lender().Import(tn, tok(3))
@@ -160,6 +162,7 @@ func TestImport(t *testing.T) {
 	for i, c := range []chunk.Chunk{c1, c2} {
 		require.NoError(t, p.Lender().Release(base.Add(uintptr(i)*g), c))
 	}
+	require.ErrorIs(t, p.Lender().Put(chunk.Chunk{Handle: c1.Handle, Size: 2 * g}), acl.ErrInvalidParam, "not the size it was imported as")
 	require.NoError(t, p.Lender().Put(c1))
 	assert.Equal(t, 2, p.Stats().InUse, "the second import of c1 still holds it")
 	require.NoError(t, p.Lender().Put(c1b))

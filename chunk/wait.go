@@ -134,7 +134,7 @@ func (w *Waiter) Wait(ctx context.Context) error {
 func (p *Pool) stuckLocked() *Waiter {
 	b := p.budget.Load()
 	if b == 0 || p.closed || len(p.wq.q) == 0 || p.pending.chunks > 0 || p.freeing > 0 || p.growing.Load() > 0 ||
-		p.held != uintptr(p.stats.InUse+len(p.cache))*p.size {
+		p.held != p.inUseBytes+p.cachedBytes {
 		return nil // no budget (the device is shared), or memory on the move: a growth, a free, an allocation
 	}
 	waiting := make(map[*Member]bool, len(p.wq.q))

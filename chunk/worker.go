@@ -320,8 +320,7 @@ func (p *Pool) fill(target, limit int) (int, error) {
 		}
 		p.stats.Allocs++
 		p.stats.Ahead++
-		p.stats.Cached++
-		p.cache = append(p.cache, entry{h, p.freshHolder()})
+		p.cacheLocked(entry{h, p.freshHolder(), p.size})
 		p.mu.Unlock()
 		added++
 	}

@@ -140,9 +140,9 @@ var scrubs = &Metric{Name: "vmarena_pool_scrubs_total", Owner: "pool", Kind: Cou
 
 var poolRows = []row[*chunk.Stats]{
 	{pm("held_bytes", "Physical bytes held: in use, waiting for the device, cached.", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.HeldBytes) }},
-	{pm("in_use_bytes", "Bytes of chunks handed out (mapped, or waiting for the device).", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.InUse) * float64(s.ChunkSize) }},
-	{pm("cached_bytes", "Bytes of chunks in the reuse cache.", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.Cached) * float64(s.ChunkSize) }},
-	{pm("pending_bytes", "Bytes of chunks released and waiting for the device before they are unmapped.", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.Pending) * float64(s.ChunkSize) }},
+	{pm("in_use_bytes", "Bytes of chunks handed out (mapped, or waiting for the device).", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.InUseBytes) }},
+	{pm("cached_bytes", "Bytes of chunks in the reuse cache.", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.CachedBytes) }},
+	{pm("pending_bytes", "Bytes of chunks released and waiting for the device before they are unmapped.", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.PendingBytes) }},
 	{pm("budget_bytes", "The pool's budget; 0 when none.", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.Budget) }},
 	{pm("used_bytes", "Bytes in use in the pool's arenas: the sum of their Len, while awake.", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.UsedBytes) }},
 	{pm("arenas", "Arenas drawing on the pool (its members).", Gauge), "", func(s *chunk.Stats) float64 { return float64(s.Members) }},

@@ -536,7 +536,7 @@ func (s *server) wanted(m *model) bool {
 // from other arenas' memory mapped and unused; this is what it need not.)
 func room(p *chunk.Pool) int64 {
 	st := p.Stats()
-	return st.Budget - st.HeldBytes + int64(st.Cached*st.ChunkSize)
+	return st.Budget - st.HeldBytes + st.CachedBytes
 }
 
 // wake brings a sleeping model back before its request is admitted. Wake

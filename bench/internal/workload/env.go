@@ -386,8 +386,7 @@ func (e *Env) idleMemory() (cached, reclaimable int64) {
 		}
 		return cached, 0
 	}
-	ps := p.Stats()
-	cached = int64(ps.Cached) * int64(ps.ChunkSize)
+	cached = p.Stats().CachedBytes
 	for r := range e.regions {
 		if a := strategy.Arena(r); a != nil {
 			reclaimable += int64(a.Stats().Reclaimable)

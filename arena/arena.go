@@ -170,6 +170,7 @@ type Arena struct {
 	fence     fence
 	scratch   struct {
 		slots, fresh []chunk.Chunk
+		offs         []uint64 // where slots[i] lies: base+offs[i]
 		back         []bool
 		fm           []chunk.Mapped
 	} // growLocked's, reused under mu
@@ -191,9 +192,9 @@ type Arena struct {
 	// writing by Close once it has waited for the device: a copy that races
 	// Close completes first, or sees the arena closed.
 	users     sync.RWMutex
-	chunks    []chunk.Chunk // mapped chunks, in address order: chunk i at base + i×chunkSize
-	strays    []stray       // chunks left mapped at or above Cap by a failed undo
-	peak      uint64        // the most bytes in use up to the last freeze
+	geo       layout  // the chunks mapped below Cap, in address order, and where each lies (layout.go)
+	strays    []stray // chunks left mapped at or above Cap by a failed undo
+	peak      uint64  // the most bytes in use up to the last freeze
 	maps      uint64
 	unmaps    uint64
 	grows     uint64
@@ -368,8 +369,16 @@ func (a *Arena) releaseReservation() error {
 
 func (a *Arena) roundUp(n uint64) uint64 { return (n + a.chunkSize - 1) / a.chunkSize * a.chunkSize }
 
-// at returns the device address of chunk i.
-func (a *Arena) at(i int) acl.DevicePtr { return a.base.Add(uintptr(uint64(i) * a.chunkSize)) }
+// at returns the device address of chunk i (of a.geo; off(n()) is Cap's).
+func (a *Arena) at(i int) acl.DevicePtr { return a.base.Add(uintptr(a.geo.off(i))) }
+
+// setCap publishes Cap after a.geo changed. Call with mu held.
+func (a *Arena) setCap() { a.cap.Store(a.geo.top()) }
+
+// chunkEnd returns, without the arena's lock, the offset past the chunk
+// that holds byte x-1 (0 for x 0): what a Len of x keeps mapped. Every
+// chunk is the pool's chunk size, so it is x rounded up to it.
+func (a *Arena) chunkEnd(x uint64) uint64 { return a.roundUp(x) }
 
 // errNotMade is returned by the methods of an Arena that New did not make.
 var errNotMade = fmt.Errorf("arena: %w: the Arena was not made by New", ErrInvalid)
@@ -819,23 +828,27 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 	if err := a.unstray(false); err != nil {
 		return chunk.Step{}, errors.Join(err, a.putChunks(have))
 	}
-	n0 := len(a.chunks)
+	n0 := a.geo.n()
 	need := int((a.roundUp(target) - c) / a.chunkSize)
 	// More than the budget can ever hold fails here, before any driver call
 	// (the arena's own chunks count in the budget, and the pool cannot take
 	// them from an arena that is growing).
-	if b := uint64(a.pool.Budget()); b != 0 && uint64(n0+need)*a.chunkSize > b {
+	if b, e := uint64(a.pool.Budget()), a.roundUp(target); b != 0 && e > b {
 		return chunk.Step{}, errors.Join(fmt.Errorf("%w: %w: %s mapped and %s more would exceed the pool's budget, %s", chunk.ErrBudget,
-			ErrOutOfMemory, units.Ubytes(uint64(n0)*a.chunkSize), units.Ubytes(uint64(need)*a.chunkSize), units.Ubytes(b)),
+			ErrOutOfMemory, units.Ubytes(c), units.Ubytes(e-c), units.Ubytes(b)),
 			a.putChunks(have))
 	}
 	// The arena's scratch, reused under mu: a growth from the cache makes
 	// no heap allocation.
 	slots := slices.Grow(a.scratch.slots[:0], need)[:need] // the chunks to place at n0, n0+1, …
+	offs := slices.Grow(a.scratch.offs[:0], need)[:need]   // at base+offs[i]
 	back := slices.Grow(a.scratch.back[:0], need)[:need]   // slots[i] was taken back in place: already mapped
 	clear(slots)
 	clear(back)
-	a.scratch.slots, a.scratch.back = slots, back
+	for i := range offs {
+		offs[i] = c + uint64(i)*a.chunkSize
+	}
+	a.scratch.slots, a.scratch.offs, a.scratch.back = slots, offs, back
 	// Chunks wait in the arena's range after its stream-ordered releases, and
 	// after a relief took them (until it unmaps them: then they are in the
 	// way, and the growth waits for them holding nothing).
@@ -849,7 +862,7 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 	want := need - nback
 	if k := len(have); k > want {
 		if err := a.putChunks(have[want:]); err != nil {
-			return chunk.Step{}, errors.Join(err, a.putChunks(have[:want]), a.giveBack(n0, slots, back))
+			return chunk.Step{}, errors.Join(err, a.putChunks(have[:want]), a.giveBack(offs, slots, back))
 		}
 		have = have[:want]
 	}
@@ -865,7 +878,7 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 			if errors.Is(err, chunk.ErrClosed) {
 				err = poolClosed{err}
 			}
-			undo := errors.Join(a.putChunks(fresh), a.giveBack(n0, slots, back))
+			undo := errors.Join(a.putChunks(fresh), a.giveBack(offs, slots, back))
 			if errors.Is(err, ErrOutOfMemory) && undo == nil {
 				return chunk.Step{Missing: want, Short: err}, nil
 			}
@@ -893,16 +906,16 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 		for j < need && !back[j] {
 			j++
 		}
-		sc, err := a.lend.MapRange(a.at(n0+i), slots[i:j], a.streams)
+		sc, err := a.lend.MapRange(a.base.Add(uintptr(offs[i])), slots[i:j], a.streams)
 		if err != nil {
-			return chunk.Step{}, a.undoGrow(n0, slots, back, i, scrubbed > 0, err)
+			return chunk.Step{}, a.undoGrow(offs, slots, back, i, scrubbed > 0, err)
 		}
 		scrubbed += sc
 		i = j
 	}
 	if scrubbed > 0 {
 		if err := a.fence.record(a.drv, a.streams[0]); err != nil {
-			return chunk.Step{}, a.undoGrow(n0, slots, back, need, true, err)
+			return chunk.Step{}, a.undoGrow(offs, slots, back, need, true, err)
 		}
 	}
 	// Mapped with access, the clears ordered, nothing published yet: the
@@ -914,17 +927,19 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 	fm := a.scratch.fm[:0]
 	for i := range slots {
 		if !back[i] {
-			fm = append(fm, chunk.Mapped{At: a.at(n0 + i), C: slots[i]})
+			fm = append(fm, chunk.Mapped{At: a.base.Add(uintptr(offs[i])), C: slots[i]})
 		}
 	}
 	a.scratch.fm = fm
 	if err := a.announce(cause, fm); err != nil {
-		return chunk.Step{}, a.undoGrow(n0, slots, back, need, scrubbed > 0, err)
+		return chunk.Step{}, a.undoGrow(offs, slots, back, need, scrubbed > 0, err)
 	}
 	a.maps += uint64(need)
-	a.chunks = append(a.chunks, slots...)
+	for _, ch := range slots {
+		a.geo.push(ch, a.chunkSize)
+	}
 	a.grows++
-	a.cap.Store(uint64(len(a.chunks)) * a.chunkSize)
+	a.setCap()
 	return chunk.Step{}, nil
 }
 
@@ -938,7 +953,12 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 // done; and every other chunk the growth placed goes back: fresh ones to
 // the pool, ones taken back in place to waiting for the device again. Call
 // with mu held.
-func (a *Arena) undoGrow(n0 int, slots []chunk.Chunk, back []bool, failed int, queued bool, err error) error {
+func (a *Arena) undoGrow(offs []uint64, slots []chunk.Chunk, back []bool, failed int, queued bool, err error) error {
+	at := func(i int) acl.DevicePtr { return a.base.Add(uintptr(offs[i])) }
+	slotOf := func(p acl.DevicePtr) int {
+		i, _ := slices.BinarySearch(offs, uint64(p-a.base))
+		return i
+	}
 	mapped := make([]bool, len(slots)) // fresh chunks still mapped
 	clears := make([]bool, len(slots)) // of those, the ones clears queued on the stream may still write
 	for i := 0; i < failed; i++ {
@@ -948,7 +968,7 @@ func (a *Arena) undoGrow(n0 int, slots []chunk.Chunk, back []bool, failed int, q
 	var left *chunk.LeftMappedError
 	if errors.As(err, &left) {
 		for _, m := range left.Left {
-			i := int(uint64(m.At-a.at(n0)) / a.chunkSize)
+			i := slotOf(m.At)
 			mapped[i] = true
 			if m.State == chunk.LeftQueued {
 				queued, clears[i] = true, true
@@ -967,40 +987,40 @@ func (a *Arena) undoGrow(n0 int, slots []chunk.Chunk, back []bool, failed int, q
 	var ms []chunk.Mapped
 	for i := range slots {
 		if mapped[i] {
-			ms = append(ms, chunk.Mapped{At: a.at(n0 + i), C: slots[i]})
+			ms = append(ms, chunk.Mapped{At: at(i), C: slots[i]})
 		}
 	}
 	free, lerr := a.letGoHeld(BackingUndo, ms)
 	err = errors.Join(err, lerr)
 	for k := len(ms) - 1; k >= 0; k-- {
-		i := int(uint64(ms[k].At-a.at(n0)) / a.chunkSize)
+		i := slotOf(ms[k].At)
 		keep := !free[k] || clears[i] && !synced
 		if !keep {
-			if uerr := a.lend.Unmap(a.at(n0 + i)); uerr != nil {
+			if uerr := a.lend.Unmap(at(i)); uerr != nil {
 				err = errors.Join(err, uerr)
 				keep = true
 			}
 		}
 		if keep {
 			a.maps++ // a stray counts as mapped
-			a.strays = append(a.strays, stray{a.at(n0 + i), slots[i]})
+			a.strays = append(a.strays, stray{at(i), slots[i]})
 			slots[i] = chunk.Chunk{}
 		}
 	}
-	return errors.Join(err, a.giveBack(n0, slots, back))
+	return errors.Join(err, a.giveBack(offs, slots, back))
 }
 
-// giveBack returns to the pool what a failed growth placed from slot n0:
-// fresh chunks (unmapped) with Put, chunks taken back in place (still
-// mapped) to waiting for the device. Zero slots are skipped.
-func (a *Arena) giveBack(n0 int, slots []chunk.Chunk, back []bool) error {
+// giveBack returns to the pool what a failed growth placed at offs: fresh
+// chunks (unmapped) with Put, chunks taken back in place (still mapped) to
+// waiting for the device. Zero slots are skipped.
+func (a *Arena) giveBack(offs []uint64, slots []chunk.Chunk, back []bool) error {
 	var errs []error
 	var mapped []chunk.Mapped
 	for i, ch := range slots {
 		switch {
 		case ch == chunk.Chunk{}:
 		case back[i]:
-			mapped = append(mapped, chunk.Mapped{At: a.at(n0 + i), C: ch})
+			mapped = append(mapped, chunk.Mapped{At: a.base.Add(uintptr(offs[i])), C: ch})
 		default:
 			errs = append(errs, a.lend.Put(ch))
 		}
@@ -1108,22 +1128,21 @@ func (a *Arena) unmapStrays(giveBack func(chunk.Chunk) error) error {
 // it was). Cap drops to keep chunks on success. Call with mu held and the
 // state frozen.
 func (a *Arena) dropTop(keep int, waited bool, cause BackingCause) error {
-	n := len(a.chunks)
+	n := a.geo.n()
 	if keep >= n {
 		return nil
 	}
 	if len(a.streams) > 0 {
 		ms := make([]chunk.Mapped, 0, n-keep)
 		for i := keep; i < n; i++ {
-			ms = append(ms, chunk.Mapped{At: a.at(i), C: a.chunks[i]})
+			ms = append(ms, chunk.Mapped{At: a.at(i), C: a.geo.cs[i]})
 		}
 		a.leave(cause, ms)
 		err := a.member.ReleaseAfter(ms, a.streams)
 		if err == nil {
 			a.unmaps += uint64(n - keep)
-			clear(a.chunks[keep:])
-			a.chunks = a.chunks[:keep]
-			a.cap.Store(uint64(keep) * a.chunkSize)
+			a.geo.cut(keep)
+			a.setCap()
 			return nil
 		}
 		if !errors.Is(err, chunk.ErrNoOrder) {
@@ -1143,25 +1162,25 @@ func (a *Arena) dropTop(keep int, waited bool, cause BackingCause) error {
 }
 
 // detach unmaps chunks keep.. top down, for cause, in preparation for giving
-// them back: they stay in a.chunks, and Cap stays, until release (or
+// them back: they stay in a.geo, and Cap stays, until release (or
 // reattach, to undo). The callbacks let go of them first: one that refuses
 // keeps them all mapped. If an unmap fails, it maps back what it unmapped
 // (the callbacks take them again) and returns the error. Call with mu held,
 // the state frozen and the device's work ordered.
 func (a *Arena) detach(keep int, cause BackingCause) error {
-	n := len(a.chunks)
+	n := a.geo.n()
 	if keep >= n {
 		return nil
 	}
 	ms := make([]chunk.Mapped, 0, n-keep)
 	for i := keep; i < n; i++ {
-		ms = append(ms, chunk.Mapped{At: a.at(i), C: a.chunks[i]})
+		ms = append(ms, chunk.Mapped{At: a.at(i), C: a.geo.cs[i]})
 	}
 	if _, err := a.letGo(cause, ms); err != nil {
 		return errors.Join(err, a.announce(BackingUndo, ms))
 	}
 	for i := n - 1; i >= keep; i-- {
-		if err := a.lend.Release(a.at(i), a.chunks[i]); err != nil {
+		if err := a.lend.Release(a.at(i), a.geo.cs[i]); err != nil {
 			return errors.Join(err, a.reattach(i+1, n), a.announce(BackingUndo, ms[:i+1-keep]))
 		}
 		a.unmaps++
@@ -1176,10 +1195,10 @@ func (a *Arena) detach(keep int, cause BackingCause) error {
 // brings Len down to Cap), and it returns the error.
 func (a *Arena) reattach(from, n int) (rerr error) {
 	for j := from; j < n; j++ {
-		err := a.lend.Map(a.at(j), a.chunks[j])
+		err := a.lend.Map(a.at(j), a.geo.cs[j])
 		if err == nil {
 			a.maps++
-			if err := a.announce(BackingUndo, []chunk.Mapped{{At: a.at(j), C: a.chunks[j]}}); err != nil {
+			if err := a.announce(BackingUndo, []chunk.Mapped{{At: a.at(j), C: a.geo.cs[j]}}); err != nil {
 				// Mapped back, and not registered: the error says so.
 				rerr = errors.Join(rerr, fmt.Errorf("a chunk mapped back was refused by a callback: %w", err))
 			}
@@ -1188,15 +1207,14 @@ func (a *Arena) reattach(from, n int) (rerr error) {
 		k := j
 		if errors.Is(err, chunk.ErrMapped) {
 			a.maps++
-			a.strays = append(a.strays, stray{a.at(j), a.chunks[j]})
+			a.strays = append(a.strays, stray{a.at(j), a.geo.cs[j]})
 			k++
 		}
 		for ; k < n; k++ {
-			err = errors.Join(err, a.lend.Put(a.chunks[k]))
+			err = errors.Join(err, a.lend.Put(a.geo.cs[k]))
 		}
-		clear(a.chunks[j:n])
-		a.chunks = a.chunks[:j]
-		a.cap.Store(uint64(j) * a.chunkSize)
+		a.geo.cut(j)
+		a.setCap()
 		return errors.Join(rerr, err)
 	}
 	return rerr
@@ -1206,12 +1224,11 @@ func (a *Arena) reattach(from, n int) (rerr error) {
 // lowers Cap to match.
 func (a *Arena) release(keep int) error {
 	var errs []error
-	for i := keep; i < len(a.chunks); i++ {
-		errs = append(errs, a.lend.Put(a.chunks[i]))
+	for i := keep; i < a.geo.n(); i++ {
+		errs = append(errs, a.lend.Put(a.geo.cs[i]))
 	}
-	clear(a.chunks[keep:])
-	a.chunks = a.chunks[:keep]
-	a.cap.Store(uint64(keep) * a.chunkSize)
+	a.geo.cut(keep)
+	a.setCap()
 	return errors.Join(errs...)
 }
 
@@ -1283,16 +1300,16 @@ func (a *Arena) trapDropped(n, l uint64) error {
 	if err := a.unstray(true); err != nil {
 		return err
 	}
-	keep := int(a.roundUp(n) / a.chunkSize)
+	keep := a.geo.keep(n)
 	if err := a.detach(keep, BackingTrapStale); err != nil {
 		return err
 	}
-	if end := min(l, uint64(keep)*a.chunkSize); end > n {
+	if end := min(l, a.geo.off(keep)); end > n {
 		if err := a.fence.wait(a.drv); err != nil {
-			return errors.Join(err, a.reattach(keep, len(a.chunks)))
+			return errors.Join(err, a.reattach(keep, a.geo.n()))
 		}
 		if err := a.drv.Memset(a.base.Add(uintptr(n)), PoisonByte, uintptr(end-n)); err != nil {
-			return errors.Join(fmt.Errorf("poison: %w", err), a.reattach(keep, len(a.chunks)))
+			return errors.Join(fmt.Errorf("poison: %w", err), a.reattach(keep, a.geo.n()))
 		}
 	}
 	return a.release(keep)
@@ -1370,7 +1387,7 @@ func (a *Arena) shrinks(keep uint64) bool {
 		return false
 	}
 	top := min(max(a.state.Load()&lenMask, keep), a.reserved)
-	return a.cap.Load() > a.roundUp(top)
+	return a.cap.Load() > a.chunkEnd(top)
 }
 
 // shrinkLocked is shrinkTo under the arena's lock. waited says the device
@@ -1388,8 +1405,8 @@ func (a *Arena) shrinkLocked(keep uint64, waited bool, epoch uint64, last bool) 
 	defer a.thaw(s, s&lenMask)
 	waited = waited && s&epochMask == epoch
 	top := min(max(s&lenMask, keep), a.reserved)
-	keepChunks := int(a.roundUp(top) / a.chunkSize)
-	if !waited && !last && (len(a.strays) > 0 || keepChunks < len(a.chunks)) {
+	keepChunks := a.geo.keep(top)
+	if !waited && !last && (len(a.strays) > 0 || keepChunks < a.geo.n()) {
 		return true, nil
 	}
 	c := a.cap.Load()
@@ -1516,12 +1533,12 @@ func (a *Arena) CloseContext(ctx context.Context) error {
 		return fail(err)
 	}
 	if err := a.releasing(); err != nil {
-		return fail(errors.Join(err, a.reattach(0, len(a.chunks))))
+		return fail(errors.Join(err, a.reattach(0, a.geo.n())))
 	}
 	if err := a.drv.ReleaseMemAddress(a.base); err != nil {
 		// The range stays: the callbacks take it again before the chunks
 		// come back into it.
-		return fail(errors.Join(err, a.unreleased(), a.reattach(0, len(a.chunks))))
+		return fail(errors.Join(err, a.unreleased(), a.reattach(0, a.geo.n())))
 	}
 	a.setLife(lifeClosed)
 	// Frozen for good: every Alloc takes the slow path and sees closed.

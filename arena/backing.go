@@ -243,30 +243,30 @@ func (a *Arena) OnBackingChange(fn func(BackingChange) error) error {
 // mu and ev.mu held.
 func (a *Arena) mappings() []acl.Mapping {
 	var ms []acl.Mapping
-	add := func(at acl.DevicePtr, c chunk.Chunk) {
-		ms = append(ms, acl.Mapping{Ptr: at, Size: uintptr(a.chunkSize), Handle: c.Handle})
+	add := func(at acl.DevicePtr, size uint64, c chunk.Chunk) {
+		ms = append(ms, acl.Mapping{Ptr: at, Size: uintptr(size), Handle: c.Handle})
 	}
-	for i, c := range a.chunks {
-		add(a.at(i), c)
+	for i, c := range a.geo.cs {
+		add(a.at(i), a.geo.size(i), c)
 	}
 	// Strays and slots a failure left mapped are not trusted (their access
 	// may never have been granted): only those a callback holds already
 	// (had access when announced) are told.
 	for _, s := range a.strays {
 		if a.ev.held[s.at].mask != 0 {
-			add(s.at, s.c)
+			add(s.at, a.chunkSize, s.c)
 		}
 	}
 	if st := a.sl.st; st != nil {
 		for i, sl := range st.slots {
-			if sl.state == slotMapped || sl.state == slotLeft && a.ev.held[a.at(i)].mask != 0 {
-				add(a.at(i), sl.c)
+			if at := st.at(a, i); sl.state == slotMapped || sl.state == slotLeft && a.ev.held[at].mask != 0 {
+				add(at, st.size(i), sl.c)
 			}
 		}
 	}
 	if a.imp == nil {
 		for _, m := range a.lend.PendingIn(a.base, uintptr(a.reserved)) {
-			add(m.At, m.C)
+			add(m.At, a.chunkSize, m.C)
 		}
 	}
 	slices.SortFunc(ms, byPtr)

@@ -49,11 +49,14 @@ func ForgetDefaultDrivers() {
 func ChunkAt(a *Arena, p acl.DevicePtr) (chunk.Chunk, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	i := int(uint64(p-a.base) / a.chunkSize)
-	if p < a.base || i >= len(a.chunks) {
+	if p < a.base {
 		return chunk.Chunk{}, false
 	}
-	return a.chunks[i], true
+	i := a.geo.index(uint64(p - a.base))
+	if i >= a.geo.n() {
+		return chunk.Chunk{}, false
+	}
+	return a.geo.cs[i], true
 }
 
 // DropRecords returns how many drops a keeps for the staleness check.

@@ -50,7 +50,7 @@ func (a *Arena) keepBytes(l uint64, by chunk.Ticket) uint64 {
 	if a.growth.ProtectedFrom(by) {
 		k = max(k, a.growing.Load())
 	}
-	return a.roundUp(k)
+	return a.chunkEnd(k)
 }
 
 // Give detaches up to n chunks from the top of the arena, above what it
@@ -71,17 +71,16 @@ func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Str
 	c0 := a.cap.Load()
 	s := a.freeze()
 	defer a.thaw(s, s&lenMask)
-	keep := max(int(a.keepBytes(s&lenMask, by)/a.chunkSize), len(a.chunks)-n)
-	if keep >= len(a.chunks) {
+	keep := max(a.geo.keep(a.keepBytes(s&lenMask, by)), a.geo.n()-n)
+	if keep >= a.geo.n() {
 		return 0, false
 	}
-	ms := make([]chunk.Mapped, 0, len(a.chunks)-keep)
-	for i := keep; i < len(a.chunks); i++ {
-		ms = append(ms, chunk.Mapped{At: a.at(i), C: a.chunks[i]})
+	ms := make([]chunk.Mapped, 0, a.geo.n()-keep)
+	for i := keep; i < a.geo.n(); i++ {
+		ms = append(ms, chunk.Mapped{At: a.at(i), C: a.geo.cs[i]})
 	}
-	clear(a.chunks[keep:])
-	a.chunks = a.chunks[:keep]
-	a.cap.Store(uint64(keep) * a.chunkSize)
+	a.geo.cut(keep)
+	a.setCap()
 	a.unmaps += uint64(len(ms))
 	a.reclaimed += uint64(len(ms))
 	a.hr.short = true          // the pool is short: a miss until the next refill is not the worker's pace

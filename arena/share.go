@@ -398,7 +398,7 @@ func (a *Arena) share(ctx context.Context, conn *net.UnixConn, b Buffer, opt Sha
 	if err := a.lend.WaitStreams(ctx, a.streams); err != nil {
 		return refuse(err)
 	}
-	first, handles, err := a.export(b, h.tgid, opt.ReadOnly)
+	from, handles, err := a.export(b, h.tgid, opt.ReadOnly)
 	if err != nil {
 		return refuse(err)
 	}
@@ -408,7 +408,7 @@ func (a *Arena) share(ctx context.Context, conn *net.UnixConn, b Buffer, opt Sha
 	step("share:exported")
 	sched.At(sched.ShareExported, a)
 	o := offer{sharing: sharing, chunkSize: a.chunkSize, chunks: uint64(len(handles)),
-		off: uint64(b.off) - uint64(first)*a.chunkSize, n: uint64(b.n)}
+		off: uint64(b.off) - from, n: uint64(b.n)}
 	if opt.ReadOnly {
 		o.flags |= flagReadOnly
 	}
@@ -493,13 +493,13 @@ func (a *Arena) checkTgid(tgid int32, pid int) error {
 }
 
 // export exports the chunks that hold b for the process tgid, and returns
-// the index of the first and their shareable handles. A descriptor is
+// the offset of the first in the arena and their shareable handles. A descriptor is
 // returned as a duplicate, taken while the arena's mutex still holds the
 // chunk: the driver's own is the driver's, closed when the chunk is freed,
 // which may happen as soon as the mutex is released, and its number then
 // names the next file this process opens. The caller closes the duplicates
 // (closeHandles).
-func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ int, hs []acl.ShareableHandle, err error) {
+func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ uint64, hs []acl.ShareableHandle, err error) {
 	if a.ev.owner.Load() != 0 && a.inCallback() {
 		return 0, nil, errCallback
 	}
@@ -511,8 +511,8 @@ func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ int, hs []acl.Sha
 	if err := a.lifeNow().err(); err != nil { // closing or going to sleep
 		return 0, nil, err
 	}
-	first := int(uint64(b.off) / a.chunkSize)
-	last := int((uint64(b.off) + uint64(b.n) - 1) / a.chunkSize)
+	first := a.geo.index(uint64(b.off))
+	last := a.geo.index(uint64(b.off) + uint64(b.n) - 1)
 	hs = make([]acl.ShareableHandle, 0, last-first+1)
 	defer func() {
 		if err != nil {
@@ -523,7 +523,7 @@ func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ int, hs []acl.Sha
 	if readOnly {
 		export = a.lend.ExportReadOnly
 	}
-	for _, c := range a.chunks[first : last+1] {
+	for _, c := range a.geo.cs[first : last+1] {
 		s, err := export(c, tgid)
 		if err != nil {
 			return 0, hs, err
@@ -537,7 +537,7 @@ func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ int, hs []acl.Sha
 		}
 		hs = append(hs, s)
 	}
-	return first, hs, nil
+	return a.geo.off(first), hs, nil
 }
 
 // closeHandles closes the descriptors among hs, which export duplicated.
@@ -1002,7 +1002,9 @@ func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant
 		}
 		return nil, errors.Join(fmt.Errorf("map the import: %w", err), a.Close())
 	}
-	a.chunks = chunks
+	for _, c := range chunks {
+		a.geo.push(c, cs)
+	}
 	a.maps = uint64(len(chunks))
 	a.grows = 1
 	a.cap.Store(size)

@@ -8,6 +8,7 @@ import (
 	"math"
 	"runtime/trace"
 	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -94,8 +95,32 @@ const (
 // sleepState is a sleeping arena's record.
 type sleepState struct {
 	mode  SleepMode
-	slots []slot // chunk i of the arena, for every chunk it had mapped
-	len   uint64 // Len when it fell asleep: the bytes the host copy holds (Offload)
+	slots []slot   // chunk i of the arena, for every chunk it had mapped
+	ends  []uint64 // ends[i]: the offset past slot i (a.geo's when it fell asleep), whatever became of its chunk
+	len   uint64   // Len when it fell asleep: the bytes the host copy holds (Offload)
+}
+
+// off returns the offset of slot i in the arena; off(len(slots)) is the
+// offset past the last.
+func (st *sleepState) off(i int) uint64 {
+	if i == 0 {
+		return 0
+	}
+	return st.ends[i-1]
+}
+
+// at returns the device address of slot i.
+func (st *sleepState) at(a *Arena, i int) acl.DevicePtr { return a.base.Add(uintptr(st.off(i))) }
+
+// size returns the bytes of slot i.
+func (st *sleepState) size(i int) uint64 { return st.ends[i] - st.off(i) }
+
+// keep returns how many slots hold the bytes [0, x).
+func (st *sleepState) keep(x uint64) int {
+	if x == 0 {
+		return 0
+	}
+	return min(sort.Search(len(st.ends), func(i int) bool { return st.ends[i] > x-1 })+1, len(st.slots))
 }
 
 // sleeper is the arena's sleep and wake state (see Arena.sl).
@@ -122,7 +147,7 @@ func (st *sleepState) mappedOf(a *Arena, s slotState) []chunk.Mapped {
 	var ms []chunk.Mapped
 	for i, sl := range st.slots {
 		if sl.state == s {
-			ms = append(ms, chunk.Mapped{At: a.at(i), C: sl.c})
+			ms = append(ms, chunk.Mapped{At: st.at(a, i), C: sl.c})
 		}
 	}
 	return ms
@@ -269,7 +294,7 @@ func (a *Arena) lockSleep(ctx context.Context) (lifecycle, error) {
 // sharedErr refuses to sleep an arena that lends a chunk to another process.
 // Call with mu held.
 func (a *Arena) sharedErr() error {
-	for _, c := range a.chunks {
+	for _, c := range a.geo.cs {
 		if a.lend.Shared(c) {
 			return fmt.Errorf("%w: a chunk is exported; Sleep refuses until the arena gives the shared memory back", ErrShared)
 		}
@@ -357,11 +382,11 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode) er
 			return undo(err)
 		}
 	}
-	st := &sleepState{mode: mode, slots: make([]slot, len(a.chunks)), len: n}
-	ms := make([]chunk.Mapped, len(a.chunks))
-	for i, c := range a.chunks {
+	st := &sleepState{mode: mode, slots: make([]slot, a.geo.n()), ends: slices.Clone(a.geo.ends), len: n}
+	ms := make([]chunk.Mapped, a.geo.n())
+	for i, c := range a.geo.cs {
 		st.slots[i] = slot{c: c}
-		ms[i] = chunk.Mapped{At: a.at(i), C: c}
+		ms[i] = chunk.Mapped{At: st.at(a, i), C: c}
 	}
 	// Whatever registered the memory lets go of it first, all of it: a
 	// refusal changes nothing.
@@ -401,9 +426,8 @@ func (a *Arena) sleepLocked(ctx context.Context, l lifecycle, mode SleepMode) er
 	// Asleep: Cap 0, Len kept, the state word frozen for good (every Alloc
 	// goes to the slow path and finds ErrAsleep). Slots a double fault left
 	// mapped count with the strays.
-	clear(a.chunks)
-	a.chunks = a.chunks[:0]
-	a.cap.Store(0)
+	a.geo.reset()
+	a.setCap()
 	e := a.nextEpoch(s)
 	if mode == Discard && n > 0 {
 		a.dropped(e, 0) // the bytes are gone: every buffer is stale
@@ -436,13 +460,13 @@ func (a *Arena) sleepAgain(st *sleepState) error {
 			errs = append(errs, err)
 			continue // its bytes are only there: it stays mapped
 		}
-		m := []chunk.Mapped{{At: a.at(i), C: sl.c}}
+		m := []chunk.Mapped{{At: st.at(a, i), C: sl.c}}
 		was := a.heldOf(m)[0]
 		if free, err := a.letGoHeld(BackingSleep, m); !free[0] {
 			errs = append(errs, err)
 			continue
 		}
-		if err := a.lend.Unmap(a.at(i)); err != nil {
+		if err := a.lend.Unmap(st.at(a, i)); err != nil {
 			errs = append(errs, err)
 			if was {
 				errs = append(errs, a.stillMapped(m))
@@ -463,12 +487,11 @@ func (a *Arena) sleepAgain(st *sleepState) error {
 // failure (slotMapped), to the host copy of an Offload sleep, before it is
 // unmapped: a slot the Sleep never unmapped may not have them there.
 func (a *Arena) saveMapped(st *sleepState, i int) error {
-	cs := a.chunkSize
-	lo, hi := uint64(i)*cs, min(uint64(i+1)*cs, st.len)
+	lo, hi := st.off(i), min(st.off(i+1), st.len)
 	if st.slots[i].state != slotMapped || st.mode != Offload || lo >= hi {
 		return nil
 	}
-	if err := a.drv.MemcpyDtoH(a.sl.host[lo:hi], a.at(i)); err != nil {
+	if err := a.drv.MemcpyDtoH(a.sl.host[lo:hi], st.at(a, i)); err != nil {
 		return fmt.Errorf("copy to the host at chunk %d: %w", i, err)
 	}
 	return nil
@@ -523,8 +546,7 @@ func (a *Arena) step() int { return max(1, int(pipeStep/a.chunkSize)) }
 // frees nothing (the caller frees every chunk once all are unmapped), and
 // stops at the first failure, leaving st to say what is held.
 func (a *Arena) offload(st *sleepState) error {
-	cs := a.chunkSize
-	data := int((st.len + cs - 1) / cs) // chunks holding bytes in use
+	data := st.keep(st.len) // chunks holding bytes in use
 	k := a.step()
 	steps := (data + k - 1) / k
 	done := make(chan error, steps)
@@ -535,9 +557,8 @@ func (a *Arena) offload(st *sleepState) error {
 				done <- errStopped
 				continue
 			}
-			lo := uint64(j*k) * cs
-			hi := min(lo+uint64(k)*cs, st.len)
-			done <- a.drv.MemcpyDtoH(a.sl.host[lo:hi], a.at(j*k))
+			lo, hi := st.off(j*k), min(st.off(min((j+1)*k, data)), st.len)
+			done <- a.drv.MemcpyDtoH(a.sl.host[lo:hi], st.at(a, j*k))
 		}
 	}()
 	waited := 0 // steps whose copy was received
@@ -557,7 +578,7 @@ func (a *Arena) offload(st *sleepState) error {
 			}
 			sched.At(sched.SleepCopied, a)
 		}
-		if err := a.lend.Unmap(a.at(i)); err != nil {
+		if err := a.lend.Unmap(st.at(a, i)); err != nil {
 			drain()
 			return err
 		}
@@ -573,7 +594,7 @@ var errStopped = errors.New("stopped")
 // leaves the bytes intact (the undo maps the held chunks back).
 func (a *Arena) unmapAll(st *sleepState) error {
 	for i := len(st.slots) - 1; i >= 0; i-- {
-		if err := a.lend.Unmap(a.at(i)); err != nil {
+		if err := a.lend.Unmap(st.at(a, i)); err != nil {
 			return err
 		}
 		a.unmaps++
@@ -669,7 +690,7 @@ func (a *Arena) wakeNeed() (need int, asked uint64, never bool) {
 	}
 	need = max(1, st.count(slotGone))
 	b := uint64(a.pool.Budget())
-	return need, uint64(need) * a.chunkSize, b > 0 && uint64(len(st.slots))*a.chunkSize > b
+	return need, uint64(need) * a.chunkSize, b > 0 && st.off(len(st.slots)) > b
 }
 
 // wakeLocked wakes a sleeping arena, with mu held: it maps the slots back
@@ -697,11 +718,11 @@ func (a *Arena) wakeLocked(ctx context.Context) error {
 		return err
 	}
 	// Awake: the chunks are where they were, and Len with them.
-	a.chunks = a.chunks[:0]
-	for _, s := range st.slots {
-		a.chunks = append(a.chunks, s.c)
+	a.geo.reset()
+	for i, s := range st.slots {
+		a.geo.push(s.c, st.size(i))
 	}
-	a.cap.Store(uint64(len(a.chunks)) * a.chunkSize)
+	a.setCap()
 	a.sl.st = nil
 	a.member.Wake()
 	a.setLife(lifeOpen)
@@ -789,7 +810,7 @@ func (a *Arena) takeChunks(n int, have *[]chunk.Chunk, taken map[acl.PhysicalHan
 // kept, or its chunk given back: held ones are freed, and mapped ones (a
 // double fault's) keep every slot below them. Call with mu held.
 func (a *Arena) trimSlots(st *sleepState) error {
-	keep := int(a.keepBytes(a.state.Load()&lenMask, math.MaxUint64) / a.chunkSize)
+	keep := st.keep(a.keepBytes(a.state.Load()&lenMask, math.MaxUint64))
 	for i := len(st.slots) - 1; i >= keep; i-- {
 		switch st.slots[i].state {
 		case slotMapped, slotLeft:
@@ -803,7 +824,7 @@ func (a *Arena) trimSlots(st *sleepState) error {
 	}
 	if keep < len(st.slots) {
 		clear(st.slots[keep:])
-		st.slots = st.slots[:keep]
+		st.slots, st.ends = st.slots[:keep], st.ends[:keep]
 	}
 	return nil
 }
@@ -828,7 +849,6 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 	if err := a.settleLeft(st); err != nil {
 		return err
 	}
-	cs := a.chunkSize
 	offload := st.mode == Offload
 	// Scrubs queued on a stream would race the host copy's synchronous
 	// writes: an offload's chunks are cleared synchronously, if at all.
@@ -847,7 +867,7 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 		}()
 	}
 	copyRun := func(from, to int) int { // queue the copy of slots [from, to)
-		lo, hi := uint64(from)*cs, min(uint64(to)*cs, st.len)
+		lo, hi := st.off(from), min(st.off(to), st.len)
 		if !offload || lo >= hi {
 			return 0
 		}
@@ -894,7 +914,7 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 			}
 			run = append(run, c)
 		}
-		sc, merr := a.lend.MapRange(a.at(i), run, streams)
+		sc, merr := a.lend.MapRange(st.at(a, i), run, streams)
 		if merr != nil {
 			err = merr
 			left := map[acl.DevicePtr]chunk.LeftState{}
@@ -905,7 +925,7 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 				}
 			}
 			for x, c := range run {
-				if state, ok := left[a.at(i+x)]; ok {
+				if state, ok := left[st.at(a, i+x)]; ok {
 					// Mapped, and not to be trusted: the undo below
 					// tries to unmap it once more.
 					a.maps++
@@ -937,7 +957,7 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 	}
 	ms := make([]chunk.Mapped, len(mapped))
 	for x, i := range mapped {
-		ms[x] = chunk.Mapped{At: a.at(i), C: st.slots[i].c}
+		ms[x] = chunk.Mapped{At: st.at(a, i), C: st.slots[i].c}
 	}
 	if err == nil {
 		cause := BackingWake
@@ -977,7 +997,7 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 			sl.state = slotLeft
 			continue
 		}
-		if uerr := a.lend.Unmap(a.at(i)); uerr != nil {
+		if uerr := a.lend.Unmap(st.at(a, i)); uerr != nil {
 			err = errors.Join(err, uerr)
 			sl.state, sl.queued = slotLeft, false
 			continue
@@ -1022,10 +1042,10 @@ func (a *Arena) settleLeft(st *sleepState) error {
 			}
 			synced = true
 		}
-		if free, err := a.letGoHeld(BackingUndo, []chunk.Mapped{{At: a.at(i), C: sl.c}}); !free[0] {
+		if free, err := a.letGoHeld(BackingUndo, []chunk.Mapped{{At: st.at(a, i), C: sl.c}}); !free[0] {
 			return err
 		}
-		if err := a.lend.Unmap(a.at(i)); err != nil {
+		if err := a.lend.Unmap(st.at(a, i)); err != nil {
 			return fmt.Errorf("unmap a chunk a failed wake left mapped: %w", err)
 		}
 		a.unmaps++
@@ -1052,13 +1072,13 @@ func (a *Arena) closeAsleep() error {
 				errs = append(errs, err)
 				continue // its bytes are only there: it stays mapped
 			}
-			m := []chunk.Mapped{{At: a.at(i), C: s.c}}
+			m := []chunk.Mapped{{At: st.at(a, i), C: s.c}}
 			was := a.heldOf(m)[0]
 			if free, err := a.letGoHeld(BackingClose, m); !free[0] {
 				errs = append(errs, err)
 				continue
 			}
-			if err := a.lend.Unmap(a.at(i)); err != nil {
+			if err := a.lend.Unmap(st.at(a, i)); err != nil {
 				errs = append(errs, err)
 				if was {
 					errs = append(errs, a.stillMapped(m))

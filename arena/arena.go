@@ -157,7 +157,8 @@ type Arena struct {
 
 	base      acl.DevicePtr
 	reserved  uint64
-	chunkSize uint64
+	chunkSize uint64 // the pool's chunks
+	unit      uint64 // the smallest chunk the arena maps, and the unit the pool's protocol counts in: the chunk size, while a pool has one size
 	drv       acl.Driver
 	pool      *chunk.Pool
 	lend      chunk.Lender // the pool's protocol with its arenas
@@ -248,7 +249,7 @@ func New(cfg Config) (*Arena, error) {
 		tenant = chunk.NewTenant()
 	}
 	a := &Arena{drv: drv, pool: pool, lend: pool.Lender(), ownPool: own, chunkSize: uint64(pool.ChunkSize()),
-		tenant: tenant, streams: slices.Clone(cfg.Streams), trap: cfg.TrapStale}
+		unit: uint64(pool.ChunkSize()), tenant: tenant, streams: slices.Clone(cfg.Streams), trap: cfg.TrapStale}
 	a.obs.log = cfg.Logger
 	a.obs.timed.Store(cfg.Logger != nil) // its events carry the durations
 	if cfg.Headroom > 0 {
@@ -257,7 +258,7 @@ func New(cfg Config) (*Arena, error) {
 		if cfg.MaxHeadroom == 0 {
 			a.hr.max = defaultMaxHeadroom * a.hr.min
 			if b := uint64(pool.Budget()); b > 0 {
-				a.hr.max = max(a.hr.min, min(a.hr.max, b/a.chunkSize*a.chunkSize))
+				a.hr.max = max(a.hr.min, min(a.hr.max, b/a.unit*a.unit))
 			}
 		}
 		a.hr.fixedLow = uint64(cfg.LowWater)
@@ -275,7 +276,7 @@ func New(cfg Config) (*Arena, error) {
 	if err := a.reserve(uint64(cfg.Reserve)); err != nil {
 		return fail(err)
 	}
-	if a.roundUp(a.hr.min) > a.reserved {
+	if a.roundUnit(a.hr.min) > a.reserved {
 		return fail(errors.Join(fmt.Errorf("arena: %w: Config.Headroom %s exceeds the reservation, %s (the device's memory, as Config.Reserve is 0)",
 			ErrInvalid, units.Ubytes(a.hr.min), units.Ubytes(a.reserved)), a.releaseReservation()))
 	}
@@ -336,23 +337,23 @@ func (a *Arena) checkPool(cfg Config) error {
 		return fmt.Errorf("arena: %w: the chunk size, %s, exceeds %s's largest reservation, %s",
 			ErrInvalid, units.Ubytes(cs), a.drv.Name(), units.Ubytes(limit))
 	}
-	if cfg.Reserve > 0 && a.roundUp(uint64(cfg.Reserve)) > limit {
+	if cfg.Reserve > 0 && a.roundUnit(uint64(cfg.Reserve)) > limit {
 		return fmt.Errorf("arena: %w: Config.Reserve %s (in chunks of %s) exceeds %s's largest reservation, %s (acl.Caps.MaxReserve)",
 			ErrInvalid, units.Bytes(int64(cfg.Reserve)), units.IEC(int64(cs)), a.drv.Name(), units.Ubytes(limit))
 	}
-	if cfg.Reserve > 0 && a.roundUp(a.hr.min) > a.roundUp(uint64(cfg.Reserve)) {
+	if cfg.Reserve > 0 && a.roundUnit(a.hr.min) > a.roundUnit(uint64(cfg.Reserve)) {
 		return fmt.Errorf("arena: %w: Config.Headroom %s exceeds Config.Reserve %s (in chunks of %s): headroom is mapped inside the reservation",
 			ErrInvalid, units.Bytes(int64(cfg.Headroom)), units.Bytes(int64(cfg.Reserve)), units.IEC(int64(cs)))
 	}
-	if b := uint64(a.pool.Budget()); b > 0 && a.roundUp(a.hr.min) > b {
+	if b := uint64(a.pool.Budget()); b > 0 && a.roundUnit(a.hr.min) > b {
 		return fmt.Errorf("arena: %w: Config.Headroom %s (in chunks of %s) exceeds the pool's budget, %s",
 			ErrInvalid, units.Bytes(int64(cfg.Headroom)), units.IEC(int64(cs)), units.Ubytes(b))
 	}
-	if cfg.MaxHeadroom > 0 && cfg.Reserve > 0 && a.roundUp(a.hr.max) > a.roundUp(uint64(cfg.Reserve)) {
+	if cfg.MaxHeadroom > 0 && cfg.Reserve > 0 && a.roundUnit(a.hr.max) > a.roundUnit(uint64(cfg.Reserve)) {
 		return fmt.Errorf("arena: %w: Config.MaxHeadroom %s exceeds Config.Reserve %s (in chunks of %s): headroom is mapped inside the reservation",
 			ErrInvalid, units.Bytes(int64(cfg.MaxHeadroom)), units.Bytes(int64(cfg.Reserve)), units.IEC(int64(cs)))
 	}
-	if b := uint64(a.pool.Budget()); cfg.MaxHeadroom > 0 && b > 0 && a.roundUp(a.hr.max) > b {
+	if b := uint64(a.pool.Budget()); cfg.MaxHeadroom > 0 && b > 0 && a.roundUnit(a.hr.max) > b {
 		return fmt.Errorf("arena: %w: Config.MaxHeadroom %s (in chunks of %s) exceeds the pool's budget, %s",
 			ErrInvalid, units.Bytes(int64(cfg.MaxHeadroom)), units.IEC(int64(cs)), units.Ubytes(b))
 	}
@@ -367,7 +368,9 @@ func (a *Arena) releaseReservation() error {
 	return nil
 }
 
-func (a *Arena) roundUp(n uint64) uint64 { return (n + a.chunkSize - 1) / a.chunkSize * a.chunkSize }
+// roundUnit rounds n bytes up to whole units: what a request of n bytes
+// maps at the least.
+func (a *Arena) roundUnit(n uint64) uint64 { return (n + a.unit - 1) / a.unit * a.unit }
 
 // at returns the device address of chunk i (of a.geo; off(n()) is Cap's).
 func (a *Arena) at(i int) acl.DevicePtr { return a.base.Add(uintptr(a.geo.off(i))) }
@@ -378,7 +381,7 @@ func (a *Arena) setCap() { a.cap.Store(a.geo.top()) }
 // chunkEnd returns, without the arena's lock, the offset past the chunk
 // that holds byte x-1 (0 for x 0): what a Len of x keeps mapped. Every
 // chunk is the pool's chunk size, so it is x rounded up to it.
-func (a *Arena) chunkEnd(x uint64) uint64 { return a.roundUp(x) }
+func (a *Arena) chunkEnd(x uint64) uint64 { return (x + a.chunkSize - 1) / a.chunkSize * a.chunkSize }
 
 // errNotMade is returned by the methods of an Arena that New did not make.
 var errNotMade = fmt.Errorf("arena: %w: the Arena was not made by New", ErrInvalid)
@@ -445,7 +448,7 @@ func (a *Arena) reserve(size uint64) error {
 	const op = "arena: reserve"
 	limit := reserveLimit(a.drv)
 	if size != 0 {
-		size = a.roundUp(size)
+		size = a.roundUnit(size)
 		p, err := a.drv.ReserveMemAddress(uintptr(size), 0, 0, 0)
 		if err != nil {
 			return fmt.Errorf("%s %s: %w", op, units.Ubytes(size), err)
@@ -457,10 +460,10 @@ func (a *Arena) reserve(size uint64) error {
 	if err != nil {
 		return fmt.Errorf("%s: device memory: %w", op, err)
 	}
-	size = min(a.roundUp(uint64(total)), limit/a.chunkSize*a.chunkSize)
+	size = min(a.roundUnit(uint64(total)), limit/a.unit*a.unit)
 	if size < a.chunkSize {
 		return fmt.Errorf("%s: %w: chunk size %s exceeds the largest reservation, %s", op, ErrInvalid,
-			units.Ubytes(a.chunkSize), units.Ubytes(min(a.roundUp(uint64(total)), limit)))
+			units.Ubytes(a.chunkSize), units.Ubytes(min(a.roundUnit(uint64(total)), limit)))
 	}
 	var errs []error
 	for size >= a.chunkSize {
@@ -470,7 +473,7 @@ func (a *Arena) reserve(size uint64) error {
 			return nil
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", units.Ubytes(size), err))
-		size = size / 2 / a.chunkSize * a.chunkSize
+		size = size / 2 / a.unit * a.unit
 	}
 	return fmt.Errorf("%s: %w", op, errors.Join(errs...))
 }
@@ -829,11 +832,11 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 		return chunk.Step{}, errors.Join(err, a.putChunks(have))
 	}
 	n0 := a.geo.n()
-	need := int((a.roundUp(target) - c) / a.chunkSize)
+	need := int((a.roundUnit(target) - c) / a.chunkSize)
 	// More than the budget can ever hold fails here, before any driver call
 	// (the arena's own chunks count in the budget, and the pool cannot take
 	// them from an arena that is growing).
-	if b, e := uint64(a.pool.Budget()), a.roundUp(target); b != 0 && e > b {
+	if b, e := uint64(a.pool.Budget()), a.roundUnit(target); b != 0 && e > b {
 		return chunk.Step{}, errors.Join(fmt.Errorf("%w: %w: %s mapped and %s more would exceed the pool's budget, %s", chunk.ErrBudget,
 			ErrOutOfMemory, units.Ubytes(c), units.Ubytes(e-c), units.Ubytes(b)),
 			a.putChunks(have))

@@ -87,7 +87,7 @@ func (a *Arena) setHeadroom(size uint64) {
 	a.hr.size.Store(size)
 	low := a.hr.fixedLow
 	if low == 0 {
-		low = max(size/2/a.chunkSize*a.chunkSize, min(size, a.chunkSize))
+		low = max(size/2/a.unit*a.unit, min(size, a.unit))
 	}
 	a.lowWater.Store(a.lowWater.Load()&^lenMask | low) // the era above is the epoch's (stale.go)
 }
@@ -107,14 +107,14 @@ func (a *Arena) missed() {
 	}
 }
 
-// decayed is the learnt headroom size shrunk by a quarter: in whole chunks
-// from a chunk up, in bytes below.
+// decayed is the learnt headroom size shrunk by a quarter: in whole units
+// from a unit up, in bytes below.
 func (a *Arena) decayed(size uint64) uint64 {
 	d := size * 3 / 4
-	if d < a.chunkSize {
+	if d < a.unit {
 		return d
 	}
-	return d / a.chunkSize * a.chunkSize
+	return d / a.unit * a.unit
 }
 
 // wantHeadroom asks the worker for a refill when the headroom above end is

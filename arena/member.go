@@ -20,8 +20,9 @@ type client struct{ a *Arena }
 
 var _ chunk.Meter = client{}
 
-// Reclaimable reports the chunks wholly above what the arena keeps (see
-// keepBytes), and whether Len is 0, from the atomic words alone.
+// Reclaimable reports, in units (a.unit: one per chunk while the pool has
+// one size), the chunks wholly above what the arena keeps (see keepBytes),
+// and whether Len is 0, from the atomic words alone.
 func (c client) Reclaimable(by chunk.Ticket) (int, bool) {
 	a := c.a
 	if a.lifeNow() != lifeOpen {
@@ -29,11 +30,11 @@ func (c client) Reclaimable(by chunk.Ticket) (int, bool) {
 	}
 	l := a.state.Load() & lenMask
 	mapped := a.cap.Load()
-	return int((mapped - min(a.keepBytes(l, by), mapped)) / a.chunkSize), l == 0
+	return int((mapped - min(a.keepBytes(l, by), mapped)) / a.unit), l == 0
 }
 
-// Held reports the chunks mapped below Cap, from the atomic word alone.
-func (c client) Held() int { return int(c.a.cap.Load() / c.a.chunkSize) }
+// Held reports the units mapped below Cap, from the atomic word alone.
+func (c client) Held() int { return int(c.a.cap.Load() / c.a.unit) }
 
 // Used reports the bytes in use that are mapped: Len, or none while the
 // arena sleeps (its bytes are on the host, or dropped), from the atomic
@@ -44,7 +45,8 @@ func (c client) Used() int64 {
 
 // keepBytes is what the relief with ticket by leaves mapped when Len is l:
 // l, what Grow promised and, while a growth of the arena is protected from
-// that relief, what it is growing into, rounded up to whole chunks.
+// that relief, what it is growing into, up to the end of the chunk that
+// holds its last byte.
 func (a *Arena) keepBytes(l uint64, by chunk.Ticket) uint64 {
 	k := max(l, a.floor.Load())
 	if a.growth.ProtectedFrom(by) {
@@ -53,10 +55,10 @@ func (a *Arena) keepBytes(l uint64, by chunk.Ticket) uint64 {
 	return a.chunkEnd(k)
 }
 
-// Give detaches up to n chunks from the top of the arena, above what it
-// keeps, and hands them to the pool still mapped, with the streams that
-// order their unmaps, before it lets go of its lock. No byte below Len is
-// touched. It never waits for the lock: a held one is busy.
+// Give detaches chunks from the top of the arena, above what it keeps,
+// until they make n units (the last may take it past n), and hands them to
+// the pool still mapped, with the streams that order their unmaps, before
+// it lets go of its lock. No byte below Len is touched. It never waits for the lock: a held one is busy.
 func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Stream)) (int, bool) {
 	a := c.a
 	if !a.mu.TryLock() {
@@ -71,7 +73,11 @@ func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Str
 	c0 := a.cap.Load()
 	s := a.freeze()
 	defer a.thaw(s, s&lenMask)
-	keep := max(a.geo.keep(a.keepBytes(s&lenMask, by)), a.geo.n()-n)
+	keep, given := a.geo.n(), 0
+	for k0 := a.geo.keep(a.keepBytes(s&lenMask, by)); keep > k0 && given < n; {
+		keep--
+		given += int(a.geo.size(keep) / a.unit)
+	}
 	if keep >= a.geo.n() {
 		return 0, false
 	}
@@ -87,7 +93,7 @@ func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Str
 	a.leave(BackingRelief, ms) // the pool tells the callbacks before it unmaps them
 	take(ms, a.streams)
 	a.obs.gaveBack(a, EventReclaim, c0)
-	return len(ms), false
+	return given, false
 }
 
 // Refill maps the headroom back up to its learnt size above Len, and what

@@ -965,7 +965,7 @@ func newImported(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, str
 // newImportedArena makes the arena of an Imported.
 func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream, cs uint64,
 	chunks []chunk.Chunk, imp *importMode) (*Arena, error) {
-	a := &Arena{drv: drv, pool: pool, lend: pool.Lender(), ownPool: own, chunkSize: cs, tenant: t, streams: slices.Clone(streams), imp: imp}
+	a := &Arena{drv: drv, pool: pool, lend: pool.Lender(), ownPool: own, chunkSize: cs, unit: cs, tenant: t, streams: slices.Clone(streams), imp: imp}
 	size := cs * uint64(len(chunks))
 	giveBack := func(err error) (*Arena, error) {
 		for _, c := range chunks {

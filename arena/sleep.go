@@ -680,17 +680,23 @@ func (a *Arena) wake(ctx context.Context) (woke bool, mode SleepMode, err error)
 }
 
 // wakeNeed says what a Wake that failed for want of memory lacks: the
-// chunks it must get from the pool, their bytes, and whether the pool's
+// units of the chunks it must get from the pool, their bytes, and whether the pool's
 // budget could never hold what the arena maps once awake. Call with mu
 // held, the arena asleep.
 func (a *Arena) wakeNeed() (need int, asked uint64, never bool) {
 	st := a.sl.st
 	if st == nil {
-		return 1, a.chunkSize, false
+		return 1, a.unit, false
 	}
-	need = max(1, st.count(slotGone))
+	var gone uint64
+	for i, sl := range st.slots {
+		if sl.state == slotGone {
+			gone += st.size(i)
+		}
+	}
+	need = max(1, int(gone/a.unit))
 	b := uint64(a.pool.Budget())
-	return need, uint64(need) * a.chunkSize, b > 0 && st.off(len(st.slots)) > b
+	return need, uint64(need) * a.unit, b > 0 && st.off(len(st.slots)) > b
 }
 
 // wakeLocked wakes a sleeping arena, with mu held: it maps the slots back

@@ -81,12 +81,12 @@ func (a *Arena) wait(ctx context.Context, asked uint64, try func(context.Context
 		return try(ctx) // the error Grow and Alloc give
 	}
 	return a.waitFor(ctx, &a.growth, func() (int, uint64, bool) {
-		if b := a.pool.Budget(); b > 0 && a.roundUp(a.state.Load()&lenMask+asked) > uint64(b) {
+		if b := a.pool.Budget(); b > 0 && a.roundUnit(a.state.Load()&lenMask+asked) > uint64(b) {
 			return 0, asked, true // more than the budget could ever give this arena
 		}
 		need := 1
 		if l, c := a.state.Load()&lenMask, a.cap.Load(); l+asked > c {
-			need = int((a.roundUp(l+asked) - c) / a.chunkSize)
+			need = int((a.roundUnit(l+asked) - c) / a.unit)
 		}
 		return need, asked, false
 	}, try)

@@ -276,6 +276,7 @@ func New(cfg Config) (*Arena, error) {
 	if err := a.reserve(uint64(cfg.Reserve)); err != nil {
 		return fail(err)
 	}
+	a.geo.sizes(a.chunkSize, a.unit, a.reserved)
 	if a.roundUnit(a.hr.min) > a.reserved {
 		return fail(errors.Join(fmt.Errorf("arena: %w: Config.Headroom %s exceeds the reservation, %s (the device's memory, as Config.Reserve is 0)",
 			ErrInvalid, units.Ubytes(a.hr.min), units.Ubytes(a.reserved)), a.releaseReservation()))
@@ -379,9 +380,9 @@ func (a *Arena) at(i int) acl.DevicePtr { return a.base.Add(uintptr(a.geo.off(i)
 func (a *Arena) setCap() { a.cap.Store(a.geo.top()) }
 
 // chunkEnd returns, without the arena's lock, the offset past the chunk
-// that holds byte x-1 (0 for x 0): what a Len of x keeps mapped. Every
-// chunk is the pool's chunk size, so it is x rounded up to it.
-func (a *Arena) chunkEnd(x uint64) uint64 { return (x + a.chunkSize - 1) / a.chunkSize * a.chunkSize }
+// that holds byte x-1 (0 for x 0): what a Len of x keeps mapped (a byte
+// above Cap counts as in a unit chunk).
+func (a *Arena) chunkEnd(x uint64) uint64 { return a.geo.end(x) }
 
 // errNotMade is returned by the methods of an Arena that New did not make.
 var errNotMade = fmt.Errorf("arena: %w: the Arena was not made by New", ErrInvalid)

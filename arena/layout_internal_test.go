@@ -44,24 +44,44 @@ func checkLayout(t *testing.T, g *layout, sizes []uint64, unit uint64) {
 			require.LessOrEqual(t, g.off(k-1), x-1, "chunk %d starts after byte %d", k-1, x-1)
 			require.Greater(t, g.off(k), x-1, "chunk %d ends at or before byte %d", k-1, x-1)
 		}
+		if g.unit == 0 {
+			continue
+		}
+		if x <= g.top() {
+			require.Equal(t, g.off(g.keep(x)), g.end(x), "end(%d), without the lock", x)
+		} else {
+			require.Equal(t, (x+g.unit-1)/g.unit*g.unit, g.end(x), "end(%d) above the top", x)
+		}
 	}
 }
 
-// FuzzLayout pushes chunks of mixed sizes and cuts them, and checks the
-// layout's offsets, index and keep against a byte map after each step.
+// FuzzLayout pushes chunks and cuts them, and checks the layout's offsets,
+// index, keep and end against a byte map after each step: chunks of any
+// size, where nothing reads end; and a pool's two sizes, laid as tile lays
+// a growth.
 func FuzzLayout(f *testing.F) {
-	f.Add([]byte{1, 1, 1, 0x82, 4, 2})
-	f.Add([]byte{8, 1, 1, 8, 0x81, 1, 8})
-	f.Fuzz(func(t *testing.T, ops []byte) {
-		const unit = 4
+	f.Add([]byte{1, 1, 1, 0x82, 4, 2}, false)
+	f.Add([]byte{8, 1, 1, 8, 0x81, 1, 8}, false)
+	f.Add([]byte{9, 3, 0x81, 17, 2, 0x80, 40}, true)
+	f.Fuzz(func(t *testing.T, ops []byte, two bool) {
+		const unit, large = 4, 16
 		var g layout
+		if two {
+			g.sizes(large, unit, 64<<10)
+		}
 		var sizes []uint64
 		for _, op := range ops {
-			if op&0x80 != 0 { // cut to keep chunks
+			switch {
+			case op&0x80 != 0: // cut to keep chunks
 				keep := int(op&0x7f) % (len(sizes) + 1)
 				g.cut(keep)
 				sizes = sizes[:keep]
-			} else { // push a chunk of 1..16 units
+			case two: // a growth by 1..64 units
+				for _, s := range g.tile(nil, g.top(), g.top()+uint64(op%64+1)*unit) {
+					sizes = append(sizes, s)
+					g.push(chunk.Chunk{Handle: acl.PhysicalHandle(len(sizes))}, s)
+				}
+			default: // a chunk of 1..16 units
 				s := uint64(op%16+1) * unit
 				sizes = append(sizes, s)
 				g.push(chunk.Chunk{Handle: acl.PhysicalHandle(len(sizes))}, s)
@@ -70,5 +90,33 @@ func FuzzLayout(f *testing.F) {
 		}
 		g.reset()
 		checkLayout(t, &g, nil, unit)
+		for i := range g.big {
+			require.Zero(t, g.big[i].Load(), "a block still marked with no chunk in it")
+		}
 	})
+}
+
+// TestTile lays growths as placement does: unit chunks up to a block,
+// whole blocks large, unit chunks after.
+func TestTile(t *testing.T) {
+	var g layout
+	g.sizes(16, 4, 1<<10)
+	for _, c := range []struct {
+		from, to uint64
+		want     []uint64
+	}{
+		{0, 4, []uint64{4}},
+		{0, 16, []uint64{16}},
+		{0, 20, []uint64{16, 4}},
+		{4, 36, []uint64{4, 4, 4, 16, 4}},
+		{8, 16, []uint64{4, 4}},
+		{16, 48, []uint64{16, 16}},
+		{12, 12, nil},
+	} {
+		require.Equal(t, c.want, g.tile(nil, c.from, c.to), "[%d, %d)", c.from, c.to)
+	}
+	var one layout
+	one.sizes(8, 8, 1<<10)
+	require.Equal(t, []uint64{8, 8, 8}, one.tile(nil, 8, 32), "one size")
+	require.Nil(t, one.big, "one size keeps no bits")
 }

@@ -979,6 +979,7 @@ func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant
 	if err := a.reserve(size); err != nil {
 		return giveBack(err)
 	}
+	a.geo.sizes(cs, cs, a.reserved)
 	m, err := pool.Lender().Join(client{a}, false)
 	if err != nil {
 		return giveBack(errors.Join(joinErr(err), a.releaseReservation()))

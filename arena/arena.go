@@ -940,7 +940,7 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 	}
 	a.maps += uint64(need)
 	for _, ch := range slots {
-		a.geo.push(ch, a.chunkSize)
+		a.geo.push(ch, uint64(ch.Size))
 	}
 	a.grows++
 	a.setCap()

@@ -254,7 +254,7 @@ func (a *Arena) mappings() []acl.Mapping {
 	// (had access when announced) are told.
 	for _, s := range a.strays {
 		if a.ev.held[s.at].mask != 0 {
-			add(s.at, a.chunkSize, s.c)
+			add(s.at, uint64(s.c.Size), s.c)
 		}
 	}
 	if st := a.sl.st; st != nil {
@@ -266,7 +266,7 @@ func (a *Arena) mappings() []acl.Mapping {
 	}
 	if a.imp == nil {
 		for _, m := range a.lend.PendingIn(a.base, uintptr(a.reserved)) {
-			add(m.At, a.chunkSize, m.C)
+			add(m.At, uint64(m.C.Size), m.C)
 		}
 	}
 	slices.SortFunc(ms, byPtr)
@@ -395,7 +395,7 @@ func (a *Arena) change(phase BackingPhase, cause BackingCause, gen uint64, ms []
 func (a *Arena) aclMappings(ms []chunk.Mapped) []acl.Mapping {
 	out := make([]acl.Mapping, len(ms))
 	for i, m := range ms {
-		out[i] = acl.Mapping{Ptr: m.At, Size: uintptr(a.chunkSize), Handle: m.C.Handle}
+		out[i] = acl.Mapping{Ptr: m.At, Size: m.C.Size, Handle: m.C.Handle}
 	}
 	slices.SortFunc(out, byPtr)
 	return out

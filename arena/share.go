@@ -1004,7 +1004,7 @@ func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant
 		return nil, errors.Join(fmt.Errorf("map the import: %w", err), a.Close())
 	}
 	for _, c := range chunks {
-		a.geo.push(c, cs)
+		a.geo.push(c, uint64(c.Size))
 	}
 	a.maps = uint64(len(chunks))
 	a.grows = 1

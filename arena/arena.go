@@ -174,6 +174,7 @@ type Arena struct {
 		offs         []uint64 // where slots[i] lies: base+offs[i]
 		back         []bool
 		fm           []chunk.Mapped
+		span         []chunk.Mapped // the chunks taken back in place
 	} // growLocked's, reused under mu
 	grower, refiller growStep    // the Placers of a growth on a caller's path and of a refill (growLocked)
 	imp              *importMode // set for an Imported's arena: how it maps another process's memory (share.go)
@@ -856,14 +857,16 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 	// Chunks wait in the arena's range after its stream-ordered releases, and
 	// after a relief took them (until it unmaps them: then they are in the
 	// way, and the growth waits for them holding nothing).
-	nback, busy := a.lend.ReclaimRun(a.at(n0), slots)
+	span, busy := a.lend.ReclaimSpan(a.at(n0), a.base.Add(uintptr(a.roundUnit(target))), a.scratch.span[:0])
+	a.scratch.span = span
 	if !busy.IsZero() {
 		return chunk.Step{Busy: busy}, a.putChunks(have)
 	}
-	for i := range slots {
-		back[i] = slots[i] != chunk.Chunk{}
+	for _, m := range span {
+		i := uint64(m.At-a.at(n0)) / a.chunkSize
+		slots[i], back[i] = m.C, true
 	}
-	want := need - nback
+	want := need - len(span)
 	if k := len(have); k > want {
 		if err := a.putChunks(have[want:]); err != nil {
 			return chunk.Step{}, errors.Join(err, a.putChunks(have[:want]), a.giveBack(offs, slots, back))
@@ -877,7 +880,8 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 			take = a.lend.TryAcquire
 		}
 		var err error
-		fresh, err = take(fresh, a.tenant, want-len(fresh))
+		n := want - len(fresh)
+		fresh, err = take(fresh, a.tenant, chunk.Ask{Units: n, Large: n})
 		if err != nil {
 			if errors.Is(err, chunk.ErrClosed) {
 				err = poolClosed{err}

@@ -799,7 +799,7 @@ func (a *Arena) takeChunks(n int, have *[]chunk.Chunk, taken map[acl.PhysicalHan
 	if have != nil {
 		cs, *have = *have, nil
 	}
-	more, err := a.lend.TakeFree(nil, a.tenant, n-len(cs))
+	more, err := a.lend.TakeFree(nil, a.tenant, chunk.Ask{Units: n - len(cs), Large: n - len(cs)})
 	if err != nil {
 		return nil, errors.Join(err, a.putChunks(cs))
 	}

@@ -43,14 +43,14 @@ func TestShortTakeAllocatesNothing(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { assert.NoError(t, p.Close()) }()
 	l, tn := p.Lender(), chunk.NewTenant()
-	held, err := l.TakeFree(nil, tn, 5)
+	held, err := l.TakeFree(nil, tn, chunk.Ask{Units: 5, Large: 5})
 	require.NoError(t, err)
 	require.NoError(t, l.Put(held[4])) // 4 in use, 1 cached, room for 3 more in the budget
 	assert.True(t, l.Fits(4))
 	assert.False(t, l.Fits(5))
 	before, st := fd.Calls(faultdriver.Any), p.Stats()
-	for _, take := range []func([]chunk.Chunk, chunk.Tenant, int) ([]chunk.Chunk, error){l.TakeFree, l.TryAcquire} {
-		got, err := take(nil, tn, 5)
+	for _, take := range []func([]chunk.Chunk, chunk.Tenant, chunk.Ask) ([]chunk.Chunk, error){l.TakeFree, l.TryAcquire} {
+		got, err := take(nil, tn, chunk.Ask{Units: 5, Large: 5})
 		require.ErrorIs(t, err, acl.ErrOutOfMemory)
 		assert.Empty(t, got)
 	}
@@ -60,7 +60,7 @@ func TestShortTakeAllocatesNothing(t *testing.T) {
 	assert.Equal(t, st.HeldBytes, after.HeldBytes)
 	assert.Equal(t, st.Hits, after.Hits, "the cached chunk was not taken and put back")
 
-	got, err := l.TakeFree(nil, tn, 4) // fits: the cached one and three fresh
+	got, err := l.TakeFree(nil, tn, chunk.Ask{Units: 4, Large: 4}) // fits: the cached one and three fresh
 	require.NoError(t, err)
 	assert.False(t, l.Fits(1))
 	require.NoError(t, l.PutBack(got))

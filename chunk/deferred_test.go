@@ -277,7 +277,7 @@ func TestReleaseAfterWaitsForItsStreamOnly(t *testing.T) {
 	assert.Equal(t, 1, s.Pending)
 	assert.Equal(t, 2, s.InUse, "held, and lent to nobody")
 	assert.Equal(t, 2, e.d.Live().Mappings, "still mapped while the kernel reads it")
-	got, err := e.p.Lender().TryAcquire(nil, 0, 1)
+	got, err := e.p.Lender().TryAcquire(nil, 0, chunk.Ask{Units: 1, Large: 1})
 	require.NoError(t, err)
 	assert.NotEqual(t, e.c, got[0], "a waiting chunk is handed to nobody")
 	require.NoError(t, e.p.Lender().Put(got[0]))
@@ -660,13 +660,13 @@ func TestTryAcquireStandsAsideDuringRelief(t *testing.T) {
 		got <- cs
 	}()
 	<-chosen // the relief chose the chunk the kernel holds, and waits for it
-	_, err = p.Lender().TryAcquire(nil, 0, 1)
+	_, err = p.Lender().TryAcquire(nil, 0, chunk.Ask{Units: 1, Large: 1})
 	require.Error(t, err, "TryAcquire stands aside")
 	assert.Contains(t, err.Error(), "relieving pressure")
 	finish()
 	cs = <-got
 	require.Len(t, cs, 2)
-	_, err = p.Lender().TryAcquire(nil, 0, 1)
+	_, err = p.Lender().TryAcquire(nil, 0, chunk.Ask{Units: 1, Large: 1})
 	require.Error(t, err, "the budget is full")
 	assert.NotContains(t, err.Error(), "relieving", "no relief under way")
 	for _, c := range cs {
@@ -708,7 +708,7 @@ func TestStatsMembersAndUsed(t *testing.T) {
 	assert.Equal(t, int64(1<<10), s.UsedBytes)
 	mb.Leave()
 	mc.Leave()
-	assert.Equal(t, chunk.Stats{ChunkSize: p.ChunkSize()}, p.Stats())
+	assert.Equal(t, chunk.Stats{ChunkSize: p.ChunkSize(), TailSize: p.TailSize()}, p.Stats())
 }
 
 // AskRefill serves a member that joined without refills: it starts the

@@ -130,12 +130,12 @@ func (d *device) others(except *Pool) []*Pool {
 }
 
 // trimOthers asks every other pool on the device to free its cache, and
-// returns how many chunks they freed.
-func (d *device) trimOthers(p *Pool) int {
-	n := 0
+// returns how many chunks they freed, and their bytes.
+func (d *device) trimOthers(p *Pool) (n int, bytes uintptr) {
 	for _, q := range d.others(p) {
-		k, _ := q.trim() // a chunk q fails to free stays in its cache
+		k, b, _ := q.trim() // a chunk q fails to free stays in its cache
 		n += k
+		bytes += b
 	}
-	return n
+	return n, bytes
 }

@@ -20,7 +20,7 @@
 //	out ──Free (an arena going to sleep: FreePhysical, never cached)──▶ none
 //
 // A chunk waiting for the device is waiting, claimed by a relief, or being
-// unmapped; its member may take it back where it lies (ReclaimRun). Those
+// unmapped; its member may take it back where it lies (ReclaimSpan). Those
 // states, and the growth's, are the protocol's (protocol.go), told in
 // docs/design.md ("Pressure").
 //

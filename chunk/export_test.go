@@ -19,7 +19,10 @@ func (p Lender) Pending(ptr acl.DevicePtr) bool {
 // being unmapped. Then busy says what to wait for (holding nothing) before
 // trying again.
 func (p Lender) Reclaim(ptr acl.DevicePtr) (c Chunk, ok bool, busy Busy) {
-	var into [1]Chunk
-	n, busy := p.ReclaimRun(ptr, into[:])
-	return into[0], n == 1, busy
+	var buf [1]Mapped
+	ms, busy := p.ReclaimSpan(ptr, ptr+1, buf[:0])
+	if len(ms) == 0 {
+		return Chunk{}, false, busy
+	}
+	return ms[0].C, true, busy
 }

@@ -15,24 +15,30 @@ import (
 // Its methods never wait: the pool calls them while it holds its own locks
 // (Reclaimable and Held under its mutex, Give under its reliefMu), and from
 // its worker, which never waits.
+//
+// Reclaimable, Held and Give count units of the pool's tail size
+// (Pool.TailSize; on a pool of one size a unit is a chunk), whatever the
+// sizes of the chunks that hold them.
 type Client interface {
-	// Reclaimable reports, without blocking, how many chunks the client
+	// Reclaimable reports, without blocking, how many units the client
 	// would give the relief with ticket by now (Give), and whether it is
 	// idle (uses none).
-	Reclaimable(by Ticket) (chunks int, idle bool)
-	// Held reports, without blocking, how many chunks the client holds
+	Reclaimable(by Ticket) (units int, idle bool)
+	// Held reports, without blocking, how many units the client holds
 	// mapped, in use or not.
 	Held() int
-	// Give detaches up to n chunks from the top of the client's mapped
-	// memory for the relief with ticket by: above what it uses, what it
-	// promised and, while its own growth is protected from that relief
+	// Give detaches whole chunks from the top of the client's mapped memory,
+	// until they make n units or more (the last chunk, a large one, may
+	// take it past n: the relief hands the surplus to its growth), for the
+	// relief with ticket by: above what it uses, what it promised and,
+	// while its own growth is protected from that relief
 	// (Growth.ProtectedFrom), what that growth is growing into. It hands
-	// them over still mapped, lowest address first, with the streams
-	// whose queued work may touch them (none: any work on the device may),
-	// by calling take while it still holds its lock, so that no growth of
-	// its own can map over them before the pool has them in its books. The
-	// pool orders their unmaps and owns them from then on. It returns how
-	// many it gave. It never waits for its lock: when the lock is held it
+	// them over still mapped, lowest address first, with the streams whose
+	// queued work may touch them (none: any work on the device may), by
+	// calling take while it still holds its lock, so that no growth of its
+	// own can map over them before the pool has them in its books. The pool
+	// orders their unmaps and owns them from then on. It returns how many
+	// units it gave. It never waits for its lock: when the lock is held it
 	// gives nothing and reports busy, and the relief comes back to it.
 	Give(n int, by Ticket, take func(ms []Mapped, streams []acl.Stream)) (given int, busy bool)
 	// Refill maps the headroom the client keeps, with memory that is free

@@ -23,8 +23,9 @@ const (
 	// at (the first chunk's address), chunks, fresh, moved, queued.
 	EventScrub = "pool.scrub"
 	// EventRelieve: a growth (or an Acquire) found no room and relieved the pressure
-	// (Debug). Attributes: need and freed (chunks), reclaimed (from
-	// members), peer_trimmed (freed by other pools on the device), cause
+	// (Debug). Attributes: need and freed (units of the pool's tail size:
+	// chunks on a pool of one size), reclaimed (chunks from members),
+	// peer_trimmed (chunks freed by other pools on the device), cause
 	// ("budget" or "device"), dur.
 	EventRelieve = "pool.relieve"
 	// EventDeviceSync: a release waited for the whole device before it
@@ -35,7 +36,8 @@ const (
 	// chunks, failed.
 	EventRelease = "pool.release"
 	// EventOOM: an Acquire could not be served (Debug: the arena that asked
-	// reports it at Warn). Attributes: asked (chunks), asked_bytes, held,
+	// reports it at Warn). Attributes: asked (units of the pool's tail
+	// size: chunks on a pool of one size), asked_bytes, held,
 	// budget, in_use, cached, pending (chunks), err.
 	EventOOM = "pool.oom"
 )
@@ -92,13 +94,13 @@ func (p *Pool) logRelease(n, failed int) {
 	p.emit(slog.LevelDebug, EventRelease, slog.Int("chunks", n), slog.Int("failed", failed))
 }
 
-// logOOM reports an Acquire of n chunks that failed for want of memory,
+// logOOM reports an Acquire of n units that failed for want of memory,
 // with the view of the pool its error gives.
 func (p *Pool) logOOM(n int, s Stats, err error) {
 	if !p.logOn(slog.LevelDebug) {
 		return
 	}
-	p.emit(slog.LevelDebug, EventOOM, slog.Int("asked", n), slog.Int64("asked_bytes", int64(n)*int64(p.size)),
+	p.emit(slog.LevelDebug, EventOOM, slog.Int("asked", n), slog.Int64("asked_bytes", int64(n)*int64(p.tail)),
 		slog.Int64("held", s.HeldBytes), slog.Int64("budget", s.Budget), slog.Int("in_use", s.InUse),
 		slog.Int("cached", s.Cached), slog.Int("pending", s.Pending), slog.Any("err", err))
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"reflect"
 	"sync"
 	"sync/atomic"
@@ -143,6 +144,7 @@ type Chunk struct {
 // Stats describes a pool at one moment.
 type Stats struct {
 	ChunkSize int   // bytes per chunk
+	TailSize  int   // bytes per unit of the pool's protocol (Pool.TailSize)
 	InUse     int   // chunks handed out and not yet Put back (mapped, or waiting to be unmapped)
 	Cached    int   // chunks in the reuse cache
 	Pending   int   // chunks of InUse waiting for the device before they are unmapped
@@ -194,7 +196,8 @@ type Stats struct {
 // Pool hands out chunks of one size from one driver.
 type Pool struct {
 	drv       acl.Driver
-	size      uintptr
+	size      uintptr // the chunks' size (Config.Size)
+	tail      uintptr // the unit the protocol counts in: the size while the pool has one size
 	prop      acl.PhysicalMemProp
 	access    []acl.MemAccessDesc
 	implicit  atomic.Bool // the driver has no MemSetAccess: mappings are accessible as made
@@ -340,6 +343,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		drv:       traced{Driver: drv}, // trace.go; hist once it joins its device
 		log:       cfg.Logger,
 		size:      size,
+		tail:      size,
 		prop:      prop,
 		access:    acl.ReadWrite(drv.Device()),
 		span:      caps.AccessSpan,
@@ -357,6 +361,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	p.budget.Store(uintptr(cfg.Budget))
 	p.pending.init()
 	p.stats.ChunkSize = int(size)
+	p.stats.TailSize = int(size)
 	p.stats.Budget = cfg.Budget
 	p.dev = join(p)
 	p.drv = traced{Driver: drv, hist: p.dev.hist}
@@ -388,6 +393,11 @@ func (p *Pool) made() bool { return p != nil && p.drv != nil }
 // ChunkSize returns the size of every chunk, in bytes: Config.Size, or the
 // size the pool chose for Config.Size 0 (see SizeFor). It never changes.
 func (p *Pool) ChunkSize() int { return int(p.size) }
+
+// TailSize returns the unit the pool's protocol with its arenas counts in,
+// in bytes (Ask, Fits, Step.Missing, Client): the chunk size, on a pool of
+// one size. It never changes.
+func (p *Pool) TailSize() int { return int(p.tail) }
 
 // Budget returns the most physical bytes the pool holds (Config.Budget, or
 // what SetBudget set last); 0 when there is no cap.
@@ -449,13 +459,20 @@ func (p Lender) GetFor(t Tenant) (Chunk, error) {
 // n chunks that exceed the budget by themselves fail at once, before any
 // driver call.
 func (p Lender) Acquire(t Tenant, n int) ([]Chunk, error) {
-	if err := p.pool.checkAsk(n); err != nil {
+	if !p.pool.made() {
+		return nil, errNotMade
+	}
+	o, err := p.pool.exact(n)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.pool.checkAsk(o); err != nil {
 		return nil, err
 	}
 	if t == 0 {
 		t = NewTenant()
 	}
-	tk := &taker{p: p.pool, t: t, n: n}
+	tk := &taker{p: p.pool, t: t, o: o}
 	var g Growth
 	if err := p.Grow(context.Background(), &g, t, tk, MayRelieve); err != nil {
 		return nil, err
@@ -463,30 +480,30 @@ func (p Lender) Acquire(t Tenant, n int) ([]Chunk, error) {
 	return tk.got, nil
 }
 
-// taker is Acquire's Placer: a growth of n chunks that maps nothing and
-// holds no lock.
+// taker is Acquire's Placer: a growth of an exact order that maps nothing
+// and holds no lock.
 type taker struct {
 	p   *Pool
 	t   Tenant
-	n   int
+	o   order
 	got []Chunk
 }
 
 func (tk *taker) Place(have []Chunk) (Step, error) {
-	if len(have) > tk.n {
-		if err := tk.p.putAll(have[tk.n:]); err != nil {
-			return Step{}, errors.Join(err, tk.p.putAll(have[:tk.n]))
+	if len(have) > tk.o.large {
+		if err := tk.p.putAll(have[tk.o.large:]); err != nil {
+			return Step{}, errors.Join(err, tk.p.putAll(have[:tk.o.large]))
 		}
-		have = have[:tk.n]
+		have = have[:tk.o.large]
 	}
-	got, err := tk.p.acquire(have, tk.t, tk.n-len(have), takeFree)
+	got, err := tk.p.acquire(have, tk.t, tk.p.exactOf(tk.o.large-len(have)), takeFree)
 	if err == nil {
 		tk.got = got
 		return Step{}, nil
 	}
 	err = errors.Join(err, tk.p.putAll(have))
 	if errors.Is(err, acl.ErrOutOfMemory) {
-		return Step{Missing: tk.n, Short: err}, nil
+		return Step{Missing: tk.o.units, Short: err}, nil
 	}
 	return Step{}, err
 }
@@ -494,15 +511,68 @@ func (tk *taker) Place(have []Chunk) (Step, error) {
 func (tk *taker) Unlock() <-chan struct{} { return nil }
 func (tk *taker) Lock()                   {}
 
-// TakeFree appends to dst n chunks for tenant t, all or none, taking only
-// memory that is free now (the cache, the budget's room, the device's): it
-// never waits and takes nothing from anyone, so a caller may hold a member's
-// lock. With a dst of room enough it allocates nothing. A shortage is not
-// counted in Stats.Failures (nor logged): its caller is expected to relieve
-// the pressure next (Lender.Grow), which is. On failure it returns dst as it
-// was.
-func (p Lender) TakeFree(dst []Chunk, t Tenant, n int) ([]Chunk, error) {
-	return p.pool.acquire(dst, t, n, takeFree)
+// An Ask is what a take asks the pool for, counted in units of the pool's
+// tail size (Pool.TailSize; on a pool of one size a unit is a chunk): Units
+// units in all, of which at most Large may come as large chunks (of
+// Pool.ChunkSize, ChunkSize/TailSize units each), the rest in tail chunks.
+// Tail chunks may stand in for large ones: a take may serve the whole ask
+// in tail chunks. On a pool of one size, Large is ignored.
+type Ask struct {
+	Units int
+	Large int
+}
+
+// order is an Ask as take serves it: units of the tail size, at most large
+// of them in large chunks; exact asks for large chunks only, which tail
+// chunks do not stand in for (Acquire's n chunks).
+type order struct {
+	units, large int
+	exact        bool
+}
+
+// per returns how many units a large chunk holds.
+func (p *Pool) per() int { return int(p.size / p.tail) }
+
+// orderOf returns the order of a: on a pool of one size every unit is a
+// chunk, and Large does not matter.
+func (p *Pool) orderOf(a Ask) (order, error) {
+	if a.Units < 0 || p.per() > 1 && a.Large < 0 {
+		return order{}, fmt.Errorf("chunk: acquire %d units, %d large: %w", a.Units, a.Large, acl.ErrInvalidParam)
+	}
+	k := p.per()
+	if k == 1 {
+		return order{units: a.Units, large: a.Units}, nil
+	}
+	return order{units: a.Units, large: min(a.Large, a.Units/k)}, nil
+}
+
+// exact returns the order of n large chunks, for Acquire.
+func (p *Pool) exact(n int) (order, error) {
+	if n < 0 || n > math.MaxInt/p.per() {
+		return order{}, fmt.Errorf("chunk: acquire %d chunks: %w", n, acl.ErrInvalidParam)
+	}
+	return p.exactOf(n), nil
+}
+
+// exactOf is exact for an n known to be in range.
+func (p *Pool) exactOf(n int) order { return order{units: n * p.per(), large: n, exact: true} }
+
+// TakeFree appends to dst chunks for tenant t that make a's units, all or
+// none (see Ask), taking only memory that is free now (the cache, the
+// budget's room, the device's): it never waits and takes nothing from
+// anyone, so a caller may hold a member's lock. With a dst of room enough
+// it allocates nothing. A shortage is not counted in Stats.Failures (nor
+// logged): its caller is expected to relieve the pressure next
+// (Lender.Grow), which is. On failure it returns dst as it was.
+func (p Lender) TakeFree(dst []Chunk, t Tenant, a Ask) ([]Chunk, error) {
+	if !p.pool.made() {
+		return dst, errNotMade
+	}
+	o, err := p.pool.orderOf(a)
+	if err != nil {
+		return dst, err
+	}
+	return p.pool.acquire(dst, t, o, takeFree)
 }
 
 // TryAcquire is TakeFree for speculative growth (the background worker's
@@ -510,8 +580,15 @@ func (p Lender) TakeFree(dst []Chunk, t Tenant, n int) ([]Chunk, error) {
 // or any growth on the device waits for memory, it takes nothing, and fails
 // with an error matching acl.ErrOutOfMemory, since the memory being freed,
 // or given back, is for that growth. Its shortages count as failures.
-func (p Lender) TryAcquire(dst []Chunk, t Tenant, n int) ([]Chunk, error) {
-	return p.pool.acquire(dst, t, n, standAside)
+func (p Lender) TryAcquire(dst []Chunk, t Tenant, a Ask) ([]Chunk, error) {
+	if !p.pool.made() {
+		return dst, errNotMade
+	}
+	o, err := p.pool.orderOf(a)
+	if err != nil {
+		return dst, err
+	}
+	return p.pool.acquire(dst, t, o, standAside)
 }
 
 // The ways an acquire may take its chunks.
@@ -522,40 +599,37 @@ const (
 	standAside                    // takeFree, and nothing while a growth relieves or waits
 )
 
-// checkAsk refuses, before any driver call, a negative ask and one larger
-// than the whole budget.
-func (p *Pool) checkAsk(n int) error {
+// checkAsk refuses, before any driver call, an order larger than the whole
+// budget.
+func (p *Pool) checkAsk(o order) error {
 	if !p.made() {
 		return errNotMade
 	}
-	if n < 0 {
-		return fmt.Errorf("chunk: acquire %d chunks: %w", n, acl.ErrInvalidParam)
-	}
-	if b := p.budget.Load(); b != 0 && uint64(n) > uint64(b/p.size) {
+	if b := p.budget.Load(); b != 0 && uint64(o.units) > uint64(b/p.tail) {
 		p.mu.Lock()
 		p.stats.Failures++
 		p.mu.Unlock()
-		err := fmt.Errorf("chunk: %w: %w: %d chunks of %s asked, more than the whole budget, %s", ErrBudget,
-			acl.ErrOutOfMemory, n, units.IEC(int64(p.size)), units.Bytes(int64(b)))
-		p.logOOM(n, p.Stats(), err)
+		err := fmt.Errorf("chunk: %w: %w: %s asked, more than the whole budget, %s", ErrBudget,
+			acl.ErrOutOfMemory, units.Ubytes(uint64(o.units)*uint64(p.tail)), units.Bytes(int64(b)))
+		p.logOOM(o.units, p.Stats(), err)
 		return err
 	}
 	return nil
 }
 
-// acquire appends n chunks for t to dst as mode says, taking only what is
-// free now (nil dst: it makes a slice of its own). On failure it returns dst
-// as it was.
-func (p *Pool) acquire(dst []Chunk, t Tenant, n int, mode acquireMode) ([]Chunk, error) {
-	if mode == standAside && n > 0 {
+// acquire appends the chunks of o for t to dst as mode says, taking only
+// what is free now (nil dst: it makes a slice of its own). On failure it
+// returns dst as it was.
+func (p *Pool) acquire(dst []Chunk, t Tenant, o order, mode acquireMode) ([]Chunk, error) {
+	if mode == standAside && o.units > 0 {
 		switch {
 		case p.relieving.Load() > 0:
-			return dst, fmt.Errorf("chunk: acquire %d chunks: %w: another growth is relieving pressure", n, acl.ErrOutOfMemory)
+			return dst, fmt.Errorf("chunk: acquire %d units: %w: another growth is relieving pressure", o.units, acl.ErrOutOfMemory)
 		case p.dev.waiters.Load() > 0:
-			return dst, fmt.Errorf("chunk: acquire %d chunks: %w: a growth waits for memory", n, acl.ErrOutOfMemory)
+			return dst, fmt.Errorf("chunk: acquire %d units: %w: a growth waits for memory", o.units, acl.ErrOutOfMemory)
 		}
 	}
-	if err := p.checkAsk(n); err != nil {
+	if err := p.checkAsk(o); err != nil {
 		return dst, err
 	}
 	if t == 0 {
@@ -563,11 +637,11 @@ func (p *Pool) acquire(dst []Chunk, t Tenant, n int, mode acquireMode) ([]Chunk,
 	}
 	p.dev.note(t)
 	if dst == nil {
-		dst = make([]Chunk, 0, n)
+		dst = make([]Chunk, 0, o.units)
 	}
-	base, end := len(dst), len(dst)+n
+	base := len(dst)
 	got := dst
-	short, err := p.take(t, end, &got)
+	short, err := p.take(t, o, &got)
 	if err != nil {
 		return dst[:base], errors.Join(err, p.putBack(got[base:]))
 	}
@@ -576,7 +650,7 @@ func (p *Pool) acquire(dst []Chunk, t Tenant, n int, mode acquireMode) ([]Chunk,
 		if mode == takeFree { // its caller relieves next, and that counts
 			return dst[:base], errors.Join(short, perr)
 		}
-		return dst[:base], errors.Join(p.failed(n, short, nil), perr)
+		return dst[:base], errors.Join(p.failed(o.units, short, nil), perr)
 	}
 	return got, nil
 }
@@ -586,7 +660,7 @@ func budgetView(st Stats) string {
 	return fmt.Sprintf("%s of %s", units.IEC(st.HeldBytes), units.Bytes(st.Budget))
 }
 
-// roomNow is how many chunks a take could have at once without relief: the
+// roomNow is how many units a take could have at once without relief: the
 // cache's, and what the budget leaves (none known without a budget), once
 // the chunks on their way back to the driver are freed: it waits for those
 // frees (the pool's own, and a sleeping arena's), holding nothing, until
@@ -628,66 +702,67 @@ func (p *Pool) returnsSince(n uint64) bool {
 	return p.returns != n
 }
 
-// fitsLocked reports whether n chunks could be taken now, as far as the
+// fitsLocked reports whether the order o could be taken now, as far as the
 // pool's books know: from the cache, and within what the budget leaves. With
 // no budget only the device can say, by refusing an allocation. Call with mu
 // held.
-func (p *Pool) fitsLocked(n int) bool {
+func (p *Pool) fitsLocked(o order) bool {
 	b := p.budget.Load()
-	if b == 0 || n <= len(p.cache) {
+	if b == 0 || o.units <= len(p.cache) {
 		return true
 	}
 	free := uintptr(0)
 	if p.held < b {
-		free = (b - p.held) / p.size
+		free = (b - p.held) / p.tail
 	}
-	return uint64(n-len(p.cache)) <= uint64(free)
+	return uint64(o.units-len(p.cache)) <= uint64(free)
 }
 
-// Fits reports whether a TakeFree of n chunks could succeed now, as far as
-// the pool's books know: the cache and the budget's room (with no budget,
+// Fits reports whether a TakeFree of units units could succeed now, as far
+// as the pool's books know: the cache and the budget's room (with no budget,
 // only the device can refuse). It takes nothing, and the answer can be stale
 // by the time the caller acts on it: a client checks it before work that a
 // shortage would undo (a Wake that maps step by step), and still handles the
 // shortage.
-func (p Lender) Fits(n int) bool {
+func (p Lender) Fits(units int) bool {
 	if !p.pool.made() {
 		return false
 	}
 	p.pool.mu.Lock()
 	defer p.pool.mu.Unlock()
-	return !p.pool.closed && p.pool.fitsLocked(n)
+	return !p.pool.closed && p.pool.fitsLocked(order{units: units, large: units / p.pool.per()})
 }
 
 // roomNowNoWait is roomNow without the wait for frees under way.
 func (p *Pool) roomNowNoWait() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n := len(p.cache)
+	n := int(p.cachedBytes / p.tail)
 	if b := p.budget.Load(); b != 0 && p.held < b {
-		n += int((b - p.held) / p.size)
+		n += int((b - p.held) / p.tail)
 	}
 	return n
 }
 
-// take adds chunks for t to got until it holds n: from the cache, then from
-// the driver within the budget. It returns why it fell short (a budget or
-// out-of-memory error), or an error that ends the Acquire (ErrClosed, a
-// driver failure other than out of memory).
-func (p *Pool) take(t Tenant, n int, got *[]Chunk) (short, fatal error) {
+// take appends to got chunks for t that make the order o: from the cache,
+// then from the driver within the budget. It returns why it fell short (a
+// budget or out-of-memory error), or an error that ends the Acquire
+// (ErrClosed, a driver failure other than out of memory).
+func (p *Pool) take(t Tenant, o order, got *[]Chunk) (short, fatal error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return nil, errClosed
 	}
-	if !p.fitsLocked(n - len(*got)) {
+	if !p.fitsLocked(o) {
 		// An acquire takes all or nothing: what the cache and the budget
-		// hold cannot make n, so nothing is taken or allocated (each chunk
-		// allocated here would be freed again, the cache being full, or
-		// kept from the relief that follows).
+		// hold cannot make the order, so nothing is taken or allocated
+		// (each chunk allocated here would be freed again, the cache being
+		// full, or kept from the relief that follows).
 		p.mu.Unlock()
 		return errBudgetShort, nil
 	}
+	n := len(*got) + o.units // one size: a unit is a chunk
 	for len(*got) < n && len(p.cache) > 0 {
 		i := len(p.cache) - 1
 		for j := i; j >= 0; j-- {
@@ -764,6 +839,15 @@ func (p *Pool) freshHolder() Tenant {
 		return zeroed
 	}
 	return fresh
+}
+
+// unitsOf returns the units (of the tail size) that cs hold.
+func (p *Pool) unitsOf(cs []Chunk) int {
+	var b uintptr
+	for _, c := range cs {
+		b += c.Size
+	}
+	return int(b / p.tail)
 }
 
 // putAll gives back chunks an Acquire took but cannot hand out.
@@ -943,12 +1027,13 @@ func (p *Pool) Trim() error {
 	if !p.made() {
 		return errNotMade
 	}
-	_, err := p.trim()
+	_, _, err := p.trim()
 	return err
 }
 
-// trim frees the cache and returns how many chunks it freed.
-func (p *Pool) trim() (int, error) {
+// trim frees the cache and returns how many chunks it freed, and their
+// bytes.
+func (p *Pool) trim() (n int, bytes uintptr, err error) {
 	p.mu.Lock()
 	cache := p.cache
 	p.cache = nil
@@ -959,15 +1044,15 @@ func (p *Pool) trim() (int, error) {
 	p.cachedBytes = 0
 	p.mu.Unlock()
 	errs := []error{p.freeDoomed()}
-	n := 0
 	for _, e := range cache {
 		err := p.free(e)
 		if err == nil {
 			n++
+			bytes += e.size
 		}
 		errs = append(errs, err)
 	}
-	return n, errors.Join(errs...)
+	return n, bytes, errors.Join(errs...)
 }
 
 // Stats returns the pool's counters.
@@ -1035,7 +1120,7 @@ func (p *Pool) CloseContext(ctx context.Context) error {
 	p.mu.Lock()
 	inUse := p.stats.InUse
 	p.mu.Unlock()
-	_, terr := p.trim()
+	_, _, terr := p.trim()
 	err = errors.Join(err, terr, p.dropEvents())
 	if first && inUse > 0 {
 		err = errors.Join(err, fmt.Errorf("chunk: pool closed with %d chunks still in use", inUse))

@@ -57,7 +57,7 @@ func TestCacheReuse(t *testing.T) {
 		require.NoError(t, p.Lender().Put(c))
 	}
 	s := p.Stats()
-	assert.Equal(t, chunk.Stats{ChunkSize: 2 * g, Cached: 2, HeldBytes: 4 * g, CachedBytes: 4 * g, Misses: 4, Allocs: 4, Frees: 2, Evictions: 2}, s)
+	assert.Equal(t, chunk.Stats{ChunkSize: 2 * g, TailSize: 2 * g, Cached: 2, HeldBytes: 4 * g, CachedBytes: 4 * g, Misses: 4, Allocs: 4, Frees: 2, Evictions: 2}, s)
 	assert.Equal(t, 2, d.Live().Handles, "the cache bound freed the rest")
 	// LIFO: the chunk put back last comes out first.
 	c, err := p.Lender().Get()

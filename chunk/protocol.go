@@ -125,9 +125,11 @@ type Placer interface {
 	// Place runs with the client's lock held. It places the growth from
 	// what is at hand and never waits: have (chunks a relief handed to the
 	// growth, out of the pool and unmapped), the client's own chunks still
-	// waiting for the device where it grows (Lender.ReclaimRun), and memory
+	// waiting for the device where it grows (Lender.ReclaimSpan), and memory
 	// free in the pool now (TakeFree, or TryAcquire for a speculative
-	// growth). Either it completes the growth and returns the zero Step, or
+	// growth). have may hold chunks of both of the pool's sizes, and more
+	// units than the growth lacks (a member gives whole chunks): the growth
+	// uses what fits it and puts the rest back (Put). Either it completes the growth and returns the zero Step, or
 	// it changes nothing, keeps no chunk (have included) and returns why:
 	// a Step that says what is missing or what is in its way, or an error
 	// that ends the growth.
@@ -142,8 +144,9 @@ type Placer interface {
 
 // A Step is why a Place did not complete its growth.
 type Step struct {
-	// Missing is how many fresh chunks the pool had no room for, and Short
-	// why (an error matching ErrBudget, or acl.ErrOutOfMemory for the
+	// Missing is how many units of fresh memory (of the pool's tail size,
+	// Pool.TailSize: chunks on a pool of one size) the pool had no room
+	// for, and Short why (an error matching ErrBudget, or acl.ErrOutOfMemory for the
 	// device).
 	Missing int
 	Short   error
@@ -344,15 +347,15 @@ func (p Lender) grow(ctx context.Context, g *Growth, t Tenant, pl Placer, mode G
 // could use: the growth fails as its take did.
 var errNoProgress = errors.New("chunk: nothing came back")
 
-// failed returns the error of a growth of n chunks that ends short for the
+// failed returns the error of a growth of n units that ends short for the
 // reason short (and cause, when ctx ended it), counts it among the pool's
 // failures and reports it.
 func (p *Pool) failed(n int, short, cause error) error {
 	st := p.Stats() // one view, for the error and the record alike
 	err := short
 	if errors.Is(short, ErrBudget) {
-		err = fmt.Errorf("chunk: %w: %w: %s held (%d chunks in use, %d cached, %d waiting for the device), %d chunks of %s asked",
-			ErrBudget, acl.ErrOutOfMemory, budgetView(st), st.InUse, st.Cached, st.Pending, n, units.IEC(int64(p.size)))
+		err = fmt.Errorf("chunk: %w: %w: %s held (%d chunks in use, %d cached, %d waiting for the device), %s asked",
+			ErrBudget, acl.ErrOutOfMemory, budgetView(st), st.InUse, st.Cached, st.Pending, units.IEC(int64(n)*int64(p.tail)))
 	}
 	if cause != nil {
 		err = fmt.Errorf("%w (%w)", err, cause)
@@ -364,7 +367,7 @@ func (p *Pool) failed(n int, short, cause error) error {
 	return err
 }
 
-// relieve frees room for a growth g of need chunks for tenant t, whose
+// relieve frees room for a growth g of need units for tenant t, whose
 // Place fell short for the reason short, holding nothing while it waits. It
 // returns the chunks it took for the growth (leased to t, unmapped), or
 // errNoProgress when nothing came back that a retry could use (chunks put
@@ -375,8 +378,10 @@ func (p *Pool) failed(n int, short, cause error) error {
 func (p *Pool) relieve(ctx context.Context, stop <-chan struct{}, t Tenant, need int, g *Growth, short error, returns uint64) (handed []Chunk, err error) {
 	defer trace.StartRegion(ctx, RegionRelieve).End()
 	sched.At(sched.ReliefBegin, p)
-	start, took, peers := time.Now(), 0, 0
-	defer func() { p.logRelieve(need, len(handed)+peers, took, peers, short, start) }()
+	// took: the chunks members gave; peers: those other pools freed, and
+	// their units (of this pool's tail size).
+	start, took, peers, peerUnits := time.Now(), 0, 0, 0
+	defer func() { p.logRelieve(need, p.unitsOf(handed)+peerUnits, took, peers, short, start) }()
 
 	// Chunks whose device work has ended cost no wait: they go first.
 	settled, _ := p.settleReady()
@@ -422,12 +427,12 @@ func (p *Pool) relieve(ctx context.Context, stop <-chan struct{}, t Tenant, need
 	if err != nil {
 		return handed, err
 	}
-	if !budget && len(handed) < need-room {
-		if n := p.dev.trimOthers(p); n > 0 {
+	if !budget && p.unitsOf(handed) < need-room {
+		if n, bytes := p.dev.trimOthers(p); n > 0 {
 			p.mu.Lock()
 			p.stats.PeerTrimmed += int64(n)
 			p.mu.Unlock()
-			peers = n
+			peers, peerUnits = n, int(bytes/p.tail)
 		}
 	}
 	// The worker may have put back, since the take fell short, chunks this
@@ -435,7 +440,7 @@ func (p *Pool) relieve(ctx context.Context, stop <-chan struct{}, t Tenant, need
 	// before it looked: they are in the cache, not handed over, or, the
 	// cache full, freed: room on the device that no count of the pool's
 	// shows (the device's limit is not the pool's).
-	more := len(handed) < need && (p.roomNowNoWait() > room || p.returnsSince(returns))
+	more := p.unitsOf(handed) < need && (p.roomNowNoWait() > room || p.returnsSince(returns))
 	if settled > 0 || len(handed) > 0 || peers > 0 || more || stopped(stop) {
 		return handed, nil
 	}
@@ -443,11 +448,11 @@ func (p *Pool) relieve(ctx context.Context, stop <-chan struct{}, t Tenant, need
 }
 
 // choose picks, one relief at a time, the chunks a relief takes for want
-// more chunks: members' idle chunks (idle members first, then least
+// more units: members' idle chunks (idle members first, then least
 // recently used first), then chunks waiting for the device that nobody has
 // claimed (oldest first). It claims them, in batches that wait for their own
-// events, and returns the batches, how many chunks they hold, how many of
-// those members gave, and whether a member that could have given was busy
+// events, and returns the batches, how many units they hold, how many
+// chunks members gave, and whether a member that could have given was busy
 // (its lock held): it asks none with a blocking lock. Where the budget is
 // what is short and all of that would not cover want, it takes nothing and
 // returns ok false.
@@ -474,7 +479,7 @@ func (p *Pool) choose(want int, g *Growth, budget bool) (claims []*batch, got, g
 	unclaimed := 0
 	for _, b := range p.pending.queue {
 		if !b.claimed {
-			unclaimed += b.left
+			unclaimed += b.units
 		}
 	}
 	p.mu.Unlock()
@@ -509,9 +514,9 @@ func (p *Pool) choose(want int, g *Growth, budget bool) (claims []*batch, got, g
 		}
 		n, wait := c.m.c.Give(want-got, by, func(ms []Mapped, streams []acl.Stream) {
 			claims = append(claims, p.enqueue(c.m, ms, streams, true))
+			given += len(ms)
 		})
 		got += n
-		given += n
 		busy = busy || wait
 	}
 	if got < want {
@@ -523,7 +528,7 @@ func (p *Pool) choose(want int, g *Growth, budget bool) (claims []*batch, got, g
 			if !b.claimed && b.left > 0 {
 				p.claimLocked(b)
 				claims = append(claims, b)
-				got += b.left
+				got += b.units
 			}
 		}
 		p.mu.Unlock()

@@ -30,7 +30,7 @@ func (tk *taking) Place(have []chunk.Chunk) (chunk.Step, error) {
 	if tk.spec {
 		take = tk.p.TryAcquire
 	}
-	got, err := take(have, 0, tk.n-len(have))
+	got, err := take(have, 0, chunk.Ask{Units: tk.n - len(have), Large: tk.n - len(have)})
 	if err != nil {
 		for _, c := range have {
 			if err := tk.p.Put(c); err != nil {

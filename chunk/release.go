@@ -53,6 +53,7 @@ type batch struct {
 	evs      []acl.Event
 	items    []*item
 	left     int     // items still in the books
+	units    int     // their units (of the pool's tail size): what a relief that claims the batch gets
 	complete bool    // the events were seen complete (or the device waited for): only unmaps remain
 	scrubbed bool    // cleared before the events were recorded (ScrubOnRelease)
 	sync     bool    // no events: ordered by a device-wide wait (a member without streams gave them)
@@ -97,7 +98,7 @@ func (m *Member) ReleaseAfter(ms []Mapped, streams []acl.Stream) error {
 // member's own chunks ms (mapped, lowest address first) wait in the pool
 // for a wait on the whole device, which whoever needs them next makes,
 // holding nothing: a relief that claims them, the member's own growth
-// taking them back where they lie (ReclaimRun: it needs no wait), or
+// taking them back where they lie (ReclaimSpan: it needs no wait), or
 // Close. The worker never makes that wait. It never waits itself, so its
 // caller may hold its own lock. Its client, when an Unmapper, is told
 // before they are unmapped.
@@ -215,6 +216,7 @@ func (p *Pool) enqueue(owner *Member, ms []Mapped, streams []acl.Stream, claimed
 // returns it.
 func (p *Pool) enqueueEvents(owner *Member, ms []Mapped, evs []acl.Event, claimed, scrubbed bool) *batch {
 	b := &batch{evs: evs, left: len(ms), sync: len(evs) == 0, claimed: claimed, scrubbed: scrubbed, owner: owner}
+	var bytes uintptr
 	p.mu.Lock()
 	state := chunkWaiting
 	if claimed {
@@ -234,8 +236,10 @@ func (p *Pool) enqueueEvents(owner *Member, ms []Mapped, evs []acl.Event, claime
 		}
 		b.items[i] = it
 		p.pending.byAddr[it.At] = it
-		p.pending.bytes += it.C.Size
+		bytes += it.C.Size
 	}
+	b.units = int(bytes / p.tail)
+	p.pending.bytes += bytes
 	p.pending.queue = append(p.pending.queue, b)
 	p.pending.chunks += len(ms)
 	p.releasedLocked() // wait.go: a waiter's retry may take them
@@ -312,38 +316,67 @@ func (p *Pool) dropEvents() error {
 	return p.destroyEvents(evs)
 }
 
-// ReclaimRun takes back, for their tenant, the chunks waiting for the device
-// in the len(into) slots of the pool's chunk size from ptr, still mapped
-// there: into[i] gets the chunk of slot i, or stays the zero Chunk where none
-// waits. It makes no driver call and never waits: when one of them is busy
-// (claimed by a relief, or being unmapped) it takes none, and returns what
-// to wait for before trying again. It returns how many it took, and
-// allocates nothing.
-func (p Lender) ReclaimRun(ptr acl.DevicePtr, into []Chunk) (n int, busy Busy) {
+// ReclaimSpan takes back, for their tenant, every chunk waiting for the
+// device that starts in [from, end), whatever its size, still mapped where
+// it lies, and appends them to dst in address order; a chunk that starts
+// in the span may end past end (a large chunk the span cuts). It makes no
+// driver call and never waits: when one of them is busy (claimed by a
+// relief, or being unmapped) it takes none, returns dst as it was, and
+// returns that one to wait for before trying again. With a dst of room
+// enough it allocates nothing. A member's chunks lie at multiples of the
+// tail size from its base (Pool.TailSize), and from is one of those places
+// (its top, where it grows).
+func (p Lender) ReclaimSpan(from, end acl.DevicePtr, dst []Mapped) ([]Mapped, Busy) {
 	p.pool.mu.Lock()
 	defer p.pool.mu.Unlock()
-	if len(p.pool.pending.byAddr) == 0 {
-		return 0, Busy{}
+	q := &p.pool.pending
+	if len(q.byAddr) == 0 || end <= from {
+		return dst, Busy{}
 	}
-	// One size: slot i starts i chunks from ptr.
-	for i := range into {
-		at := ptr.Add(uintptr(i) * p.pool.size)
-		if it := p.pool.pending.byAddr[at]; it != nil && it.state.busy() {
-			return 0, Busy{p.pool, at}
+	base := len(dst)
+	u := p.pool.tail
+	if steps := uintptr(end-from) / u; steps <= uintptr(len(q.byAddr)) {
+		// A short span: look at each place a chunk may start, and past
+		// each chunk found to its end.
+		for x := from; x < end; {
+			it := q.byAddr[x]
+			if it == nil {
+				if x.Add(u) < x {
+					break // the address space ends
+				}
+				x = x.Add(u)
+				continue
+			}
+			if it.state.busy() {
+				return dst[:base], Busy{p.pool, x}
+			}
+			dst = append(dst, it.Mapped)
+			if x.Add(it.C.Size) < x {
+				break
+			}
+			x = x.Add(it.C.Size)
 		}
-	}
-	for i := range into {
-		if it := p.pool.pending.byAddr[ptr.Add(uintptr(i)*p.pool.size)]; it != nil {
-			p.pool.settleLocked(it, chunkMapped, true)
-			into[i] = it.C
-			n++
+	} else {
+		// Fewer chunks wait than the span has places: look at each.
+		for at, it := range q.byAddr {
+			if at < from || at >= end {
+				continue
+			}
+			if it.state.busy() {
+				return dst[:base], Busy{p.pool, at}
+			}
+			dst = append(dst, it.Mapped)
 		}
+		slices.SortFunc(dst[base:], func(a, b Mapped) int { return cmp.Compare(a.At, b.At) })
 	}
-	return n, Busy{}
+	for _, m := range dst[base:] {
+		p.pool.settleLocked(q.byAddr[m.At], chunkMapped, true)
+	}
+	return dst, Busy{}
 }
 
 // ReclaimRange takes back every chunk waiting for the device in
-// [base, base+size) that is not busy, as ReclaimRun does, in no particular
+// [base, base+size) that is not busy, as ReclaimSpan does, in no particular
 // order; busy is one that is (zero when none is): wait for it, and call
 // again for the rest.
 func (p Lender) ReclaimRange(base acl.DevicePtr, size uintptr) (out []Mapped, busy Busy) {
@@ -375,6 +408,7 @@ func (p *Pool) settleLocked(it *item, to chunkState, closeDone bool) {
 		close(it.done)
 	}
 	it.b.left--
+	it.b.units -= int(it.C.Size / p.tail)
 	if it.b.left == 0 {
 		if i := slices.Index(p.pending.queue, it.b); i >= 0 {
 			p.pending.queue = slices.Delete(p.pending.queue, i, i+1)

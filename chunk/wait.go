@@ -34,7 +34,7 @@ type Waiter struct {
 	p    *Pool
 	m    *Member       // whose growth waits; nil for a waiter made by Lender.Enqueue
 	g    *Growth       // the member's growth, GrowQueued while it waits; nil: none
-	need int           // chunks the growth lacked at its last try; 0: unknown
+	need int           // units the growth lacked at its last try; 0: unknown
 	wake chan struct{} // one slot: a wake-up is never lost and never blocks its sender; sent under Pool.mu
 
 	// Under Pool.mu:
@@ -54,7 +54,7 @@ func (p Lender) Mark() uint64 { return p.pool.dev.gen.Load() }
 func (p Lender) Enqueue(mark uint64) (*Waiter, error) { return p.pool.enqueueWaiter(mark, nil, nil, 0) }
 
 // Enqueue is Lender.Enqueue for a growth g of the member that lacked need
-// chunks at its last try: the member's own failed tries (Failed) do not
+// units (of the pool's tail size, as Step.Missing) at its last try: the member's own failed tries (Failed) do not
 // wake it, Interrupt does, and the rule of ErrDeadlock looks at it. g
 // (which may be nil) is GrowQueued while it waits.
 func (m *Member) Enqueue(mark uint64, g *Growth, need int) (*Waiter, error) {
@@ -147,11 +147,11 @@ func (p *Pool) stuckLocked() *Waiter {
 		}
 	}
 	head := p.wq.q[0]
-	free := len(p.cache)
+	free := int(p.cachedBytes / p.tail) // units
 	if p.held < b {
-		free += int((b - p.held) / p.size)
+		free += int((b - p.held) / p.tail)
 	}
-	held, idle := 0, 0
+	held, idle := 0, 0 // units
 	for _, m := range p.members {
 		h := m.c.Held()
 		if h > 0 && !waiting[m] {
@@ -163,7 +163,7 @@ func (p *Pool) stuckLocked() *Waiter {
 			idle += n
 		}
 	}
-	if held != p.stats.InUse {
+	if held != int(p.inUseBytes/p.tail) {
 		return nil // chunks held by someone the pool cannot see waiting
 	}
 	if free+idle >= max(head.need, 1) {

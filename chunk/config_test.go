@@ -27,6 +27,13 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{chunk.Config{Size: -1}, "Config.Size -1: want 0"},
 		{chunk.Config{Size: 3 << 20}, "Config.Size 3145728 bytes (3 MiB) is not a multiple of the driver's granularity, 2097152 bytes (2 MiB)"},
 		{chunk.Config{Size: 256 << 30}, "(256 GiB) exceeds host's largest reservation, 137438953472 bytes (128 GiB)"},
+		{chunk.Config{TailSize: -1}, "Config.TailSize -1: want 0 (one size, Config.Size) or a multiple of the granularity that divides Config.Size"},
+		{chunk.Config{Size: 4 * g, TailSize: 3 << 20}, "Config.TailSize 3145728 bytes (3 MiB) is not a multiple of the driver's granularity, 2097152 bytes (2 MiB)"},
+		{chunk.Config{Size: 4 * g, TailSize: 4 * g}, "Config.TailSize 8388608 bytes (8 MiB) is not smaller than Config.Size, 8 MiB"},
+		{chunk.Config{Size: 2 * g, TailSize: 4 * g}, "Config.TailSize 8388608 bytes (8 MiB) is not smaller than Config.Size, 4 MiB"},
+		{chunk.Config{Size: 3 * g, TailSize: 2 * g}, "Config.TailSize 4194304 bytes (4 MiB) does not divide Config.Size, 6 MiB"},
+		{chunk.Config{TailSize: 2 * g}, "Config.TailSize 4194304 bytes (4 MiB) does not divide the chunk size the pool chose for Config.Size 0, 2 MiB (see SizeFor)"},
+		{chunk.Config{Budget: 64 << 30, TailSize: 3 * g}, "Config.TailSize 6291456 bytes (6 MiB) does not divide the chunk size the pool chose for Config.Size 0, 32 MiB"},
 		{chunk.Config{Budget: -1}, "Config.Budget -1: want 0"},
 		{chunk.Config{Budget: 1}, "Config.Budget 1 bytes is less than one chunk, 2 MiB"},
 		{chunk.Config{Ahead: -1}, "Config.Ahead -1: want 0"},
@@ -56,9 +63,28 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	assert.True(t, d.Live().Zero(), "%+v", d.Live())
 
 	// The limits themselves are accepted.
-	for _, cfg := range []chunk.Config{{Budget: g}, {Ahead: 4, Budget: 4 * g}, {Ahead: 64}, {WorkerCPU: 0.01}, {WorkerCPU: 1}} {
+	for _, cfg := range []chunk.Config{{Budget: g}, {Ahead: 4, Budget: 4 * g}, {Ahead: 64}, {WorkerCPU: 0.01}, {WorkerCPU: 1},
+		{Size: 4 * g, TailSize: g}, {Size: 4 * g, TailSize: 2 * g}, {Budget: 4 << 30, TailSize: g}} {
 		p, err := chunk.New(d, cfg)
 		require.NoError(t, err, "%+v", cfg)
+		require.NoError(t, p.Close())
+	}
+
+	// A TailSize equal to the size the pool chooses for Config.Size 0 is a
+	// pool of one size; otherwise the pool has two.
+	for _, c := range []struct {
+		cfg         chunk.Config
+		large, tail int
+	}{
+		{chunk.Config{TailSize: g}, g, g},
+		{chunk.Config{Budget: 4 << 30, TailSize: g}, 2 * g, g},
+		{chunk.Config{Size: 4 * g}, 4 * g, 4 * g},
+		{chunk.Config{Size: 4 * g, TailSize: g}, 4 * g, g},
+	} {
+		p, err := chunk.New(d, c.cfg)
+		require.NoError(t, err, "%+v", c.cfg)
+		assert.Equal(t, []int{c.large, c.tail}, []int{p.ChunkSize(), p.TailSize()}, "%+v", c.cfg)
+		assert.Equal(t, c.tail, p.Stats().TailSize)
 		require.NoError(t, p.Close())
 	}
 }

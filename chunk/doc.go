@@ -1,4 +1,5 @@
-// Package chunk hands out physical device memory in fixed-size chunks, keeps
+// Package chunk hands out physical device memory in chunks of one or two
+// fixed sizes, keeps
 // released chunks in a bounded reuse cache, enforces a byte budget shared by
 // everyone using the pool, and takes memory back from its members when
 // someone needs it.
@@ -6,14 +7,17 @@
 // # Chunk states
 //
 // A chunk is one physical allocation (one aclrtMallocPhysical handle) of
-// exactly the pool's chunk size, and is mapped whole or not at all, because
-// ACL maps and unmaps only whole allocations. Each [Chunk] carries its size
-// (Chunk.Size, set by the pool), and the pool's books count bytes chunk by
-// chunk at that size (Stats.InUseBytes and the other byte fields):
+// exactly one of the pool's sizes, and is mapped whole or not at all,
+// because ACL maps and unmaps only whole allocations. A pool has one size,
+// its chunk size, or two (Config.TailSize): large chunks of the chunk size
+// and tail chunks of the tail size, which divides it. Each [Chunk] carries
+// its size (Chunk.Size, set by the pool), and the pool's books count bytes
+// chunk by chunk at that size (Stats.InUseBytes and the other byte fields):
 //
-//	none ──Acquire (miss: MallocPhysical)──▶ out ──MapRange──▶ mapped
-//	none ──Warm, Config.Ahead (worker)──▶ cached
-//	cached ──Acquire (hit)──▶ out;  out ──Put──▶ cached (cache full: FreePhysical ──▶ none)
+//	none ──Acquire, TakeFree (miss: MallocPhysical)──▶ out ──MapRange──▶ mapped
+//	none ──Warm, Config.Ahead (worker; large chunks)──▶ cached
+//	cached ──a take (hit)──▶ out;  out ──Put──▶ cached, in the list of its size (cache full: FreePhysical ──▶ none)
+//	cached ──converted by a take short of room (FreePhysical, its bytes kept for that take)──▶ none
 //	mapped ──SyncDevice, Release──▶ out                   (the device-wide fallback)
 //	mapped ──ReleaseAfter, ReleaseAfterDevice, or Give to a relief──▶ waiting for the device ──unmapped──▶ cached, or a growth's
 //	cached ──Trim/Close, or a peer pool's device OOM (FreePhysical)──▶ none
@@ -88,10 +92,27 @@
 // The protocol, its states, its invariants and its liveness promise are in
 // docs/design.md ("Pressure").
 //
+// The protocol counts in units of the tail size (Pool.TailSize; on a pool
+// of one size a unit is a chunk): a take asks for units ([Ask]), of which
+// at most some may come as large chunks, and tail chunks stand in for large
+// ones; a growth's Step.Missing, a relief's need, a member's Reclaimable,
+// Held and Give, and a waiter's need are units. A member gives whole
+// chunks, so what a relief hands a growth may hold chunks of both sizes,
+// and more units than it lacks. Where an arena maps chunks of each size is
+// the arena's rule (package arena maps a large chunk only on a whole block
+// of the large size, aligned); the pool lends them and counts. When a take
+// is short of budget or of device memory while the cache holds chunks it
+// cannot use (large ones beyond what it asked for; tail ones, for Acquire,
+// which asks for large chunks only), the take converts them: it frees
+// them, keeping their bytes booked for itself meanwhile so that no other
+// growth takes the room, and allocates the chunks it lacks in their room
+// (Stats.Conversions). A take's check that it can be whole, Fits and a
+// relief count the cached chunks of both sizes as room.
+//
 // # The pool and its lender
 //
 // A pool's user (a server that sizes and watches its memory) needs New,
-// Close, Stats, Trim, Warm, Budget, SetBudget and ChunkSize. The protocol
+// Close, Stats, Trim, Warm, Budget, SetBudget, ChunkSize and TailSize. The protocol
 // with the arenas the pool lends chunks to (taking and giving back chunks,
 // mapping them, ordering their unmaps, membership, relief, waiting, sharing)
 // is a separate type, [Lender] (Pool.Lender), for those who write an arena of

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -89,7 +90,18 @@ type Config struct {
 	// beyond its length, and many arenas share one budget). The size is
 	// fixed at New: SetBudget does not change it.
 	Size int
-	// MaxCached bounds the reuse cache, in chunks. 0 means DefaultMaxCached;
+	// TailSize is the size of the pool's tail chunks in bytes. 0, the
+	// default, gives a pool of one size, Size. Otherwise it is a multiple of
+	// the driver's granularity, smaller than Size, that divides Size: the
+	// pool lends chunks of two sizes, large ones of Size and tail ones of
+	// TailSize, so that an arena maps the whole large chunks of a growth
+	// and the rest in tail chunks, and keeps less than a tail chunk mapped
+	// beyond its length instead of less than a large one. The protocol with
+	// the arenas counts in units of TailSize (Ask). With Size 0 it must
+	// divide the size the pool chooses (equal to it, the pool has one size).
+	TailSize int
+	// MaxCached bounds the reuse cache, in chunks (of both sizes, on a pool
+	// of two: one list per size). 0 means DefaultMaxCached;
 	// a negative value disables the cache.
 	MaxCached int
 	// Budget caps the physical bytes the pool holds: chunks in use, cached,
@@ -105,9 +117,10 @@ type Config struct {
 	// memory, so fresh chunks need no scrub. Drivers that promise it
 	// themselves (acl.Caps.Fresh, as the host driver does) need no help.
 	FreshZeroed bool
-	// Ahead keeps this many fresh chunks allocated in the cache by the
-	// pool's background worker, within the budget, so that a growth that
-	// finds the cache empty does not wait for MallocPhysical. 0 means none.
+	// Ahead keeps this many fresh chunks (large ones, on a pool of two
+	// sizes) allocated in the cache by the pool's background worker, within
+	// the budget, so that a growth that finds the cache empty does not wait
+	// for MallocPhysical; cached chunks of both sizes count. 0 means none.
 	Ahead int
 	// WorkerCPU caps the pool's background worker at this share of one CPU,
 	// averaged over a few milliseconds: 0.25 lets it work a quarter of the
@@ -131,7 +144,8 @@ type Config struct {
 	Shareable bool
 }
 
-// Chunk is one physical allocation of the pool's chunk size.
+// Chunk is one physical allocation of one of the pool's sizes: its chunk
+// size (a large chunk) or its tail size (Config.TailSize).
 type Chunk struct {
 	Handle acl.PhysicalHandle
 	// Size is the bytes of its physical allocation. The pool sets it when
@@ -143,8 +157,8 @@ type Chunk struct {
 
 // Stats describes a pool at one moment.
 type Stats struct {
-	ChunkSize int   // bytes per chunk
-	TailSize  int   // bytes per unit of the pool's protocol (Pool.TailSize)
+	ChunkSize int   // bytes per large chunk: every chunk, on a pool of one size
+	TailSize  int   // bytes per tail chunk, the unit of the pool's protocol (Pool.TailSize); ChunkSize on a pool of one size
 	InUse     int   // chunks handed out and not yet Put back (mapped, or waiting to be unmapped)
 	Cached    int   // chunks in the reuse cache
 	Pending   int   // chunks of InUse waiting for the device before they are unmapped
@@ -167,6 +181,8 @@ type Stats struct {
 	Frees     int64 // FreePhysical calls that freed (a refused one frees nothing)
 	Evictions int64 // Puts that freed a chunk because the cache was full
 	Failures  int64 // Gets (and imports) that failed for want of memory (budget or device)
+
+	Conversions int64 // cached chunks freed to make room for chunks of the other size, for a take short of room that could not use them
 
 	Scrubs      int64 // chunks cleared so that no tenant read another's bytes
 	ScrubsFresh int64 // of Scrubs, fresh chunks from MallocPhysical
@@ -193,11 +209,12 @@ type Stats struct {
 	UsedBytes int64 // bytes of the members' mapped memory in use, as those that are Meters report it (an arena: Len, while it is awake)
 }
 
-// Pool hands out chunks of one size from one driver.
+// Pool hands out chunks from one driver, of one size, or of two
+// (Config.TailSize).
 type Pool struct {
 	drv       acl.Driver
 	size      uintptr // the chunks' size (Config.Size)
-	tail      uintptr // the unit the protocol counts in: the size while the pool has one size
+	tail      uintptr // the tail chunks' size (Config.TailSize), the unit the protocol counts in: size, on a pool of one size
 	prop      acl.PhysicalMemProp
 	access    []acl.MemAccessDesc
 	implicit  atomic.Bool // the driver has no MemSetAccess: mappings are accessible as made
@@ -216,7 +233,7 @@ type Pool struct {
 	closed  bool
 	shareMu sync.Mutex                   // serialises Export, so that a chunk is exported once
 	doomed  []doomedRef                  // shared chunks whose free failed: Trim and Close try again (share.go)
-	cache   []entry                      // LIFO: the chunk unmapped last is reused first
+	cache   [2][]entry                   // largeList and tailList, each LIFO: the chunk unmapped last is reused first
 	out     map[acl.PhysicalHandle]lease // chunks handed out and not yet Put back
 	held    uintptr                      // bytes in use, cached, freeing, or being allocated
 	stats   Stats
@@ -277,7 +294,8 @@ type lease struct {
 // New returns a pool of chunks from drv. It checks every field of cfg
 // first and fails with an error matching acl.ErrInvalidParam that names the
 // field and the rule: a Size that is not a multiple of the driver's
-// granularity or passes its largest reservation, a Budget below one chunk,
+// granularity or passes its largest reservation, a TailSize that does not
+// divide it, a Budget below one chunk,
 // an Ahead beyond the reuse cache, the budget or the device's memory, a
 // WorkerCPU outside its range.
 func New(drv acl.Driver, cfg Config) (*Pool, error) {
@@ -290,6 +308,8 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	switch {
 	case cfg.Size < 0:
 		return nil, bad("Config.Size %d: want 0 (the driver's granularity) or a multiple of the granularity", cfg.Size)
+	case cfg.TailSize < 0:
+		return nil, bad("Config.TailSize %d: want 0 (one size, Config.Size) or a multiple of the granularity that divides Config.Size", cfg.TailSize)
 	case cfg.Budget < 0:
 		return nil, bad("Config.Budget %d: want 0 (no cap) or more", cfg.Budget)
 	case cfg.Ahead < 0:
@@ -323,6 +343,21 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		return nil, bad("Config.Size %s exceeds %s's largest reservation, %s: no arena could map a chunk",
 			units.Bytes(int64(size)), drv.Name(), units.Ubytes(uint64(limit)))
 	}
+	tail := size
+	if cfg.TailSize > 0 {
+		tail = uintptr(cfg.TailSize)
+		switch {
+		case tail%g != 0:
+			return nil, bad("Config.TailSize %s is not a multiple of the driver's granularity, %s", units.Bytes(int64(tail)), units.Bytes(int64(g)))
+		case cfg.Size == 0 && size%tail != 0:
+			return nil, bad("Config.TailSize %s does not divide the chunk size the pool chose for Config.Size 0, %s (see SizeFor)",
+				units.Bytes(int64(tail)), units.IEC(int64(size)))
+		case cfg.Size != 0 && tail >= size:
+			return nil, bad("Config.TailSize %s is not smaller than Config.Size, %s", units.Bytes(int64(tail)), units.IEC(int64(size)))
+		case size%tail != 0:
+			return nil, bad("Config.TailSize %s does not divide Config.Size, %s", units.Bytes(int64(tail)), units.IEC(int64(size)))
+		}
+	}
 	if cfg.Budget > 0 && uintptr(cfg.Budget) < size {
 		return nil, bad("Config.Budget %s is less than one chunk, %s: the pool could hand out nothing",
 			units.Bytes(cfg.Budget), units.IEC(int64(size)))
@@ -343,7 +378,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		drv:       traced{Driver: drv}, // trace.go; hist once it joins its device
 		log:       cfg.Logger,
 		size:      size,
-		tail:      size,
+		tail:      tail,
 		prop:      prop,
 		access:    acl.ReadWrite(drv.Device()),
 		span:      caps.AccessSpan,
@@ -361,7 +396,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	p.budget.Store(uintptr(cfg.Budget))
 	p.pending.init()
 	p.stats.ChunkSize = int(size)
-	p.stats.TailSize = int(size)
+	p.stats.TailSize = int(tail)
 	p.stats.Budget = cfg.Budget
 	p.dev = join(p)
 	p.drv = traced{Driver: drv, hist: p.dev.hist}
@@ -390,13 +425,15 @@ func (p *Pool) Driver() acl.Driver {
 // (errNotMade) rather than dereference what it lacks.
 func (p *Pool) made() bool { return p != nil && p.drv != nil }
 
-// ChunkSize returns the size of every chunk, in bytes: Config.Size, or the
-// size the pool chose for Config.Size 0 (see SizeFor). It never changes.
+// ChunkSize returns the size of the large chunks, in bytes (of every chunk,
+// on a pool of one size): Config.Size, or the size the pool chose for
+// Config.Size 0 (see SizeFor). It never changes.
 func (p *Pool) ChunkSize() int { return int(p.size) }
 
-// TailSize returns the unit the pool's protocol with its arenas counts in,
-// in bytes (Ask, Fits, Step.Missing, Client): the chunk size, on a pool of
-// one size. It never changes.
+// TailSize returns the size of the tail chunks, in bytes: Config.TailSize,
+// or ChunkSize on a pool of one size. It is the unit the pool's protocol
+// with its arenas counts in (Ask, Fits, Step.Missing, Client). It never
+// changes.
 func (p *Pool) TailSize() int { return int(p.tail) }
 
 // Budget returns the most physical bytes the pool holds (Config.Budget, or
@@ -404,11 +441,12 @@ func (p *Pool) TailSize() int { return int(p.tail) }
 func (p *Pool) Budget() int64 { return int64(p.budget.Load()) }
 
 // SetBudget changes the most physical bytes the pool holds; 0 removes the
-// cap. The chunk size stays what New chose (from Config.Budget, when
+// cap. The chunk sizes stay what New chose (from Config.Budget, when
 // Config.Size was 0): chunks already handed out, cached and mapped are all
-// of one size. Raising it wakes the first growth waiting for memory. Lowering it
-// below what the pool holds takes nothing back at once: growths fail, or
-// reclaim, until the pool is under it again, and Trim frees the cache. It
+// of the pool's sizes. Raising it wakes the first growth waiting for
+// memory. Lowering it below what the pool holds takes nothing back at once:
+// growths fail, or reclaim, until the pool is under it again, and Trim
+// frees the cache. It
 // fails with acl.ErrInvalidParam for a negative budget, and with ErrClosed
 // after Close.
 func (p *Pool) SetBudget(n int64) error {
@@ -444,20 +482,22 @@ func (p Lender) GetFor(t Tenant) (Chunk, error) {
 	return cs[0], nil
 }
 
-// Acquire returns n chunks for tenant t, all or none: from the cache first
-// (preferring chunks that hold t's bytes or zeros, so that they need no
-// scrub), then from the driver. When the budget or the device has no room,
-// it relieves the pressure as any growth does (Lender.Grow), for no growth
-// of a member: it takes chunks that the pool's members hold mapped but
-// unused (idle ones first, least recently used first, and never what a
-// growth a relief chose before is growing into, see Growth) and chunks
-// waiting for the device, waits for the device to finish with those (and
-// only those), and, when the device is out of memory, asks the other pools
-// on the device to free their caches. It holds no chunk while it waits. It
-// fails with an error matching acl.ErrOutOfMemory (and ErrBudget, when the
-// budget refused) when that is not enough, and with ErrClosed after Close.
-// n chunks that exceed the budget by themselves fail at once, before any
-// driver call.
+// Acquire returns n chunks for tenant t, all or none, each of the chunk size
+// (large ones, on a pool of two sizes: tail chunks never stand in for them):
+// from the cache first (preferring chunks that hold t's bytes or zeros, so
+// that they need no scrub), then from the driver, and, on a pool of two
+// sizes short of room, by converting cached tail chunks (see TakeFree).
+// When the budget or the device has no room, it relieves the pressure as
+// any growth does (Lender.Grow), for no growth of a member: it takes chunks
+// that the pool's members hold mapped but unused (idle ones first, least
+// recently used first, and never what a growth a relief chose before is
+// growing into, see Growth) and chunks waiting for the device, waits for
+// the device to finish with those (and only those), and, when the device is
+// out of memory, asks the other pools on the device to free their caches.
+// It holds no chunk while it waits. It fails with an error matching
+// acl.ErrOutOfMemory (and ErrBudget, when the budget refused) when that is
+// not enough, and with ErrClosed after Close. n chunks that exceed the
+// budget by themselves fail at once, before any driver call.
 func (p Lender) Acquire(t Tenant, n int) ([]Chunk, error) {
 	if !p.pool.made() {
 		return nil, errNotMade
@@ -490,12 +530,22 @@ type taker struct {
 }
 
 func (tk *taker) Place(have []Chunk) (Step, error) {
-	if len(have) > tk.o.large {
-		if err := tk.p.putAll(have[tk.o.large:]); err != nil {
-			return Step{}, errors.Join(err, tk.p.putAll(have[:tk.o.large]))
+	// The order is of large chunks: tail chunks a relief handed over, and
+	// large ones beyond the order, go back.
+	keep, extra := have[:0:0], have[:0:0]
+	for _, c := range have {
+		if c.Size == tk.p.size && len(keep) < tk.o.large {
+			keep = append(keep, c)
+		} else {
+			extra = append(extra, c)
 		}
-		have = have[:tk.o.large]
 	}
+	if len(extra) > 0 {
+		if err := tk.p.putAll(extra); err != nil {
+			return Step{}, errors.Join(err, tk.p.putAll(keep))
+		}
+	}
+	have = keep
 	got, err := tk.p.acquire(have, tk.t, tk.p.exactOf(tk.o.large-len(have)), takeFree)
 	if err == nil {
 		tk.got = got
@@ -557,13 +607,20 @@ func (p *Pool) exact(n int) (order, error) {
 // exactOf is exact for an n known to be in range.
 func (p *Pool) exactOf(n int) order { return order{units: n * p.per(), large: n, exact: true} }
 
-// TakeFree appends to dst chunks for tenant t that make a's units, all or
-// none (see Ask), taking only memory that is free now (the cache, the
-// budget's room, the device's): it never waits and takes nothing from
-// anyone, so a caller may hold a member's lock. With a dst of room enough
-// it allocates nothing. A shortage is not counted in Stats.Failures (nor
-// logged): its caller is expected to relieve the pressure next
-// (Lender.Grow), which is. On failure it returns dst as it was.
+// TakeFree appends to dst chunks for tenant t that make exactly a's units,
+// with at most a.Large large ones, all or none (see Ask), taking only
+// memory that is free now (the cache, the budget's room, the device's): it
+// never waits and takes nothing from anyone, so a caller may hold a
+// member's lock. It appends the large chunks first, then the tail ones. It
+// takes large chunks from the cache, then fresh ones within the budget's
+// room; then tail chunks from the cache, then fresh ones; and when the
+// budget or the device is still short, it converts cached chunks the ask
+// cannot use (large ones beyond what it takes), freeing them to allocate
+// the tail chunks it lacks in their room (Stats.Conversions). With a dst of
+// room enough it allocates nothing. A shortage is not counted in
+// Stats.Failures (nor logged): its caller is expected to relieve the
+// pressure next (Lender.Grow), which is. On failure it returns dst as it
+// was.
 func (p Lender) TakeFree(dst []Chunk, t Tenant, a Ask) ([]Chunk, error) {
 	if !p.pool.made() {
 		return dst, errNotMade
@@ -637,7 +694,11 @@ func (p *Pool) acquire(dst []Chunk, t Tenant, o order, mode acquireMode) ([]Chun
 	}
 	p.dev.note(t)
 	if dst == nil {
-		dst = make([]Chunk, 0, o.units)
+		n := o.units // tail chunks may stand in for every large one
+		if o.exact {
+			n = o.large
+		}
+		dst = make([]Chunk, 0, n)
 	}
 	base := len(dst)
 	got := dst
@@ -702,28 +763,54 @@ func (p *Pool) returnsSince(n uint64) bool {
 	return p.returns != n
 }
 
+// The reuse cache's lists, one LIFO per size.
+const (
+	largeList = iota // chunks of the chunk size (all of them, on a pool of one size)
+	tailList         // chunks of the tail size
+)
+
+// listOf returns the cache's list for chunks of size bytes.
+func (p *Pool) listOf(size uintptr) int {
+	if size == p.size {
+		return largeList
+	}
+	return tailList
+}
+
 // fitsLocked reports whether the order o could be taken now, as far as the
-// pool's books know: from the cache, and within what the budget leaves. With
-// no budget only the device can say, by refusing an allocation. Call with mu
-// held.
+// pool's books know: from the cache, and within what the budget leaves once
+// the cached chunks o cannot use are converted (freed to make room: large
+// ones beyond o.large; tail ones, for an exact order). With no budget only
+// the device can say, by refusing an allocation. Call with mu held.
 func (p *Pool) fitsLocked(o order) bool {
 	b := p.budget.Load()
-	if b == 0 || o.units <= len(p.cache) {
+	if b == 0 {
 		return true
 	}
-	free := uintptr(0)
-	if p.held < b {
-		free = (b - p.held) / p.tail
+	nl := len(p.cache[largeList])
+	usable := min(nl, o.large) // large cached chunks o takes as they are
+	convert := uintptr(nl-usable) * p.size
+	if o.exact {
+		convert += p.cachedBytes - uintptr(nl)*p.size // the tail chunks
 	}
-	return uint64(o.units-len(p.cache)) <= uint64(free)
+	room := uintptr(0) // bytes for fresh chunks, once those are freed
+	if p.held < b+convert {
+		room = b + convert - p.held
+	}
+	if o.exact {
+		return uint64(o.large-usable) <= uint64(room/p.size)
+	}
+	have := usable*p.per() + len(p.cache[tailList]) // units: tail chunks stand in for large ones
+	return o.units <= have || uint64(o.units-have) <= uint64(room/p.tail)
 }
 
 // Fits reports whether a TakeFree of units units could succeed now, as far
-// as the pool's books know: the cache and the budget's room (with no budget,
-// only the device can refuse). It takes nothing, and the answer can be stale
-// by the time the caller acts on it: a client checks it before work that a
-// shortage would undo (a Wake that maps step by step), and still handles the
-// shortage.
+// as the pool's books know: the cache (chunks of both sizes: a cached chunk
+// a take cannot use is converted, freed to make room) and the budget's room
+// (with no budget, only the device can refuse). It takes nothing, and the
+// answer can be stale by the time the caller acts on it: a client checks it
+// before work that a shortage would undo (a Wake that maps step by step),
+// and still handles the shortage.
 func (p Lender) Fits(units int) bool {
 	if !p.pool.made() {
 		return false
@@ -744,10 +831,21 @@ func (p *Pool) roomNowNoWait() int {
 	return n
 }
 
-// take appends to got chunks for t that make the order o: from the cache,
-// then from the driver within the budget. It returns why it fell short (a
-// budget or out-of-memory error), or an error that ends the Acquire
-// (ErrClosed, a driver failure other than out of memory).
+// take appends to got chunks for t that make the order o, in this order:
+//
+//  1. large chunks from the cache, up to o.large;
+//  2. fresh large chunks within the budget's room, up to what o.large
+//     leaves;
+//  3. tail chunks from the cache for all the units left (tail chunks stand
+//     in for large ones; not for an exact order);
+//  4. fresh tail chunks within the room;
+//  5. conversion, when it is still short for want of budget or of device
+//     memory: cached chunks o cannot use are freed to make room for the
+//     chunks it lacks (see convert).
+//
+// On a pool of one size only the first two apply. It returns why it fell
+// short (a budget or out-of-memory error), or an error that ends the
+// Acquire (ErrClosed, a driver failure other than out of memory).
 func (p *Pool) take(t Tenant, o order, got *[]Chunk) (short, fatal error) {
 	p.mu.Lock()
 	if p.closed {
@@ -762,68 +860,208 @@ func (p *Pool) take(t Tenant, o order, got *[]Chunk) (short, fatal error) {
 		p.mu.Unlock()
 		return errBudgetShort, nil
 	}
-	n := len(*got) + o.units // one size: a unit is a chunk
-	for len(*got) < n && len(p.cache) > 0 {
-		i := len(p.cache) - 1
-		for j := i; j >= 0; j-- {
-			if h := p.cache[j].holder; h == t || h == zeroed {
-				i = j
-				break
-			}
-		}
-		e := p.uncacheLocked(i)
-		p.lendLocked(e.h, lease{tenant: t, holder: e.holder, size: e.size})
-		p.stats.Hits++
-		*got = append(*got, Chunk{e.h, e.size})
+	k := p.per()
+	units, large := 0, 0
+	for large < o.large && len(p.cache[largeList]) > 0 {
+		*got = append(*got, p.hitLocked(t, largeList))
+		large++
+		units += k
 	}
-	want := n - len(*got)
-	room := want
-	budget := p.budget.Load()
-	if budget != 0 {
-		free := uintptr(0)
-		if p.held < budget {
-			free = (budget - p.held) / p.size
-		}
-		room = min(want, int(free))
-	}
-	p.held += uintptr(room) * p.size
-	p.stats.Misses += int64(room)
-	if len(p.cache) < p.ahead && !p.dormantLocked() {
+	n := p.reserveLocked(p.size, o.large-large)
+	if p.stats.Cached < p.ahead && !p.dormantLocked() {
 		p.wakeLocked() // the cache ran below what the worker keeps ahead
 	}
 	p.mu.Unlock()
-	if want == 0 {
+	if units == o.units {
 		return nil, nil
 	}
+	made, err := p.allocate(t, p.size, n, got)
+	large += made
+	units += made * k
+	if err != nil && !errors.Is(err, acl.ErrOutOfMemory) {
+		return nil, err
+	}
+	oom := err
+	if units < o.units && k > 1 && !o.exact {
+		p.mu.Lock()
+		for units < o.units && len(p.cache[tailList]) > 0 {
+			*got = append(*got, p.hitLocked(t, tailList))
+			units++
+		}
+		n := p.reserveLocked(p.tail, o.units-units)
+		p.mu.Unlock()
+		made, err := p.allocate(t, p.tail, n, got)
+		units += made
+		if err != nil && !errors.Is(err, acl.ErrOutOfMemory) {
+			return nil, err
+		}
+		if err != nil {
+			oom = err
+		}
+	}
+	if units < o.units && k > 1 {
+		added, err := p.convert(t, o, units, large, got)
+		units += added
+		if err != nil && !errors.Is(err, acl.ErrOutOfMemory) {
+			return nil, err
+		}
+		if err != nil {
+			oom = err
+		}
+	}
+	switch {
+	case units == o.units:
+		return nil, nil
+	case oom != nil:
+		return oom, nil
+	}
+	return errBudgetShort, nil // acquire says what was held when it gives up
+}
 
-	var err error
-	made := 0
-	for ; made < room; made++ {
+// hitLocked lends t a chunk from the cache's list: the last one put back
+// that holds t's bytes or zeros (it needs no scrub), else the last one put
+// back. Call with mu held.
+func (p *Pool) hitLocked(t Tenant, list int) Chunk {
+	l := p.cache[list]
+	i := len(l) - 1
+	for j := i; j >= 0; j-- {
+		if h := l[j].holder; h == t || h == zeroed {
+			i = j
+			break
+		}
+	}
+	e := p.uncacheLocked(list, i)
+	p.lendLocked(e.h, lease{tenant: t, holder: e.holder, size: e.size})
+	p.stats.Hits++
+	return Chunk{e.h, e.size}
+}
+
+// reserveLocked books in held up to want fresh chunks of size bytes within
+// the budget's room, counts them as misses, and returns how many. Call with
+// mu held.
+func (p *Pool) reserveLocked(size uintptr, want int) int {
+	if want <= 0 {
+		return 0
+	}
+	n := want
+	if b := p.budget.Load(); b != 0 {
+		free := uintptr(0)
+		if p.held < b {
+			free = (b - p.held) / size
+		}
+		n = min(want, int(free))
+	}
+	p.held += uintptr(n) * size
+	p.stats.Misses += int64(n)
+	return n
+}
+
+// allocate allocates n chunks of size bytes for t, which the caller booked
+// in held, and appends them to got. It returns how many it made, and the
+// driver's error that stopped it; what it did not make leaves held.
+func (p *Pool) allocate(t Tenant, size uintptr, n int, got *[]Chunk) (made int, err error) {
+	for ; made < n; made++ {
 		var h acl.PhysicalHandle
-		h, err = p.drv.MallocPhysical(p.size, &p.prop, 0)
+		h, err = p.drv.MallocPhysical(size, &p.prop, 0)
 		if err != nil {
 			break
 		}
 		p.mu.Lock()
 		p.stats.Allocs++
-		p.lendLocked(h, lease{tenant: t, holder: p.freshHolder(), size: p.size})
+		p.lendLocked(h, lease{tenant: t, holder: p.freshHolder(), size: size})
 		p.mu.Unlock()
-		*got = append(*got, Chunk{h, p.size})
+		*got = append(*got, Chunk{h, size})
 	}
-	if made < room {
+	if made < n {
 		p.mu.Lock()
-		p.held -= uintptr(room-made) * p.size
+		p.held -= uintptr(n-made) * size
 		p.mu.Unlock()
 	}
-	switch {
-	case err != nil && !errors.Is(err, acl.ErrOutOfMemory):
-		return nil, fmt.Errorf("chunk: allocate %s: %w", units.Bytes(int64(p.size)), err)
-	case err != nil:
-		return fmt.Errorf("chunk: allocate %s: %w", units.Bytes(int64(p.size)), err), nil
-	case room < want:
-		return errBudgetShort, nil // acquire says what was held when it gives up
+	if err != nil {
+		return made, fmt.Errorf("chunk: allocate %s: %w", units.Bytes(int64(size)), err)
 	}
-	return nil, nil
+	return made, nil
+}
+
+// convert serves what a take still lacks of the order o (it took units of
+// it, large of them in large chunks) by conversion: it takes out of the
+// cache the chunks o cannot use (large ones, all beyond what o took; tail
+// ones, for an exact order), as few as make room for what o lacks with the
+// budget's room, and frees them, keeping their bytes booked in held for
+// this take while they are freed, so that no other growth can take the
+// room; then it allocates the chunks o lacks into that room, and releases
+// what is left. When the cache and the room cannot make what o lacks, it
+// converts nothing. It returns the units it added to got, and the driver's
+// error that stopped it.
+func (p *Pool) convert(t Tenant, o order, units, large int, got *[]Chunk) (added int, err error) {
+	size, per, want, from := p.tail, 1, o.units-units, largeList
+	if o.exact {
+		size, per, want, from = p.size, p.per(), o.large-large, tailList
+	}
+	need := uintptr(want) * size
+	p.mu.Lock()
+	if p.closed || len(p.cache[from]) == 0 {
+		p.mu.Unlock()
+		return 0, nil
+	}
+	room := uintptr(0) // what the budget leaves; with no budget, only the conversion's room is known
+	if b := p.budget.Load(); b != 0 && p.held < b {
+		room = b - p.held
+	}
+	var buf [8]entry
+	victims := buf[:0]
+	var freeing uintptr
+	for room+freeing < need && len(p.cache[from]) > 0 {
+		e := p.uncacheLocked(from, 0) // the least recently cached first
+		p.freeingLocked(e.size)
+		victims = append(victims, e)
+		freeing += e.size
+	}
+	if room+freeing < need {
+		// Not enough: convert nothing, and the cache is as it was.
+		for _, e := range victims {
+			p.freedLocked(e.size)
+			p.stats.Cached++
+			p.cachedBytes += e.size
+		}
+		p.cache[from] = slices.Insert(p.cache[from], 0, victims...)
+		p.mu.Unlock()
+		return 0, nil
+	}
+	extra := need - min(need, freeing) // of the budget's room
+	p.held += extra
+	p.mu.Unlock()
+
+	held := extra // the bytes this take holds for its chunks: extra, and the victims freed
+	for _, e := range victims {
+		ferr := p.drv.FreePhysical(e.h)
+		p.mu.Lock()
+		p.freedLocked(e.size)
+		if ferr != nil {
+			p.cacheLocked(e) // the driver kept it, and so do we: held as cached
+		} else {
+			p.stats.Frees++
+			p.stats.Conversions++
+			held += e.size
+		}
+		p.mu.Unlock()
+	}
+	n := min(want, int(held/size))
+	p.mu.Lock()
+	p.stats.Misses += int64(n)
+	p.mu.Unlock()
+	made, err := p.allocate(t, size, n, got) // n·size of held is theirs, made or not
+	p.mu.Lock()
+	left := held - uintptr(n)*size
+	p.held -= left
+	if left > 0 {
+		p.returns++
+	}
+	p.mu.Unlock()
+	if left > 0 {
+		p.freed() // wait.go
+	}
+	return made * per, err
 }
 
 // freshHolder is the holder of a chunk fresh from the driver: zeroed where
@@ -912,7 +1150,7 @@ func (p *Pool) putLocked(c Chunk, notify bool) error {
 	}
 	p.unlendLocked(c.Handle, l)
 	e := entry{c.Handle, l.holder, l.size}
-	if !p.closed && len(p.cache) < p.maxCached {
+	if !p.closed && p.stats.Cached < p.maxCached {
 		p.cacheLocked(e)
 		if notify {
 			p.returns++
@@ -953,17 +1191,18 @@ func (p *Pool) unlendLocked(h acl.PhysicalHandle, l lease) {
 	p.inUseBytes -= l.size
 }
 
-// cacheLocked puts e on top of the cache.
+// cacheLocked puts e on top of the cache's list for its size.
 func (p *Pool) cacheLocked(e entry) {
-	p.cache = append(p.cache, e)
+	l := p.listOf(e.size)
+	p.cache[l] = append(p.cache[l], e)
 	p.stats.Cached++
 	p.cachedBytes += e.size
 }
 
-// uncacheLocked takes the ith entry out of the cache.
-func (p *Pool) uncacheLocked(i int) entry {
-	e := p.cache[i]
-	p.cache = append(p.cache[:i], p.cache[i+1:]...)
+// uncacheLocked takes the ith entry of the cache's list out of it.
+func (p *Pool) uncacheLocked(list, i int) entry {
+	e := p.cache[list][i]
+	p.cache[list] = append(p.cache[list][:i], p.cache[list][i+1:]...)
 	p.stats.Cached--
 	p.cachedBytes -= e.size
 	return e
@@ -1035,8 +1274,8 @@ func (p *Pool) Trim() error {
 // bytes.
 func (p *Pool) trim() (n int, bytes uintptr, err error) {
 	p.mu.Lock()
-	cache := p.cache
-	p.cache = nil
+	cache := append(p.cache[largeList], p.cache[tailList]...)
+	p.cache = [2][]entry{}
 	p.stats.Cached = 0
 	for _, e := range cache {
 		p.freeingLocked(e.size)

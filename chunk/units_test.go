@@ -37,6 +37,7 @@ func TestAskOnOneSizePool(t *testing.T) {
 	assert.Equal(t, int64(3), st.Misses, "the first take allocated, the others took the cache")
 	assert.Equal(t, int64(12), st.Hits)
 	assert.Equal(t, 2*g, st.TailSize)
+	assert.Zero(t, st.Conversions)
 
 	// Four chunks of room: Fits counts units, which are chunks.
 	assert.True(t, l.Fits(4))
@@ -139,6 +140,13 @@ func TestReclaimSpanAllOrNothing(t *testing.T) {
 	assert.True(t, l.Pending(base), "the free chunks below still wait")
 	assert.True(t, l.Pending(base.Add(g)))
 	assert.Zero(t, testing.AllocsPerRun(10, func() { ms, busy = l.ReclaimSpan(base, base.Add(3*g), dst[:1]) }))
+	// A long span, which the pool reads by looking at each waiting chunk,
+	// is all or nothing too.
+	ms, busy = l.ReclaimSpan(base, base.Add(64*g), dst[:1])
+	require.False(t, busy.IsZero())
+	assert.Equal(t, []chunk.Mapped{sentinel}, ms)
+	assert.Zero(t, testing.AllocsPerRun(10, func() { ms, busy = l.ReclaimSpan(base, base.Add(64*g), dst[:1]) }))
+	assert.True(t, l.Pending(base))
 
 	ms, busy = l.ReclaimSpan(base, base.Add(2*g), dst[:1])
 	require.True(t, busy.IsZero())

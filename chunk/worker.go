@@ -270,11 +270,12 @@ func (p *Pool) refill() {
 // waits for the next wake.
 func (p *Pool) fillAhead() { _, _ = p.fill(p.ahead, -1) }
 
-// Warm allocates up to n fresh chunks into the cache now, within the budget
-// and the cache's bound, and returns how many it added: a server that knows
-// its memory budget warms its pool once at start, off any request's path,
-// so that growths find physical memory ready and only map it (as vAttention
-// pre-allocates its page pool). The chunks stay free to take: any tenant of
+// Warm allocates up to n fresh chunks of the chunk size (large ones, on a
+// pool of two sizes) into the cache now, within the budget and the cache's
+// bound (a count of the chunks of both sizes), and returns how many it
+// added: a server that knows its memory budget warms its pool once at
+// start, off any request's path, so that growths find physical memory
+// ready and only map it (as vAttention pre-allocates its page pool). The chunks stay free to take: any tenant of
 // the pool may use them, and Trim gives them back.
 func (p *Pool) Warm(n int) (int, error) {
 	if !p.made() {
@@ -299,7 +300,7 @@ func (p *Pool) fill(target, limit int) (int, error) {
 			yieldToCallers() // the worker's fill: see yieldToCallers
 		}
 		p.mu.Lock()
-		if b := p.budget.Load(); p.closed || len(p.cache) >= target || (b != 0 && b-min(p.held, b) < p.size) ||
+		if b := p.budget.Load(); p.closed || p.stats.Cached >= target || (b != 0 && b-min(p.held, b) < p.size) ||
 			(limit < 0 && p.dormantLocked()) {
 			p.mu.Unlock()
 			return added, nil

@@ -888,6 +888,20 @@ func (p *Pool) take(t Tenant, o order, got *[]Chunk) (short, fatal error) {
 			*got = append(*got, p.hitLocked(t, tailList))
 			units++
 		}
+		idle := len(p.cache[largeList]) > p.ahead
+		p.mu.Unlock()
+		if idle {
+			// Large chunks idle in the cache beyond what the worker keeps
+			// ahead become tail chunks before the pool holds more: a pool
+			// whose growths have turned to tails (sequences decoding after
+			// their prompts) would otherwise keep them as well as the tails.
+			added, err := p.convert(t, o, units, large, got, true)
+			units += added
+			if err != nil && !errors.Is(err, acl.ErrOutOfMemory) {
+				return nil, err
+			}
+		}
+		p.mu.Lock()
 		n := p.reserveLocked(p.tail, o.units-units)
 		p.mu.Unlock()
 		made, err := p.allocate(t, p.tail, n, got)
@@ -900,7 +914,7 @@ func (p *Pool) take(t Tenant, o order, got *[]Chunk) (short, fatal error) {
 		}
 	}
 	if units < o.units && k > 1 {
-		added, err := p.convert(t, o, units, large, got)
+		added, err := p.convert(t, o, units, large, got, false)
 		units += added
 		if err != nil && !errors.Is(err, acl.ErrOutOfMemory) {
 			return nil, err
@@ -991,27 +1005,36 @@ func (p *Pool) allocate(t Tenant, size uintptr, n int, got *[]Chunk) (made int, 
 // this take while they are freed, so that no other growth can take the
 // room; then it allocates the chunks o lacks into that room, and releases
 // what is left. When the cache and the room cannot make what o lacks, it
-// converts nothing. It returns the units it added to got, and the driver's
-// error that stopped it.
-func (p *Pool) convert(t Tenant, o order, units, large int, got *[]Chunk) (added int, err error) {
+// converts nothing. With idle set it converts, whatever room the budget
+// leaves, only the large chunks cached beyond what the worker keeps ahead,
+// for as much of what o lacks as they make. It returns the units it added
+// to got, and the driver's error that stopped it.
+func (p *Pool) convert(t Tenant, o order, units, large int, got *[]Chunk, idle bool) (added int, err error) {
 	size, per, want, from := p.tail, 1, o.units-units, largeList
 	if o.exact {
 		size, per, want, from = p.size, p.per(), o.large-large, tailList
 	}
-	need := uintptr(want) * size
 	p.mu.Lock()
-	if p.closed || len(p.cache[from]) == 0 {
+	keep := 0 // cached chunks conversion leaves
+	if idle {
+		keep = p.ahead
+		if spare := len(p.cache[from]) - keep; spare > 0 {
+			want = min(want, spare*int(p.size/size))
+		}
+	}
+	need := uintptr(want) * size
+	if p.closed || len(p.cache[from]) <= keep {
 		p.mu.Unlock()
 		return 0, nil
 	}
 	room := uintptr(0) // what the budget leaves; with no budget, only the conversion's room is known
-	if b := p.budget.Load(); b != 0 && p.held < b {
+	if b := p.budget.Load(); !idle && b != 0 && p.held < b {
 		room = b - p.held
 	}
 	var buf [8]entry
 	victims := buf[:0]
 	var freeing uintptr
-	for room+freeing < need && len(p.cache[from]) > 0 {
+	for room+freeing < need && len(p.cache[from]) > keep {
 		e := p.uncacheLocked(from, 0) // the least recently cached first
 		p.freeingLocked(e.size)
 		victims = append(victims, e)

@@ -2,6 +2,7 @@ package chunk_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"testing"
@@ -455,4 +456,38 @@ func TestReclaimSpanMixedSizes(t *testing.T) {
 		at = at.Add(c.Size)
 	}
 	require.NoError(t, l.PutBack(cs))
+}
+
+// Large chunks idle in the cache beyond what the worker keeps ahead become
+// tail chunks before the pool holds more: a tail take with room in the
+// budget, and none, converts one rather than allocating beside it, and
+// leaves the chunks kept ahead.
+func TestTakeTurnsIdleLargeChunksIntoTails(t *testing.T) {
+	for _, budget := range []int64{0, 8 * big} {
+		t.Run(fmt.Sprintf("budget=%d", budget), func(t *testing.T) {
+			p, err := chunk.New(newDriver(t, 64<<20), chunk.Config{Size: big, TailSize: g, Budget: budget, Ahead: 1})
+			require.NoError(t, err)
+			defer func() { assert.NoError(t, p.Close()) }()
+			l, tn := p.Lender(), chunk.NewTenant()
+			lg, err := l.Acquire(tn, 3)
+			require.NoError(t, err)
+			l.Settle() // the worker made its chunk ahead
+			require.NoError(t, l.PutBack(lg))
+			require.Equal(t, 4, p.Stats().Cached, "four cached, one of them the worker's ahead")
+			got, err := l.TakeFree(nil, tn, chunk.Ask{Units: 1})
+			require.NoError(t, err)
+			require.Len(t, got, 1)
+			assert.Equal(t, uintptr(g), got[0].Size)
+			st := p.Stats()
+			assert.Equal(t, int64(1), st.Conversions, "an idle large chunk became the tail")
+			assert.Equal(t, int64(3*big+g), st.HeldBytes, "the rest of its bytes went back")
+			got, err = l.TakeFree(got, tn, chunk.Ask{Units: 2 * big / g})
+			require.NoError(t, err)
+			st = p.Stats()
+			assert.Equal(t, int64(3), st.Conversions, "the other two idle ones, for these")
+			assert.Equal(t, 1, st.Cached, "the chunk kept ahead stays")
+			assert.Equal(t, int64(big+(1+2*big/g)*g), st.HeldBytes)
+			require.NoError(t, l.PutBack(got))
+		})
+	}
 }

@@ -1,6 +1,7 @@
 package arena
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -170,12 +171,12 @@ type Arena struct {
 	trap      bool // Config.TrapStale
 	fence     fence
 	scratch   struct {
-		slots, fresh []chunk.Chunk
-		offs         []uint64 // where slots[i] lies: base+offs[i]
-		back         []bool
-		fm           []chunk.Mapped
-		span         []chunk.Mapped // the chunks taken back in place
-	} // growLocked's, reused under mu
+		slots, fresh, spare []chunk.Chunk
+		offs                []uint64 // where slots[i] lies: base+offs[i]
+		back                []bool
+		backs, fm           []chunk.Mapped
+		plan                []slotPlan
+	} // place's, reused under mu
 	grower, refiller growStep    // the Placers of a growth on a caller's path and of a refill (growLocked)
 	imp              *importMode // set for an Imported's arena: how it maps another process's memory (share.go)
 	obs              observer    // events, trace regions, counters (observe.go)
@@ -250,7 +251,7 @@ func New(cfg Config) (*Arena, error) {
 		tenant = chunk.NewTenant()
 	}
 	a := &Arena{drv: drv, pool: pool, lend: pool.Lender(), ownPool: own, chunkSize: uint64(pool.ChunkSize()),
-		unit: uint64(pool.ChunkSize()), tenant: tenant, streams: slices.Clone(cfg.Streams), trap: cfg.TrapStale}
+		unit: uint64(pool.TailSize()), tenant: tenant, streams: slices.Clone(cfg.Streams), trap: cfg.TrapStale}
 	a.obs.log = cfg.Logger
 	a.obs.timed.Store(cfg.Logger != nil) // its events carry the durations
 	if cfg.Headroom > 0 {
@@ -341,23 +342,23 @@ func (a *Arena) checkPool(cfg Config) error {
 	}
 	if cfg.Reserve > 0 && a.roundUnit(uint64(cfg.Reserve)) > limit {
 		return fmt.Errorf("arena: %w: Config.Reserve %s (in chunks of %s) exceeds %s's largest reservation, %s (acl.Caps.MaxReserve)",
-			ErrInvalid, units.Bytes(int64(cfg.Reserve)), units.IEC(int64(cs)), a.drv.Name(), units.Ubytes(limit))
+			ErrInvalid, units.Bytes(int64(cfg.Reserve)), units.IEC(int64(a.unit)), a.drv.Name(), units.Ubytes(limit))
 	}
 	if cfg.Reserve > 0 && a.roundUnit(a.hr.min) > a.roundUnit(uint64(cfg.Reserve)) {
 		return fmt.Errorf("arena: %w: Config.Headroom %s exceeds Config.Reserve %s (in chunks of %s): headroom is mapped inside the reservation",
-			ErrInvalid, units.Bytes(int64(cfg.Headroom)), units.Bytes(int64(cfg.Reserve)), units.IEC(int64(cs)))
+			ErrInvalid, units.Bytes(int64(cfg.Headroom)), units.Bytes(int64(cfg.Reserve)), units.IEC(int64(a.unit)))
 	}
 	if b := uint64(a.pool.Budget()); b > 0 && a.roundUnit(a.hr.min) > b {
 		return fmt.Errorf("arena: %w: Config.Headroom %s (in chunks of %s) exceeds the pool's budget, %s",
-			ErrInvalid, units.Bytes(int64(cfg.Headroom)), units.IEC(int64(cs)), units.Ubytes(b))
+			ErrInvalid, units.Bytes(int64(cfg.Headroom)), units.IEC(int64(a.unit)), units.Ubytes(b))
 	}
 	if cfg.MaxHeadroom > 0 && cfg.Reserve > 0 && a.roundUnit(a.hr.max) > a.roundUnit(uint64(cfg.Reserve)) {
 		return fmt.Errorf("arena: %w: Config.MaxHeadroom %s exceeds Config.Reserve %s (in chunks of %s): headroom is mapped inside the reservation",
-			ErrInvalid, units.Bytes(int64(cfg.MaxHeadroom)), units.Bytes(int64(cfg.Reserve)), units.IEC(int64(cs)))
+			ErrInvalid, units.Bytes(int64(cfg.MaxHeadroom)), units.Bytes(int64(cfg.Reserve)), units.IEC(int64(a.unit)))
 	}
 	if b := uint64(a.pool.Budget()); cfg.MaxHeadroom > 0 && b > 0 && a.roundUnit(a.hr.max) > b {
 		return fmt.Errorf("arena: %w: Config.MaxHeadroom %s (in chunks of %s) exceeds the pool's budget, %s",
-			ErrInvalid, units.Bytes(int64(cfg.MaxHeadroom)), units.IEC(int64(cs)), units.Ubytes(b))
+			ErrInvalid, units.Bytes(int64(cfg.MaxHeadroom)), units.IEC(int64(a.unit)), units.Ubytes(b))
 	}
 	return nil
 }
@@ -500,7 +501,7 @@ func (a *Arena) Len() int {
 	return int(a.state.Load() & lenMask)
 }
 
-// Cap returns the bytes mapped, a multiple of the chunk size.
+// Cap returns the bytes mapped, a multiple of TailSize.
 func (a *Arena) Cap() int {
 	if a == nil {
 		return 0
@@ -517,12 +518,24 @@ func (a *Arena) Reserved() int {
 	return int(a.reserved)
 }
 
-// ChunkSize returns the bytes mapped at a time.
+// ChunkSize returns the size of the pool's chunks: of its large ones on a
+// pool of two sizes (chunk.Config.TailSize), which the arena maps only on
+// whole blocks of this size aligned to it, so every multiple of ChunkSize
+// is a chunk boundary.
 func (a *Arena) ChunkSize() int {
 	if a == nil {
 		return 0
 	}
 	return int(a.chunkSize)
+}
+
+// TailSize returns the smallest chunk the arena maps: Cap is a multiple of
+// it. It is ChunkSize on a pool of one size.
+func (a *Arena) TailSize() int {
+	if a == nil {
+		return 0
+	}
+	return int(a.unit)
 }
 
 // BaseAlign returns the alignment of Base, at most AlignLimit (1 GiB): the
@@ -833,74 +846,122 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 	if err := a.unstray(false); err != nil {
 		return chunk.Step{}, errors.Join(err, a.putChunks(have))
 	}
-	n0 := a.geo.n()
-	need := int((a.roundUnit(target) - c) / a.chunkSize)
+	e := a.roundUnit(target)
 	// More than the budget can ever hold fails here, before any driver call
 	// (the arena's own chunks count in the budget, and the pool cannot take
 	// them from an arena that is growing).
-	if b, e := uint64(a.pool.Budget()), a.roundUnit(target); b != 0 && e > b {
+	if b := uint64(a.pool.Budget()); b != 0 && e > b {
 		return chunk.Step{}, errors.Join(fmt.Errorf("%w: %w: %s mapped and %s more would exceed the pool's budget, %s", chunk.ErrBudget,
 			ErrOutOfMemory, units.Ubytes(c), units.Ubytes(e-c), units.Ubytes(b)),
 			a.putChunks(have))
 	}
 	// The arena's scratch, reused under mu: a growth from the cache makes
 	// no heap allocation.
-	slots := slices.Grow(a.scratch.slots[:0], need)[:need] // the chunks to place at n0, n0+1, …
-	offs := slices.Grow(a.scratch.offs[:0], need)[:need]   // at base+offs[i]
-	back := slices.Grow(a.scratch.back[:0], need)[:need]   // slots[i] was taken back in place: already mapped
-	clear(slots)
-	clear(back)
-	for i := range offs {
-		offs[i] = c + uint64(i)*a.chunkSize
-	}
-	a.scratch.slots, a.scratch.offs, a.scratch.back = slots, offs, back
+	sc := &a.scratch
 	// Chunks wait in the arena's range after its stream-ordered releases, and
 	// after a relief took them (until it unmaps them: then they are in the
-	// way, and the growth waits for them holding nothing).
-	span, busy := a.lend.ReclaimSpan(a.at(n0), a.base.Add(uintptr(a.roundUnit(target))), a.scratch.span[:0])
-	a.scratch.span = span
+	// way, and the growth waits for them holding nothing). Every one that
+	// starts below e is taken back whole, where it lies: the growth may end
+	// past e.
+	backs, busy := a.lend.ReclaimSpan(a.base.Add(uintptr(c)), a.base.Add(uintptr(e)), sc.backs[:0])
+	sc.backs = backs
 	if !busy.IsZero() {
 		return chunk.Step{Busy: busy}, a.putChunks(have)
 	}
-	for _, m := range span {
-		i := uint64(m.At-a.at(n0)) / a.chunkSize
-		slots[i], back[i] = m.C, true
+	// Lay the growth: the chunks taken back where they lie, the gaps
+	// between them tiled (layout.tile), and count what the gaps need.
+	plan, x := sc.plan[:0], c
+	for _, m := range backs {
+		off := uint64(m.At - a.base)
+		plan = a.layGap(plan, x, off)
+		plan = append(plan, slotPlan{off: off, size: uint64(m.C.Size), c: m.C, back: true})
+		x = off + uint64(m.C.Size)
 	}
-	want := need - len(span)
-	if k := len(have); k > want {
-		if err := a.putChunks(have[want:]); err != nil {
-			return chunk.Step{}, errors.Join(err, a.putChunks(have[:want]), a.giveBack(offs, slots, back))
+	plan = a.layGap(plan, x, max(x, e))
+	sc.plan = plan
+	k := int(a.chunkSize / a.unit) // units in a large chunk
+	want, large := 0, 0            // units of the fresh slots, and how many of them are large
+	for _, s := range plan {
+		if !s.back {
+			want += int(s.size / a.unit)
+			if a.isLarge(s.size) {
+				large++
+			}
 		}
-		have = have[:want]
 	}
-	fresh := append(a.scratch.fresh[:0], have...)
-	if len(fresh) < want {
+	// What a relief handed goes first: large chunks to the large slots,
+	// tail chunks to the rest (standing in for large ones where they must);
+	// what is left over goes back.
+	fresh, spare := sc.fresh[:0], sc.spare[:0]
+	for _, ch := range have {
+		if a.isLarge(uint64(ch.Size)) && large > 0 && want >= k {
+			fresh = append(fresh, ch)
+			want, large = want-k, large-1
+		} else if !a.isLarge(uint64(ch.Size)) && want > 0 {
+			fresh = append(fresh, ch)
+			want--
+		} else {
+			spare = append(spare, ch)
+		}
+	}
+	sc.spare = spare
+	if len(spare) > 0 {
+		if err := a.putChunks(spare); err != nil {
+			return chunk.Step{}, errors.Join(err, a.putChunks(fresh), a.dropBacks(backs))
+		}
+	}
+	if want > 0 {
 		take := a.lend.TakeFree
 		if speculative {
 			take = a.lend.TryAcquire
 		}
 		var err error
-		n := want - len(fresh)
-		fresh, err = take(fresh, a.tenant, chunk.Ask{Units: n, Large: n})
+		fresh, err = take(fresh, a.tenant, chunk.Ask{Units: want, Large: min(large, want/k)})
 		if err != nil {
 			if errors.Is(err, chunk.ErrClosed) {
 				err = poolClosed{err}
 			}
-			undo := errors.Join(a.putChunks(fresh), a.giveBack(offs, slots, back))
+			undo := errors.Join(a.putChunks(fresh), a.dropBacks(backs))
 			if errors.Is(err, ErrOutOfMemory) && undo == nil {
 				return chunk.Step{Missing: want, Short: err}, nil
 			}
 			return chunk.Step{}, errors.Join(err, undo)
 		}
 	}
-	a.scratch.fresh = fresh
+	sc.fresh = fresh
 	sched.At(sched.GrowTaken, a)
-	k := 0
-	for i := range slots {
-		if !back[i] {
-			slots[i] = fresh[k]
-			k++
+	// Place the chunks: large ones on the large slots from the bottom up, a
+	// large slot left without one laid as tail chunks.
+	slices.SortStableFunc(fresh, func(x, y chunk.Chunk) int { return cmp.Compare(y.Size, x.Size) })
+	nl := 0
+	for nl < len(fresh) && a.isLarge(uint64(fresh[nl].Size)) {
+		nl++
+	}
+	slots, offs, back := sc.slots[:0], sc.offs[:0], sc.back[:0]
+	li, ti := 0, nl
+	for _, s := range plan {
+		switch {
+		case s.back:
+			slots, offs, back = append(slots, s.c), append(offs, s.off), append(back, true)
+		case a.isLarge(s.size) && li < nl:
+			slots, offs, back = append(slots, fresh[li]), append(offs, s.off), append(back, false)
+			li++
+		default:
+			for o := s.off; o < s.off+s.size && ti < len(fresh); o += a.unit {
+				slots, offs, back = append(slots, fresh[ti]), append(offs, o), append(back, false)
+				ti++
+			}
 		}
+	}
+	sc.slots, sc.offs, sc.back = slots, offs, back
+	need, laid := len(slots), uint64(0)
+	for _, ch := range slots {
+		laid += uint64(ch.Size)
+	}
+	if last := plan[len(plan)-1]; li != nl || ti != len(fresh) || laid != last.off+last.size-c {
+		// The pool lent what was not asked: nothing is placed.
+		return chunk.Step{}, errors.Join(fmt.Errorf("arena: grow: %w: the pool lent chunks that do not tile the growth", ErrInvalid),
+			a.putChunks(fresh), a.dropBacks(backs))
 	}
 	// Map the fresh chunks, a run of adjacent slots at a time, so that one
 	// access call can cover a run where the driver allows it.
@@ -949,6 +1010,38 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 	a.grows++
 	a.setCap()
 	return chunk.Step{}, nil
+}
+
+// slotPlan is one chunk of a growth as place lays it: at off, of size
+// bytes; c is set for a chunk taken back in place (back).
+type slotPlan struct {
+	off, size uint64
+	c         chunk.Chunk
+	back      bool
+}
+
+// layGap appends to plan the fresh slots that fill [from, to), as
+// layout.tile lays them.
+func (a *Arena) layGap(plan []slotPlan, from, to uint64) []slotPlan {
+	for x := from; x < to; {
+		s := a.geo.next(x, to)
+		plan = append(plan, slotPlan{off: x, size: s})
+		x += s
+	}
+	return plan
+}
+
+// isLarge reports whether a chunk of size bytes is one of the pool's large
+// chunks, on a pool of two sizes.
+func (a *Arena) isLarge(size uint64) bool { return a.chunkSize != a.unit && size == a.chunkSize }
+
+// dropBacks gives back the chunks a growth took back in place (still
+// mapped), to waiting for the device again.
+func (a *Arena) dropBacks(ms []chunk.Mapped) error {
+	if len(ms) == 0 {
+		return nil
+	}
+	return a.dropMapped(BackingUndo, ms)
 }
 
 // undoGrow rolls back a growLocked whose mapping of the run at slot failed
@@ -1417,7 +1510,7 @@ func (a *Arena) shrinkLocked(keep uint64, waited bool, epoch uint64, last bool) 
 	if !waited && !last && (len(a.strays) > 0 || keepChunks < a.geo.n()) {
 		return true, nil
 	}
-	c := a.cap.Load()
+	c, n := a.cap.Load(), a.geo.n()
 	if err := a.unstray(waited); err != nil {
 		return false, fmt.Errorf("arena: shrink: %w", err)
 	}
@@ -1425,7 +1518,7 @@ func (a *Arena) shrinkLocked(keep uint64, waited bool, epoch uint64, last bool) 
 		return false, fmt.Errorf("arena: shrink: %w", err)
 	}
 	a.floor.Store(s & lenMask)
-	a.obs.gaveBack(a, EventShrink, c)
+	a.obs.gaveBack(a, EventShrink, c, n-a.geo.n())
 	return false, nil
 }
 
@@ -1591,7 +1684,9 @@ type Stats struct {
 	Used        int           // bytes in use (Len)
 	Reclaimable int           // bytes mapped above Len and what Grow promised: what a pool under pressure may take back
 	Peak        int           // the most bytes ever in use at once
-	ChunkSize   int           // bytes per chunk
+	ChunkSize   int           // bytes per chunk (the pool's large chunks, on a pool of two sizes)
+	TailSize    int           // bytes per tail chunk: the smallest the arena maps (ChunkSize on a pool of one size)
+	Chunks      int           // chunks mapped below Cap (not counted in a view from a backing callback)
 	Headroom    int           // the headroom the worker keeps above Len now: learnt, between Config.Headroom and MaxHeadroom
 	Misses      int64         // growths that mapped on the caller's path although the arena keeps headroom
 	Maps        int64         // chunks placed in the arena's range: mapped, or taken back in place while they waited to be unmapped
@@ -1617,7 +1712,8 @@ func (a *Arena) Stats() Stats {
 		// A callback's own goroutine, which would wait for itself: what
 		// the atomic words say.
 		return Stats{Base: a.base, Reserved: int(a.reserved), Mapped: int(a.cap.Load()),
-			Used: int(a.state.Load() & lenMask), ChunkSize: int(a.chunkSize), Closed: a.lifeNow() == lifeClosed}
+			Used: int(a.state.Load() & lenMask), ChunkSize: int(a.chunkSize),
+			TailSize: int(a.unit), Closed: a.lifeNow() == lifeClosed}
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -1641,6 +1737,8 @@ func (a *Arena) statsNow() Stats {
 		Reclaimable: int(mapped - min(a.keepBytes(used, math.MaxUint64), mapped)),
 		Peak:        int(max(a.peak, used)),
 		ChunkSize:   int(a.chunkSize),
+		TailSize:    int(a.unit),
+		Chunks:      a.geo.n(),
 		Headroom:    int(a.hr.size.Load()),
 		Misses:      int64(a.hr.misses),
 		Maps:        int64(a.maps),

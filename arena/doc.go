@@ -68,8 +68,15 @@
 // the largest reservation fits an int on the 64-bit platforms the drivers
 // run on.
 //
-// Len is the bytes in use, Cap the bytes mapped (a multiple of the chunk
-// size), and Len ≤ Cap ≤ Reserved holds whenever the arena is awake.
+// Len is the bytes in use, Cap the bytes mapped (a multiple of TailSize,
+// the smallest chunk it maps), and Len ≤ Cap ≤ Reserved holds whenever the
+// arena is awake. On a pool of one chunk size TailSize is the chunk size.
+// On a pool of two (chunk.Config.TailSize) a growth maps each whole block
+// of ChunkSize it covers, aligned to it, in one large chunk, and the rest
+// in tail chunks, so that an arena holds less than a tail chunk above what
+// it was asked for while a large cache still maps in few calls; where the
+// chunks lie is the arena's layout (layout.go). Such an arena does not
+// Sleep or Share (acl.ErrNotSupported).
 // Growing maps chunks at Cap and never moves data: a Buffer's device pointer
 // stays valid, and its contents intact, until a Truncate or Reset drops it,
 // a Sleep in Discard mode drops its contents, or Close releases the arena.

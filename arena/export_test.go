@@ -74,3 +74,14 @@ func SetEpoch(a *Arena, full uint64) {
 
 // LowWater returns a's low-water mark.
 func LowWater(a *Arena) int { return int(a.lowWater.Load() & lenMask) }
+
+// Layout returns the sizes of a's chunks, lowest address first.
+func Layout(a *Arena) []int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	sizes := make([]int, a.geo.n())
+	for i := range sizes {
+		sizes[i] = int(a.geo.size(i))
+	}
+	return sizes
+}

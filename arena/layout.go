@@ -125,12 +125,18 @@ func (g *layout) keep(x uint64) int {
 // to dst.
 func (g *layout) tile(dst []uint64, from, to uint64) []uint64 {
 	for x := from; x < to; {
-		s := g.unit
-		if x%g.large == 0 && x+g.large <= to {
-			s = g.large
-		}
+		s := g.next(x, to)
 		dst = append(dst, s)
 		x += s
 	}
 	return dst
+}
+
+// next returns the size of the chunk tile lays at x, of a gap that ends at
+// to.
+func (g *layout) next(x, to uint64) uint64 {
+	if x%g.large == 0 && x+g.large <= to {
+		return g.large
+	}
+	return g.unit
 }

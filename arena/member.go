@@ -92,7 +92,7 @@ func (c client) Give(n int, by chunk.Ticket, take func([]chunk.Mapped, []acl.Str
 	a.hr.short = true          // the pool is short: a miss until the next refill is not the worker's pace
 	a.leave(BackingRelief, ms) // the pool tells the callbacks before it unmaps them
 	take(ms, a.streams)
-	a.obs.gaveBack(a, EventReclaim, c0)
+	a.obs.gaveBack(a, EventReclaim, c0, len(ms))
 	return given, false
 }
 

@@ -156,7 +156,7 @@ func (o *observer) end(a *Arena, g growth, c, target uint64, speculative bool, e
 	}
 	now := a.cap.Load()
 	attrs := []slog.Attr{slog.Uint64("from", c), slog.Uint64("to", now),
-		slog.Uint64("chunks", (now-min(now, c))/a.chunkSize), slog.Duration("dur", d)}
+		slog.Uint64("chunks", uint64(a.geo.n()-min(a.geo.n(), a.geo.index(c)))), slog.Duration("dur", d)}
 	if err != nil {
 		attrs = append(attrs, slog.Any("err", err))
 	}
@@ -177,8 +177,8 @@ func (o *observer) oom(a *Arena, asked uint64, err error) {
 		slog.Int("in_use", s.InUse), slog.Int("cached", s.Cached), slog.Any("err", err))
 }
 
-// gaveBack reports chunks given back from Cap c (Shrink or a reclaim).
-func (o *observer) gaveBack(a *Arena, msg string, c uint64) {
+// gaveBack reports n chunks given back from Cap c (Shrink or a reclaim).
+func (o *observer) gaveBack(a *Arena, msg string, c uint64, n int) {
 	now := a.cap.Load()
 	if now >= c {
 		return
@@ -188,7 +188,7 @@ func (o *observer) gaveBack(a *Arena, msg string, c uint64) {
 	}
 	if o.on(slog.LevelDebug) {
 		o.emit(a, slog.LevelDebug, msg, slog.Uint64("from", c), slog.Uint64("to", now),
-			slog.Uint64("chunks", (c-now)/a.chunkSize))
+			slog.Uint64("chunks", uint64(n)))
 	}
 }
 

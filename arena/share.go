@@ -321,6 +321,8 @@ func (b Buffer) ShareContext(ctx context.Context, conn *net.UnixConn, opt ShareO
 		return fmt.Errorf("%s: %w: zero Buffer", op, ErrInvalid)
 	case a.drv == nil:
 		return errNotMade
+	case a.unit != a.chunkSize:
+		return fmt.Errorf("%s: %w: an arena on a pool of two chunk sizes (chunk.Config.TailSize) does not share its memory", op, acl.ErrNotSupported)
 	case conn == nil:
 		return fmt.Errorf("%s: %w: no connection", op, ErrInvalid)
 	case opt.PID <= 0:

@@ -257,6 +257,9 @@ func (a *Arena) Sleep(ctx context.Context, mode SleepMode) error {
 	if mode != Discard && mode != Offload {
 		return fmt.Errorf("arena: sleep: %w: mode %v", ErrInvalid, mode)
 	}
+	if a != nil && a.unit != a.chunkSize {
+		return fmt.Errorf("arena: sleep: %w: an arena on a pool of two chunk sizes (chunk.Config.TailSize) does not sleep", acl.ErrNotSupported)
+	}
 	l, err := a.lockSleep(ctx)
 	if err != nil {
 		return wrapOp("arena: sleep", err)

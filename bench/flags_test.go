@@ -75,6 +75,29 @@ func TestChunkMustFitGranularity(t *testing.T) {
 	}
 }
 
+// -kv-tail must be a multiple of the granularity (checked once the driver
+// is open) and divide -chunk (the arena's pool refuses it, naming
+// chunk.Config.TailSize).
+func TestKVTailChecked(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-kv-tail", "3MiB"}, "-kv-tail 3MiB: want a multiple of the driver's granularity"},
+		{[]string{"-chunk", "8MiB", "-kv-tail", "6MiB"}, "TailSize"},
+	} {
+		args := append([]string{"-device", "host", "-workloads", "kv", "-micro=false", "-quick", "-out", t.TempDir()}, c.args...)
+		o, err := parseFlags(args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stdout bytes.Buffer
+		if err := run(o, &stdout); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("run %v: %v, want it to say %q", c.args, err, c.want)
+		}
+	}
+}
+
 // Every bad flag fails before the first measurement, within a second, with
 // an error that names the flag and says what it accepts: those that need no
 // driver in parseFlags, the rest (the output directories, budgets that no

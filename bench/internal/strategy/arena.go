@@ -25,7 +25,7 @@ type arenaStrategy struct {
 }
 
 func newArena(cfg Config, eager bool) (*arenaStrategy, error) {
-	pc := chunk.Config{Size: int(cfg.Chunk), MaxCached: cfg.MaxCached, Budget: cfg.Budget, Scrub: cfg.Scrub}
+	pc := chunk.Config{Size: int(cfg.Chunk), TailSize: int(cfg.Tail), MaxCached: cfg.MaxCached, Budget: cfg.Budget, Scrub: cfg.Scrub}
 	if !eager {
 		pc.Ahead, pc.WorkerCPU = cfg.Ahead, cfg.WorkerCPU
 		if cfg.Warm != 0 && cfg.MaxCached == 0 && cfg.Budget > 0 {

@@ -77,11 +77,17 @@ func LowWater(a *Arena) int { return int(a.lowWater.Load() & lenMask) }
 
 // Layout returns the sizes of a's chunks, lowest address first.
 func Layout(a *Arena) []int {
+	sizes, _ := LayoutAndCap(a)
+	return sizes
+}
+
+// LayoutAndCap returns Layout(a) and Cap, read together under a's lock.
+func LayoutAndCap(a *Arena) ([]int, int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	sizes := make([]int, a.geo.n())
 	for i := range sizes {
 		sizes[i] = int(a.geo.size(i))
 	}
-	return sizes
+	return sizes, int(a.cap.Load())
 }

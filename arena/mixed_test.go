@@ -215,20 +215,32 @@ func TestMixedGrowFaultEveryCall(t *testing.T) {
 	}
 }
 
-// requireCanonical checks a's layout: its chunks add up to Cap, each of the
-// pool's two sizes, and a large one only on a block of its own.
+// requireCanonical checks a's layout (canonical).
 func requireCanonical(t *testing.T, a *arena.Arena) {
 	t.Helper()
+	if msg := canonical(a); msg != "" {
+		require.Fail(t, msg)
+	}
+}
+
+// canonical checks a's layout: its chunks add up to Cap, each of the
+// pool's sizes, and a large one only on a block of its own. It says what
+// is wrong, or "".
+func canonical(a *arena.Arena) string {
+	layout, c := arena.LayoutAndCap(a)
 	off := 0
-	for _, s := range arena.Layout(a) {
-		switch s {
-		case a.TailSize():
-		case a.ChunkSize():
-			require.Zero(t, off%s, "a large chunk at %d, off its block", off)
-		default:
-			require.Failf(t, "a chunk of neither size", "%d bytes at %d", s, off)
+	for _, s := range layout {
+		switch {
+		case s == a.TailSize():
+		case s == a.ChunkSize() && off%s != 0:
+			return fmt.Sprintf("a large chunk at %d, off its block: %v", off, layout)
+		case s != a.ChunkSize():
+			return fmt.Sprintf("a chunk of neither size, %d bytes at %d: %v", s, off, layout)
 		}
 		off += s
 	}
-	require.Equal(t, a.Cap(), off, "the chunks add up to Cap")
+	if c != off {
+		return fmt.Sprintf("the chunks add up to %d, Cap is %d: %v", off, c, layout)
+	}
+	return ""
 }

@@ -515,10 +515,20 @@ func TestCopiesRaceClose(t *testing.T) {
 // sits idle (mapped and dropped, or in the cache). VMARENA_PRESSURE_ROUNDS
 // sets the rounds, all tenants together (CI runs 100,000 under -race).
 func TestPressureStress(t *testing.T) {
-	const tenants, stallAfter = 16, 5 * time.Second
 	rounds := envInt("VMARENA_PRESSURE_ROUNDS", 8000)
+	t.Run("one size", func(t *testing.T) { pressureStress(t, chunk.Config{Budget: 16 * wg}, rounds) })
+	// Chunks of two sizes: growths of 1-4 granules take large chunks for
+	// whole blocks and tails for the rest, reliefs give both, takes convert
+	// between them; every arena's layout stays canonical.
+	t.Run("two sizes", func(t *testing.T) {
+		pressureStress(t, chunk.Config{Size: 2 * wg, TailSize: wg, Budget: 16 * wg}, rounds/2)
+	})
+}
+
+func pressureStress(t *testing.T, pc chunk.Config, rounds int) {
+	const tenants, stallAfter = 16, 5 * time.Second
 	d := isoDriver(t, 256<<20)
-	pool, err := chunk.New(d, chunk.Config{Budget: 16 * wg})
+	pool, err := chunk.New(d, pc)
 	require.NoError(t, err)
 	t.Cleanup(func() { assert.NoError(t, pool.Close()) })
 	ctx, cancel := context.WithCancel(context.Background())
@@ -570,6 +580,11 @@ func TestPressureStress(t *testing.T) {
 				}
 				if _, err := a.Alloc(n, 1); err != nil { // promised by the growth
 					t.Errorf("tenant %d, round %d: alloc after grow: %v", i, r, err)
+					cancel()
+					return
+				}
+				if msg := canonical(a); msg != "" {
+					t.Errorf("tenant %d, round %d: %s", i, r, msg)
 					cancel()
 					return
 				}

@@ -96,6 +96,16 @@ func TestKVTailChecked(t *testing.T) {
 			t.Errorf("run %v: %v, want it to say %q", c.args, err, c.want)
 		}
 	}
+	// A tail as large as the chunk (the pool's choice at a small budget) is
+	// one size, not an error.
+	o, err := parseFlags([]string{"-device", "host", "-workloads", "kv", "-micro=false", "-quick", "-chunk", "2MiB", "-kv-tail", "2MiB",
+		"-strategies", "arena", "-out", t.TempDir()}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := run(o, io.Discard); err != nil {
+		t.Errorf("run -chunk 2MiB -kv-tail 2MiB: %v", err)
+	}
 }
 
 // Every bad flag fails before the first measurement, within a second, with

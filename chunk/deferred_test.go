@@ -594,6 +594,12 @@ func poolOn(t *testing.T, capacity uintptr, cfg chunk.Config) (*host.Driver, *ch
 // is nil.
 func poolThrough(t *testing.T, capacity uintptr, cfg chunk.Config, wrap func(*host.Driver) acl.Driver) (*host.Driver, *chunk.Pool, acl.DevicePtr, acl.Stream) {
 	t.Helper()
+	return poolReserving(t, capacity, cfg, wrap, 2*g)
+}
+
+// poolReserving is poolThrough with a reservation of size bytes.
+func poolReserving(t *testing.T, capacity uintptr, cfg chunk.Config, wrap func(*host.Driver) acl.Driver, size uintptr) (*host.Driver, *chunk.Pool, acl.DevicePtr, acl.Stream) {
+	t.Helper()
 	d := scrubDriver(t, capacity)
 	var drv acl.Driver = d
 	if wrap != nil {
@@ -601,7 +607,7 @@ func poolThrough(t *testing.T, capacity uintptr, cfg chunk.Config, wrap func(*ho
 	}
 	p, err := chunk.New(drv, cfg)
 	require.NoError(t, err)
-	base, err := d.ReserveMemAddress(2*g, 0, 0, 0)
+	base, err := d.ReserveMemAddress(size, 0, 0, 0)
 	require.NoError(t, err)
 	s, err := d.CreateStream()
 	require.NoError(t, err)

@@ -412,19 +412,8 @@ func TestReliefCountsUnits(t *testing.T) {
 // both sizes: a large one whole, past the span's end, and none that starts
 // before it.
 func TestReclaimSpanMixedSizes(t *testing.T) {
-	d := scrubDriver(t, 64<<20)
-	p, err := chunk.New(d, chunk.Config{Size: 2 * g, TailSize: g})
-	require.NoError(t, err)
+	d, p, base, s := poolReserving(t, 64<<20, chunk.Config{Size: 2 * g, TailSize: g}, nil, 4*g)
 	l, tn := p.Lender(), chunk.NewTenant()
-	base, err := d.ReserveMemAddress(4*g, 0, 0, 0)
-	require.NoError(t, err)
-	s, err := d.CreateStream()
-	require.NoError(t, err)
-	defer func() {
-		assert.NoError(t, p.Close())
-		assert.NoError(t, d.ReleaseMemAddress(base))
-		assert.NoError(t, d.DestroyStream(s))
-	}()
 	t0, err := l.TakeFree(nil, tn, chunk.Ask{Units: 1})
 	require.NoError(t, err)
 	lg, err := l.Acquire(tn, 1)

@@ -91,19 +91,8 @@ func released(t *testing.T, d *host.Driver, l chunk.Lender, base acl.DevicePtr, 
 // which to wait for; a span without it takes the rest, in address order,
 // after what dst held.
 func TestReclaimSpanAllOrNothing(t *testing.T) {
-	d := scrubDriver(t, 64<<20)
-	p, err := chunk.New(d, chunk.Config{Budget: 3 * g})
-	require.NoError(t, err)
+	d, p, base, s := poolReserving(t, 64<<20, chunk.Config{Budget: 3 * g}, nil, 3*g)
 	l, tn := p.Lender(), chunk.NewTenant()
-	base, err := d.ReserveMemAddress(3*g, 0, 0, 0)
-	require.NoError(t, err)
-	s, err := d.CreateStream()
-	require.NoError(t, err)
-	defer func() {
-		assert.NoError(t, p.Close())
-		assert.NoError(t, d.ReleaseMemAddress(base))
-		assert.NoError(t, d.DestroyStream(s))
-	}()
 	cs, err := l.Acquire(tn, 3)
 	require.NoError(t, err)
 	// The top chunk is released first, so that a relief claims its batch

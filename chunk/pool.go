@@ -616,12 +616,19 @@ func (p *Pool) exactOf(n int) order { return order{units: n * p.per(), large: n,
 // room; then tail chunks from the cache, then fresh ones; and when the
 // budget or the device is still short, it converts cached chunks the ask
 // cannot use (large ones beyond what it takes), freeing them to allocate
-// the tail chunks it lacks in their room (Stats.Conversions). With a dst of
+// the tail chunks it lacks in their room (Stats.Conversions); a take of
+// tail chunks converts the large chunks idle in the cache beyond those the
+// worker keeps ahead before it allocates fresh ones. With a dst of
 // room enough it allocates nothing. A shortage is not counted in
 // Stats.Failures (nor logged): its caller is expected to relieve the
 // pressure next (Lender.Grow), which is. On failure it returns dst as it
 // was.
 func (p Lender) TakeFree(dst []Chunk, t Tenant, a Ask) ([]Chunk, error) {
+	return p.ask(dst, t, a, takeFree)
+}
+
+// ask is TakeFree and TryAcquire: a's order, acquired in mode.
+func (p Lender) ask(dst []Chunk, t Tenant, a Ask, mode acquireMode) ([]Chunk, error) {
 	if !p.pool.made() {
 		return dst, errNotMade
 	}
@@ -629,7 +636,7 @@ func (p Lender) TakeFree(dst []Chunk, t Tenant, a Ask) ([]Chunk, error) {
 	if err != nil {
 		return dst, err
 	}
-	return p.pool.acquire(dst, t, o, takeFree)
+	return p.pool.acquire(dst, t, o, mode)
 }
 
 // TryAcquire is TakeFree for speculative growth (the background worker's
@@ -638,14 +645,7 @@ func (p Lender) TakeFree(dst []Chunk, t Tenant, a Ask) ([]Chunk, error) {
 // with an error matching acl.ErrOutOfMemory, since the memory being freed,
 // or given back, is for that growth. Its shortages count as failures.
 func (p Lender) TryAcquire(dst []Chunk, t Tenant, a Ask) ([]Chunk, error) {
-	if !p.pool.made() {
-		return dst, errNotMade
-	}
-	o, err := p.pool.orderOf(a)
-	if err != nil {
-		return dst, err
-	}
-	return p.pool.acquire(dst, t, o, standAside)
+	return p.ask(dst, t, a, standAside)
 }
 
 // The ways an acquire may take its chunks.

@@ -879,8 +879,7 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 	}
 	plan = a.layGap(plan, x, max(x, e))
 	sc.plan = plan
-	k := int(a.chunkSize / a.unit) // units in a large chunk
-	want, large := 0, 0            // units of the fresh slots, and how many of them are large
+	want, large := 0, 0 // units of the fresh slots, and how many of them are large
 	for _, s := range plan {
 		if !s.back {
 			want += int(s.size / a.unit)
@@ -889,21 +888,8 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 			}
 		}
 	}
-	// What a relief handed goes first: large chunks to the large slots,
-	// tail chunks to the rest (standing in for large ones where they must);
-	// what is left over goes back.
-	fresh, spare := sc.fresh[:0], sc.spare[:0]
-	for _, ch := range have {
-		if a.isLarge(uint64(ch.Size)) && large > 0 && want >= k {
-			fresh = append(fresh, ch)
-			want, large = want-k, large-1
-		} else if !a.isLarge(uint64(ch.Size)) && want > 0 {
-			fresh = append(fresh, ch)
-			want--
-		} else {
-			spare = append(spare, ch)
-		}
-	}
+	// What a relief handed goes first; what is left over goes back.
+	fresh, spare, want, large := a.useHanded(have, sc.fresh[:0], sc.spare[:0], want, large)
 	sc.spare = spare
 	if len(spare) > 0 {
 		if err := a.putChunks(spare); err != nil {
@@ -916,7 +902,7 @@ func (a *Arena) place(target uint64, have []chunk.Chunk, speculative bool) (chun
 			take = a.lend.TryAcquire
 		}
 		var err error
-		fresh, err = take(fresh, a.tenant, chunk.Ask{Units: want, Large: min(large, want/k)})
+		fresh, err = take(fresh, a.tenant, chunk.Ask{Units: want, Large: min(large, want/a.per())})
 		if err != nil {
 			if errors.Is(err, chunk.ErrClosed) {
 				err = poolClosed{err}
@@ -1030,6 +1016,30 @@ func (a *Arena) layGap(plan []slotPlan, from, to uint64) []slotPlan {
 	}
 	return plan
 }
+
+// useHanded sorts chunks a relief handed for slots that want units, large of
+// them in large slots: large chunks go to the large slots, tail chunks to
+// any (standing in for large ones where they must); it appends those it
+// uses to use and the rest to rest, and returns what is still wanted.
+func (a *Arena) useHanded(have, use, rest []chunk.Chunk, want, large int) ([]chunk.Chunk, []chunk.Chunk, int, int) {
+	k := a.per()
+	for _, ch := range have {
+		switch big := a.isLarge(uint64(ch.Size)); {
+		case big && large > 0 && want >= k:
+			use = append(use, ch)
+			want, large = want-k, large-1
+		case !big && want > 0:
+			use = append(use, ch)
+			want--
+		default:
+			rest = append(rest, ch)
+		}
+	}
+	return use, rest, want, large
+}
+
+// per returns the units in a large chunk (1 on a pool of one size).
+func (a *Arena) per() int { return int(a.chunkSize / a.unit) }
 
 // isLarge reports whether a chunk of size bytes is one of the pool's large
 // chunks, on a pool of two sizes.

@@ -75,8 +75,9 @@
 // of ChunkSize it covers, aligned to it, in one large chunk, and the rest
 // in tail chunks, so that an arena holds less than a tail chunk above what
 // it was asked for while a large cache still maps in few calls; where the
-// chunks lie is the arena's layout (layout.go). Such an arena does not
-// Sleep or Share (acl.ErrNotSupported).
+// chunks lie is the arena's layout (layout.go). Such an arena sleeps and
+// wakes with every chunk at its offset (a large one the pool cannot give
+// back comes back as tail chunks); it does not Share (acl.ErrNotSupported).
 // Growing maps chunks at Cap and never moves data: a Buffer's device pointer
 // stays valid, and its contents intact, until a Truncate or Reset drops it,
 // a Sleep in Discard mode drops its contents, or Close releases the arena.

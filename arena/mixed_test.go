@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -139,18 +140,124 @@ func TestMixedReliefAcrossSizes(t *testing.T) {
 	_ = u
 }
 
-// Sleep and Share refuse an arena on a pool of two sizes, and change
-// nothing.
-func TestMixedSleepAndShareRefused(t *testing.T) {
+// Share refuses an arena on a pool of two sizes, and changes nothing.
+func TestMixedShareRefused(t *testing.T) {
 	pool, _ := mixedPool(t, 64<<20, 0)
 	a := isoArena(t, arena.Config{Pool: pool, Reserve: 32 << 20})
 	buf, err := a.Alloc(3<<20, 1)
 	require.NoError(t, err)
-	require.ErrorIs(t, a.Sleep(context.Background(), arena.Offload), acl.ErrNotSupported)
-	assert.Equal(t, 4<<20, a.Cap())
 	require.ErrorIs(t, buf.Share(nil, arena.ShareOptions{}), acl.ErrNotSupported)
+	assert.Equal(t, 4<<20, a.Cap())
 	_, err = a.Alloc(1, 1)
 	require.NoError(t, err, "the arena still works")
+}
+
+// Sleep and Wake on a pool of two sizes: the driver holds nothing physical
+// meanwhile, and every chunk comes back at its offset, of its size, with
+// its bytes (Offload), through pipeline steps that mix the sizes.
+func TestMixedSleepKeepsLayoutAndBytes(t *testing.T) {
+	const u, c = 2 << 20, 8 << 20
+	for _, mode := range []arena.SleepMode{arena.Offload, arena.Discard} {
+		t.Run(mode.String(), func(t *testing.T) {
+			pool, d := mixedPool(t, 256<<20, 0)
+			a := isoArena(t, arena.Config{Pool: pool, Reserve: 128 << 20})
+			var data []byte
+			var bufs []arena.Buffer
+			for i, n := range []int{5 << 20, 19 << 20, 3<<20 + 5} {
+				buf, err := a.Alloc(n, 1)
+				require.NoError(t, err)
+				p := bytes.Repeat([]byte{byte(i + 1), byte(i * 7)}, n/2+1)[:n]
+				require.NoError(t, arena.CopyIn(buf, p))
+				data, bufs = append(data, p...), append(bufs, buf)
+			}
+			layout := []int{u, u, u, u, c, c, u, u}
+			require.Equal(t, layout, arena.Layout(a))
+			ptrs := make([]acl.DevicePtr, len(bufs))
+			for i, b := range bufs {
+				ptrs[i] = b.Ptr()
+			}
+
+			require.NoError(t, a.Sleep(context.Background(), mode))
+			require.Zero(t, a.Cap())
+			assert.Zero(t, d.Live().Handles, "%+v", d.Live())
+			assert.Zero(t, pool.Stats().HeldBytes)
+
+			require.NoError(t, a.Wake(context.Background()))
+			assert.Equal(t, layout, arena.Layout(a), "every chunk at its offset, of its size")
+			assert.Equal(t, 28<<20, a.Cap())
+			for i, b := range bufs {
+				assert.Equal(t, ptrs[i], b.Ptr())
+			}
+			if mode == arena.Offload {
+				assert.Equal(t, data, readAll(t, d, a)[:len(data)], "the bytes, across both sizes")
+			}
+			requireCanonical(t, a)
+		})
+	}
+}
+
+// A Wake the pool has no large chunk for lays the large slot as tail
+// chunks, every byte at its address: from tails in the cache, from tails a
+// relief hands, and, for tail slots, from a large chunk a relief hands,
+// which goes back to the pool and comes out converted.
+func TestMixedWakeRetiles(t *testing.T) {
+	const u, c = 2 << 20, 8 << 20
+	for _, tc := range []struct {
+		name        string
+		budget      int64
+		slept       int // the bytes the sleeper holds
+		other       func(t *testing.T, o *arena.Arena)
+		want        []int
+		relieved    bool // a relief took the other arena's idle chunks
+		conversions bool // the pool turned a large chunk into tails
+	}{
+		{"tails cached", 2 * c, c, func(t *testing.T, o *arena.Arena) {
+			growByTails(t, o, 5)
+			require.NoError(t, o.Truncate(u))
+			require.NoError(t, o.Shrink()) // 4 tails to the cache; 6 MiB of room, less than a block
+		}, []int{u, u, u, u}, false, false},
+		{"tails relieved", 2 * c, c, func(t *testing.T, o *arena.Arena) {
+			growByTails(t, o, 5)
+			require.NoError(t, o.Truncate(u)) // 4 tails idle, 6 MiB of room
+		}, []int{u, u, u, u}, true, false},
+		{"large chunk relieved for tails", c, 3 << 20, func(t *testing.T, o *arena.Arena) {
+			require.NoError(t, o.Grow(c))
+			require.NoError(t, o.Truncate(0)) // a large chunk idle, no room
+		}, []int{u, u}, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool, d := mixedPool(t, 256<<20, tc.budget)
+			a := isoArena(t, arena.Config{Pool: pool, Reserve: 64 << 20})
+			o := isoArena(t, arena.Config{Pool: pool, Reserve: 64 << 20})
+			buf, err := a.Alloc(tc.slept, 1)
+			require.NoError(t, err)
+			want := bytes.Repeat([]byte{1, 2, 3}, tc.slept/3+1)[:tc.slept]
+			require.NoError(t, arena.CopyIn(buf, want))
+			ptr := buf.Ptr()
+			require.NoError(t, a.Sleep(context.Background(), arena.Offload))
+			tc.other(t, o)
+
+			require.NoError(t, a.Wake(context.Background()))
+			assert.Equal(t, tc.want, arena.Layout(a))
+			assert.Equal(t, ptr, buf.Ptr())
+			assert.Equal(t, want, readAll(t, d, a)[:tc.slept], "every byte at its address")
+			assert.LessOrEqual(t, pool.Stats().HeldBytes, tc.budget)
+			assert.Equal(t, tc.relieved, pool.Stats().Reclaimed > 0, "%+v", pool.Stats())
+			assert.Equal(t, tc.conversions, pool.Stats().Conversions > 0, "%+v", pool.Stats())
+			requireCanonical(t, a)
+			requireCanonical(t, o)
+		})
+	}
+}
+
+// growByTails grows o by n tail chunks, one growth each.
+func growByTails(t *testing.T, o *arena.Arena, n int) {
+	t.Helper()
+	for range n {
+		_, err := o.Alloc(o.TailSize(), 1)
+		require.NoError(t, err)
+	}
+	require.Equal(t, slices.Repeat([]int{o.TailSize()}, n), arena.Layout(o))
 }
 
 // A fault at any driver call of a growth that lays tail and large chunks,

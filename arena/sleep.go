@@ -1,6 +1,7 @@
 package arena
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -256,9 +257,6 @@ func (a *Arena) hostFor(n uint64) error {
 func (a *Arena) Sleep(ctx context.Context, mode SleepMode) error {
 	if mode != Discard && mode != Offload {
 		return fmt.Errorf("arena: sleep: %w: mode %v", ErrInvalid, mode)
-	}
-	if a != nil && a.unit != a.chunkSize {
-		return fmt.Errorf("arena: sleep: %w: an arena on a pool of two chunk sizes (chunk.Config.TailSize) does not sleep", acl.ErrNotSupported)
 	}
 	l, err := a.lockSleep(ctx)
 	if err != nil {
@@ -540,8 +538,16 @@ func (a *Arena) freeStrays() error {
 // copy of the next.
 const pipeStep = 16 << 20
 
-// step is the chunks one pipeline step covers.
-func (a *Arena) step() int { return max(1, int(pipeStep/a.chunkSize)) }
+// runEnd returns the slot past the pipeline step that starts at slot i and
+// ends by slot end: the slots from i that span at most pipeStep bytes, one
+// at least (a step is a count of bytes, whatever the sizes of the chunks).
+func (st *sleepState) runEnd(i, end int) int {
+	j := i + 1
+	for j < end && st.off(j+1)-st.off(i) <= pipeStep {
+		j++
+	}
+	return j
+}
 
 // offload copies the bytes below Len to the host copy, a step of chunks at
 // a time, on a goroutine of its own, while this one unmaps the chunks whose
@@ -550,18 +556,23 @@ func (a *Arena) step() int { return max(1, int(pipeStep/a.chunkSize)) }
 // stops at the first failure, leaving st to say what is held.
 func (a *Arena) offload(st *sleepState) error {
 	data := st.keep(st.len) // chunks holding bytes in use
-	k := a.step()
-	steps := (data + k - 1) / k
+	var ends []int          // the slot past each step
+	for i := 0; i < data; i = ends[len(ends)-1] {
+		ends = append(ends, st.runEnd(i, data))
+	}
+	steps := len(ends)
 	done := make(chan error, steps)
 	var stop atomic.Bool
 	go func() {
-		for j := range steps {
+		from := 0
+		for _, to := range ends {
 			if stop.Load() {
 				done <- errStopped
 				continue
 			}
-			lo, hi := st.off(j*k), min(st.off(min((j+1)*k, data)), st.len)
-			done <- a.drv.MemcpyDtoH(a.sl.host[lo:hi], st.at(a, j*k))
+			lo, hi := st.off(from), min(st.off(to), st.len)
+			done <- a.drv.MemcpyDtoH(a.sl.host[lo:hi], st.at(a, from))
+			from = to
 		}
 	}()
 	waited := 0 // steps whose copy was received
@@ -571,9 +582,11 @@ func (a *Arena) offload(st *sleepState) error {
 			<-done
 		}
 	}
+	next := 0 // the slot where the next step starts
 	for i := range st.slots {
-		if i < data && i%k == 0 {
+		if i < data && i == next {
 			err := <-done
+			next = ends[waited]
 			waited++
 			if err != nil {
 				drain()
@@ -757,25 +770,29 @@ func (w *waker) Place(have []chunk.Chunk) (chunk.Step, error) {
 	// cache, the budget's room), the try ends here, before any driver call:
 	// a Wake retried under pressure would otherwise map and unmap, and
 	// allocate and free, the same chunks on every try.
-	if gone := w.st.count(slotGone); gone > len(have) && !w.a.lend.Fits(gone-len(have)) {
-		err := fmt.Errorf("%w: %w: %d chunks to map back, %d at hand, and the pool has not the rest free", chunk.ErrBudget,
-			ErrOutOfMemory, gone, len(have))
-		if perr := w.a.putChunks(have); perr != nil {
+	a := w.a
+	gone, large := a.goneOf(w.st, 0, len(w.st.slots))
+	// What a relief handed that no gone slot can take goes back first: the
+	// pool may then turn it into chunks of the size the slots lack.
+	var spare []chunk.Chunk
+	have, spare, lack, _ := a.useHanded(have, have[:0], nil, gone, large)
+	if err := a.putChunks(spare); err != nil {
+		return chunk.Step{}, errors.Join(err, a.putChunks(have))
+	}
+	if lack > 0 && !a.lend.Fits(lack) {
+		err := fmt.Errorf("%w: %w: %s to map back, %s of it at hand, and the pool has not the rest free", chunk.ErrBudget,
+			ErrOutOfMemory, units.Ubytes(uint64(gone)*a.unit), units.Ubytes(uint64(gone-lack)*a.unit))
+		if perr := a.putChunks(have); perr != nil {
 			return chunk.Step{}, errors.Join(err, perr)
 		}
 		return chunk.Step{Missing: gone, Short: err}, nil
 	}
-	err := w.a.restore(w.st, false, &have)
-	perr := w.a.putChunks(have) // what the relief found beyond the need
+	err := a.restore(w.st, false, &have)
+	perr := a.putChunks(have) // what the relief found beyond the need
 	if err == nil || perr != nil || !errors.Is(err, ErrOutOfMemory) {
 		return chunk.Step{}, errors.Join(err, perr)
 	}
-	missing := 0
-	for _, s := range w.st.slots {
-		if s.state == slotGone {
-			missing++
-		}
-	}
+	missing := int(w.st.goneBytes() / a.unit)
 	if missing == 0 {
 		return chunk.Step{}, err
 	}
@@ -790,26 +807,100 @@ func (w *waker) Unlock() <-chan struct{} {
 
 func (w *waker) Lock() { w.a.mu.Lock() }
 
-// takeChunks returns n chunks: from *have first, then free in the pool now,
-// and adds those it took from the pool to taken.
-func (a *Arena) takeChunks(n int, have *[]chunk.Chunk, taken map[acl.PhysicalHandle]bool) ([]chunk.Chunk, error) {
-	if have != nil && len(*have) >= n {
-		cs := (*have)[:n:n]
-		*have = (*have)[n:]
-		return cs, nil
+// goneBytes returns the bytes of the slots whose chunks went to the driver.
+func (st *sleepState) goneBytes() uint64 {
+	var n uint64
+	for i, sl := range st.slots {
+		if sl.state == slotGone {
+			n += st.size(i)
+		}
 	}
-	var cs []chunk.Chunk
-	if have != nil {
-		cs, *have = *have, nil
+	return n
+}
+
+// goneOf returns what the gone slots among [i, j) of st lack: units, and
+// how many of the slots are large (a chunk of the pool's large size fits
+// them, or tail chunks laid in their place).
+func (a *Arena) goneOf(st *sleepState, i, j int) (want, large int) {
+	for x := i; x < j; x++ {
+		if st.slots[x].state == slotGone {
+			want += int(st.size(x) / a.unit)
+			if a.isLarge(st.size(x)) {
+				large++
+			}
+		}
 	}
-	more, err := a.lend.TakeFree(nil, a.tenant, chunk.Ask{Units: n - len(cs), Large: n - len(cs)})
-	if err != nil {
-		return nil, errors.Join(err, a.putChunks(cs))
+	return want, large
+}
+
+// fillRun gets the chunks for the gone slots of the run [i, j) of st: from
+// *have first (what a relief handed; what the run cannot use stays there),
+// then memory free in the pool now (TakeFree: it never waits, since mu is
+// held; those it takes are added to taken). A large slot the pool has no
+// large chunk for is laid as tail slots, as place lays a growth: st gains
+// the slots, and every byte keeps its offset. It returns the run's chunks,
+// held and new, in slot order, and the slot past the run.
+func (a *Arena) fillRun(st *sleepState, i, j int, have *[]chunk.Chunk, taken map[acl.PhysicalHandle]bool) ([]chunk.Chunk, int, error) {
+	want, large := a.goneOf(st, i, j)
+	var fresh []chunk.Chunk
+	if have != nil && want > 0 {
+		fresh, *have, want, large = a.useHanded(*have, nil, (*have)[:0], want, large)
 	}
-	for _, c := range more {
-		taken[c.Handle] = true
+	if want > 0 {
+		n := len(fresh)
+		var err error
+		if fresh, err = a.lend.TakeFree(fresh, a.tenant, chunk.Ask{Units: want, Large: min(large, want/a.per())}); err != nil {
+			return nil, j, errors.Join(err, a.putChunks(fresh))
+		}
+		for _, c := range fresh[n:] {
+			taken[c.Handle] = true
+		}
 	}
-	return append(cs, more...), nil
+	slices.SortStableFunc(fresh, func(x, y chunk.Chunk) int { return cmp.Compare(y.Size, x.Size) })
+	nl := 0
+	for nl < len(fresh) && a.isLarge(uint64(fresh[nl].Size)) {
+		nl++
+	}
+	run := make([]chunk.Chunk, 0, j-i)
+	li, ti := 0, nl
+	for x := i; x < j; x++ {
+		sl := st.slots[x]
+		switch {
+		case sl.state != slotGone:
+			run = append(run, sl.c)
+			continue
+		case a.isLarge(st.size(x)) && li < nl:
+			run = append(run, fresh[li])
+			li++
+			continue
+		case a.isLarge(st.size(x)):
+			st.retile(x, a.unit)
+			j += a.per() - 1
+		}
+		if ti == len(fresh) {
+			break
+		}
+		run = append(run, fresh[ti])
+		ti++
+	}
+	if li != nl || ti != len(fresh) || len(run) != j-i {
+		return nil, j, errors.Join(fmt.Errorf("arena: wake: %w: the pool lent chunks that do not tile the slots", ErrInvalid),
+			a.putChunks(fresh))
+	}
+	return run, j, nil
+}
+
+// retile lays gone slot x, a large one, as gone slots of unit bytes each.
+func (st *sleepState) retile(x int, unit uint64) {
+	lo, hi := st.off(x), st.ends[x]
+	k := int((hi - lo) / unit)
+	st.slots = slices.Insert(st.slots, x+1, make([]slot, k-1)...)
+	ends := make([]uint64, k-1)
+	for y := range ends {
+		st.slots[x+1+y].state = slotGone
+		ends[y] = lo + uint64(y+1)*unit
+	}
+	st.ends = slices.Insert(st.ends, x, ends...)
 }
 
 // trimSlots drops the slots a Wake need not map back: those above Len and
@@ -883,17 +974,13 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 		jobs <- job{lo, hi}
 		return 1
 	}
-	prev := make([]slotState, len(st.slots)) // what each slot was, for the undo
-	for i, s := range st.slots {
-		prev[i] = s.state
-	}
 	var mapped []int // slots this call mapped (and, last, those a failed map left)
 	var unplaced []chunk.Chunk
-	taken := map[acl.PhysicalHandle]bool{} // chunks this call took from the pool (takeChunks)
+	taken := map[acl.PhysicalHandle]bool{}  // chunks this call took from the pool (fillRun)
+	placed := map[acl.PhysicalHandle]bool{} // chunks this call put in gone slots: they go back on undo
 	scrubbed, copies := 0, 0
 	leftQueued := false
 	var err error
-	k := a.step()
 	for i := 0; i < len(st.slots) && err == nil; {
 		if st.slots[i].state == slotMapped {
 			i++
@@ -902,26 +989,19 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 		// A run of up to a step of slots to map; the chunks for the gone
 		// ones come from the pool now, while the copy of the run before
 		// runs.
-		j, need := i, 0
-		for j < len(st.slots) && j-i < k && (st.slots[j].state == slotHeld || st.slots[j].state == slotGone) {
-			if st.slots[j].state == slotGone {
-				need++
-			}
-			j++
+		end := i
+		for end < len(st.slots) && (st.slots[end].state == slotHeld || st.slots[end].state == slotGone) {
+			end++
 		}
-		var fresh []chunk.Chunk
-		if need > 0 {
-			if fresh, err = a.takeChunks(need, have, taken); err != nil {
-				break
-			}
+		j := st.runEnd(i, end)
+		var run []chunk.Chunk
+		if run, j, err = a.fillRun(st, i, j, have, taken); err != nil {
+			break
 		}
-		run := make([]chunk.Chunk, 0, j-i)
-		for x := i; x < j; x++ {
-			c := st.slots[x].c
-			if st.slots[x].state == slotGone {
-				c, fresh = fresh[0], fresh[1:]
+		for x, c := range run {
+			if st.slots[i+x].state == slotGone {
+				placed[c.Handle] = true
 			}
-			run = append(run, c)
 		}
 		sc, merr := a.lend.MapRange(st.at(a, i), run, streams)
 		if merr != nil {
@@ -942,7 +1022,7 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 					leftQueued = leftQueued || queued
 					st.slots[i+x] = slot{c: c, state: slotLeft, queued: queued}
 					mapped = append(mapped, i+x)
-				} else if prev[i+x] == slotGone {
+				} else if placed[c.Handle] {
 					unplaced = append(unplaced, c)
 				}
 			}
@@ -1012,7 +1092,7 @@ func (a *Arena) restore(st *sleepState, undo bool, have *[]chunk.Chunk) error {
 			continue
 		}
 		a.unmaps++
-		if prev[i] == slotGone {
+		if placed[sl.c.Handle] {
 			unplaced = append(unplaced, sl.c)
 			*sl = slot{state: slotGone}
 		} else {

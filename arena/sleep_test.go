@@ -29,12 +29,15 @@ type sleepEnv struct {
 	pool *chunk.Pool
 }
 
-func newSleepEnv(t *testing.T) *sleepEnv {
+func newSleepEnv(t *testing.T) *sleepEnv { return newSleepEnvOf(t, chunk.Config{}) }
+
+// newSleepEnvOf is newSleepEnv with a pool of cfg.
+func newSleepEnvOf(t *testing.T, cfg chunk.Config) *sleepEnv {
 	t.Helper()
 	hd, err := host.New(host.Config{Capacity: 256 << 20})
 	require.NoError(t, err)
 	e := &sleepEnv{hd: hd, fd: faultdriver.New(hd)}
-	e.pool, err = chunk.New(e.fd, chunk.Config{})
+	e.pool, err = chunk.New(e.fd, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		require.NoError(t, e.pool.Close())
@@ -295,21 +298,32 @@ func chunkOf(t *testing.T, a *arena.Arena, pool *chunk.Pool, b arena.Buffer) chu
 
 // A fault at any driver call of Sleep leaves the arena awake with its
 // contents intact (Offload), and one at any call of Wake leaves it asleep
-// with its host copy intact, and Wake can be retried; nothing leaks.
+// with its host copy intact, and Wake can be retried; nothing leaks. On a
+// pool of two sizes (a large chunk and tails) too, where a large chunk the
+// device refuses is laid as tails.
 func TestSleepFaultEveryCall(t *testing.T) {
-	for _, mode := range []arena.SleepMode{arena.Offload, arena.Discard} {
-		for _, streams := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%v/streams=%v", mode, streams), func(t *testing.T) {
-				faultEveryCall(t, mode, streams)
-			})
+	for _, pool := range []struct {
+		name string
+		cfg  chunk.Config
+		fill int
+	}{
+		{"one size", chunk.Config{}, 3*sleepChunk + 777},
+		{"two sizes", chunk.Config{Size: 8 << 20, TailSize: 2 << 20}, 12<<20 + 777}, // a large chunk, 3 tails
+	} {
+		for _, mode := range []arena.SleepMode{arena.Offload, arena.Discard} {
+			for _, streams := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/%v/streams=%v", pool.name, mode, streams), func(t *testing.T) {
+					faultEveryCall(t, pool.cfg, pool.fill, mode, streams)
+				})
+			}
 		}
 	}
 }
 
-func faultEveryCall(t *testing.T, mode arena.SleepMode, withStreams bool) {
+func faultEveryCall(t *testing.T, cfg chunk.Config, size int, mode arena.SleepMode, withStreams bool) {
 	ctx := context.Background()
 	run := func(phase string, n int) (sleepFailed, wakeFailed, reached bool) {
-		e := newSleepEnv(t)
+		e := newSleepEnvOf(t, cfg)
 		var ss []acl.Stream
 		if withStreams {
 			s, err := e.hd.CreateStream()
@@ -320,7 +334,7 @@ func faultEveryCall(t *testing.T, mode arena.SleepMode, withStreams bool) {
 		a, err := arena.New(arena.Config{Pool: e.pool, Reserve: 32 << 20, Streams: ss})
 		require.NoError(t, err)
 		defer func() { require.NoError(t, a.Close()) }()
-		b, want := fill(t, a, 3*sleepChunk+777, 5)
+		b, want := fill(t, a, size, 5)
 		ptr := b.Ptr()
 		if phase == "sleep" {
 			e.fd.FailNth(faultdriver.Any, n, 0)
@@ -359,6 +373,7 @@ func faultEveryCall(t *testing.T, mode arena.SleepMode, withStreams bool) {
 		}
 		require.False(t, a.Asleep())
 		require.Equal(t, ptr, b.Ptr())
+		requireCanonical(t, a)
 		if mode == arena.Offload {
 			require.True(t, bytes.Equal(want, contents(t, b)), "contents after the cycle")
 		}
@@ -469,32 +484,62 @@ func TestSleepBadInput(t *testing.T) {
 // asleep the driver holds no physical memory at all.
 func TestSleepRandom(t *testing.T) {
 	for seed := range uint64(4) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { sleepRandom(t, seed) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { sleepRandom(t, seed, chunk.Config{Budget: 24 << 20, MaxCached: 4}, 3<<20) })
+	}
+	// Two sizes, with allocations that span whole blocks: wakes under the
+	// budget lay large slots as tails.
+	for seed := range uint64(2) {
+		t.Run(fmt.Sprintf("two sizes/%d", seed), func(t *testing.T) {
+			sleepRandom(t, seed, chunk.Config{Size: 8 << 20, TailSize: 2 << 20, Budget: 40 << 20, MaxCached: 8}, 14<<20)
+		})
 	}
 }
 
-func sleepRandom(t *testing.T, seed uint64) {
+// retiled reports whether a large chunk (larger than tail) of layout
+// before lies, in after, where tail chunks do: a large slot came back as
+// tails.
+func retiled(before, after []int, tail int) bool {
+	top := 0
+	large := map[int]bool{}
+	for _, n := range after {
+		large[top] = n > tail
+		top += n
+	}
+	off := 0
+	for _, n := range before {
+		if n > tail && off < top && !large[off] {
+			return true
+		}
+		off += n
+	}
+	return false
+}
+
+// sleepRandom runs random allocations (of up to most bytes), truncations,
+// shrinks, sleeps and wakes, with faults, on three arenas of a pool of cfg.
+func sleepRandom(t *testing.T, seed uint64, cfg chunk.Config, most int) {
 	rng := rand.New(rand.NewPCG(seed, 18))
 	hd, err := host.New(host.Config{Capacity: 256 << 20})
 	require.NoError(t, err)
 	defer hd.Close()
 	fd := faultdriver.New(hd)
-	pool, err := chunk.New(fd, chunk.Config{Budget: 24 << 20, MaxCached: 4})
+	pool, err := chunk.New(fd, cfg)
 	require.NoError(t, err)
 	type model struct {
-		a     *arena.Arena
-		want  []byte // the bytes below Len, when known
-		known bool
-		base  acl.DevicePtr
+		a      *arena.Arena
+		want   []byte // the bytes below Len, when known
+		known  bool
+		base   acl.DevicePtr
+		layout []int // when it last fell asleep
 	}
 	ms := make([]*model, 3)
 	for i := range ms {
-		a, err := arena.New(arena.Config{Pool: pool, Reserve: 16 << 20})
+		a, err := arena.New(arena.Config{Pool: pool, Reserve: max(16<<20, 2*most)})
 		require.NoError(t, err)
 		ms[i] = &model{a: a, known: true, base: a.Base()}
 	}
 	ctx := context.Background()
-	var slept, woke, faulted int
+	var slept, woke, faulted, relaid int
 	for step := range 400 {
 		m := ms[rng.IntN(len(ms))]
 		a := m.a
@@ -503,7 +548,7 @@ func sleepRandom(t *testing.T, seed uint64) {
 		}
 		switch op := rng.IntN(7); op {
 		case 0, 1: // allocate and write
-			n := 1 + rng.IntN(3<<20)
+			n := 1 + rng.IntN(most)
 			b, err := a.Alloc(n, 1)
 			if err != nil {
 				break
@@ -532,6 +577,9 @@ func sleepRandom(t *testing.T, seed uint64) {
 				mode = arena.Discard
 			}
 			wasAsleep := a.Asleep()
+			if !wasAsleep {
+				m.layout = arena.Layout(a)
+			}
 			err := a.Sleep(ctx, mode)
 			if (err == nil || a.Asleep()) && mode == arena.Discard && !wasAsleep {
 				m.known = false
@@ -542,6 +590,9 @@ func sleepRandom(t *testing.T, seed uint64) {
 		case 5, 6:
 			if a.Asleep() && wakeNow(a) == nil {
 				woke++
+				if retiled(m.layout, arena.Layout(a), a.TailSize()) {
+					relaid++
+				}
 			}
 		}
 		fd.Clear()
@@ -553,6 +604,7 @@ func sleepRandom(t *testing.T, seed uint64) {
 			}
 			require.LessOrEqual(t, x.a.Len(), x.a.Cap(), "step %d arena %d", step, i)
 			require.Equal(t, len(x.want), x.a.Len(), "step %d arena %d", step, i)
+			requireCanonical(t, x.a)
 			if x.known && x.a.Len() > 0 {
 				got := make([]byte, x.a.Len())
 				whole, err := x.a.Slice(0, x.a.Len())
@@ -579,7 +631,7 @@ func sleepRandom(t *testing.T, seed uint64) {
 		}
 	}
 	faulted = int(fd.Injected(faultdriver.Any))
-	t.Logf("%d sleeps and %d wakes succeeded, %d faults injected", slept, woke, faulted)
+	t.Logf("%d sleeps and %d wakes succeeded (%d laid out anew), %d faults injected", slept, woke, relaid, faulted)
 	require.Greater(t, slept, 5)
 	require.Greater(t, woke, 5)
 	require.Greater(t, faulted, 10)

@@ -87,6 +87,10 @@ type modelOpts struct {
 	// sleep puts arenas to sleep (Discard or Offload) and wakes them, and
 	// calls a sleeping arena's operations, which must fail with ErrAsleep.
 	sleep bool
+	// twoSizes makes the pool lend large chunks of two granules and tail
+	// chunks of one: the model counts in tails, and reads where a chunk ends
+	// from the arena's layout (a large chunk is kept or dropped whole).
+	twoSizes bool
 }
 
 func defaultModelOpts() modelOpts {
@@ -110,6 +114,8 @@ type modelCounts struct {
 	sleeps, wakes                                                         int64                // Sleeps and Wakes that succeeded
 	multi                                                                 int64                // operations that took two faults or more
 	sleepWakeFaulted                                                      int64                // Sleeps and Wakes that took a fault
+	large                                                                 int64                // large chunks seen mapped, counted at each check (two sizes)
+	tookBack                                                              int64                // growths that took back a waiting large chunk past their target
 	byKind                                                                [len(faultOps)]int64 // faults injected, per kind of call
 }
 
@@ -143,6 +149,8 @@ func (c *modelCounts) add(d modelCounts) {
 	c.wakes += d.wakes
 	c.multi += d.multi
 	c.sleepWakeFaulted += d.sleepWakeFaulted
+	c.large += d.large
+	c.tookBack += d.tookBack
 }
 
 // kinds lists the faults injected per kind of call.
@@ -165,7 +173,8 @@ type world struct {
 	fd         *faultdriver.Driver
 	reg        *acltest.Registrations // every arena registered with it, in front of hd
 	pool       *chunk.Pool
-	cs         int
+	cs         int // the unit: the tail size (the chunk size on a pool of one size)
+	large      int // the pool's chunk size
 	open       []*marena
 	closed     []*marena
 	stale      []mbuf // buffers dropped by Truncate, Reset or a Discard sleep
@@ -200,11 +209,43 @@ type marena struct {
 	busy     []chan struct{} // done channels of kernels that may be in flight on stream
 	asleep   bool            // Sleep gave its memory back: Cap 0, Len kept
 	sleptCap int             // Cap when it fell asleep: a Wake maps no more (a double fault may have left Cap below the promise)
+	slept    []int           // its layout when it fell asleep (arena.Layout)
 	mode     arena.SleepMode // of the last Sleep
 }
 
-// keep is what a pool under pressure leaves the arena.
-func (m *marena) keep(w *world) int { return min(m.cap, w.roundUp(max(m.len, m.floor))) }
+// keep is what a pool under pressure leaves the arena: the chunks that
+// hold its bytes in use and what Grow promised.
+func (m *marena) keep(w *world) int { return min(m.cap, w.chunkEnd(m, max(m.len, m.floor))) }
+
+// tookBack returns m's Cap after a growth to newCap: newCap, or, on a pool
+// of two sizes, up to the end of the block past it, where the growth took
+// back whole a large chunk of its own that was waiting for the device and
+// starts below newCap.
+func (w *world) tookBack(m *marena, newCap int) int {
+	if c := m.a.Cap(); w.large != w.cs && c > newCap && c <= (newCap+w.large-1)/w.large*w.large {
+		w.n.tookBack++
+		return c
+	}
+	return newCap
+}
+
+// chunkEnd returns the offset past the chunk of m's layout that holds byte
+// x-1 (0 for x 0), or x rounded up to the unit past the last chunk.
+func (w *world) chunkEnd(m *marena, x int) int { return endIn(arena.Layout(m.a), x, w.cs) }
+
+// endIn is chunkEnd in layout.
+func endIn(layout []int, x, unit int) int {
+	if x == 0 {
+		return 0
+	}
+	off := 0
+	for _, n := range layout {
+		if off += n; off >= x {
+			return off
+		}
+	}
+	return (x + unit - 1) / unit * unit
+}
 
 // quiesce waits for the stand-in kernels queued on the arena's stream, as a
 // careful caller does before touching the memory they use from the host.
@@ -244,11 +285,15 @@ func newWorld(t testing.TB, c chooser, o modelOpts) *world {
 	if !o.byDevice {
 		budget = int64(o.limit) * g
 	}
-	w.pool, err = chunk.New(w.fd, chunk.Config{Budget: budget, MaxCached: o.maxCached, Scrub: o.scrub, FreshZeroed: true})
+	cfg := chunk.Config{Budget: budget, MaxCached: o.maxCached, Scrub: o.scrub, FreshZeroed: true}
+	if o.twoSizes {
+		cfg.Size, cfg.TailSize = 2*g, g
+	}
+	w.pool, err = chunk.New(w.fd, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	w.cs = w.pool.ChunkSize()
+	w.cs, w.large = w.pool.TailSize(), w.pool.ChunkSize()
 	return w
 }
 
@@ -470,7 +515,7 @@ func (w *world) check() {
 	if v := w.reg.Violations(); len(v) > 0 {
 		w.fatalf("the arenas' registrations broke the protocol: %v", errors.Join(v...))
 	}
-	var sumCap, sumRes, strays, held int
+	var sumCap, sumRes, strays, held, chunks int
 	for _, m := range w.open {
 		s := m.a.Stats()
 		switch {
@@ -482,8 +527,15 @@ func (w *world) check() {
 			w.fatalf("arena %d: invariants broken: %+v", m.id, s)
 		case s.Strays != 0 && !w.o.weak && !m.strayOK:
 			w.fatalf("arena %d: %d strays without double faults", m.id, s.Strays)
-		case s.Maps-s.Unmaps != int64(s.Mapped/w.cs+s.Strays):
-			w.fatalf("arena %d: %d maps - %d unmaps, but %d chunks mapped", m.id, s.Maps, s.Unmaps, s.Mapped/w.cs+s.Strays)
+		case s.Maps-s.Unmaps != int64(s.Chunks+s.Strays):
+			w.fatalf("arena %d: %d maps - %d unmaps, but %d chunks mapped", m.id, s.Maps, s.Unmaps, s.Chunks+s.Strays)
+		case !m.asleep && canonical(m.a) != "":
+			w.fatalf("arena %d: %s", m.id, canonical(m.a))
+		}
+		for _, n := range arena.Layout(m.a) {
+			if n != w.cs {
+				w.n.large++
+			}
 		}
 		if s.Strays == 0 {
 			m.strayOK = false // the next Grow, Shrink or Close unmapped them
@@ -491,6 +543,7 @@ func (w *world) check() {
 		sumCap += m.cap
 		sumRes += m.reserved
 		strays += s.Strays
+		chunks += s.Chunks
 		held += s.Held
 		if s.Held != 0 && !m.asleep {
 			w.fatalf("arena %d: awake, holding %d chunks unmapped", m.id, s.Held)
@@ -521,7 +574,7 @@ func (w *world) check() {
 	// Such a view passes once the worker is done with it; a real mismatch
 	// stays.
 	for try := 0; ; try++ {
-		msg, inFlight := w.checkDriver(sumCap/w.cs+strays, held, sumRes)
+		msg, inFlight := w.checkDriver(chunks+strays, sumCap, strays, held, sumRes)
 		if msg == "" {
 			return
 		}
@@ -536,17 +589,22 @@ func (w *world) check() {
 // checkDriver compares the driver's live objects and the pool's books with
 // the chunks the arenas map and the bytes they reserve. It reports what differs, and whether releases
 // were in flight when it looked.
-func (w *world) checkDriver(arenaChunks, held, reserved int) (msg string, inFlight bool) {
+// arenaChunks and capBytes are what the arenas map below their Caps, strays
+// the chunks mapped above (of either size).
+func (w *world) checkDriver(arenaChunks, capBytes, strays, held, reserved int) (msg string, inFlight bool) {
 	ps := w.pool.Stats()
 	live := w.hd.Live()
 	after := w.pool.Stats()
 	inFlight = ps.Pending > 0 || ps.Freeing > 0 || after.Freeing > 0 || after.Pending != ps.Pending || after.Ordered != ps.Ordered
 	mapped := arenaChunks + ps.Pending
+	lo := uintptr(capBytes) + uintptr(ps.PendingBytes) + uintptr(strays*w.cs) // mapped bytes, strays all tails
+	hi := lo + uintptr(strays*(w.large-w.cs))                                 // or all large
 	switch {
 	case live.Reservations != len(w.open) || live.ReservedBytes != uintptr(reserved):
 		return fmt.Sprintf("driver holds %d reservations (%d bytes); model %d (%d)", live.Reservations, live.ReservedBytes, len(w.open), reserved), false
-	case live.Mappings != mapped || live.MappedBytes != uintptr(mapped*w.cs):
-		return fmt.Sprintf("driver holds %d mappings, arenas %d (%d of them waiting for the device)", live.Mappings, mapped, ps.Pending), inFlight
+	case live.Mappings != mapped || live.MappedBytes < lo || live.MappedBytes > hi:
+		return fmt.Sprintf("driver holds %d mappings (%d bytes), arenas %d (%d of them waiting for the device; %d to %d bytes)",
+			live.Mappings, live.MappedBytes, mapped, ps.Pending, lo, hi), inFlight
 	case ps.InUse != mapped+held:
 		return fmt.Sprintf("pool lends %d chunks, arenas map %d (%d waiting for the device) and hold %d unmapped", ps.InUse, mapped, ps.Pending, held), inFlight
 	case live.Handles != ps.InUse+ps.Cached || live.PhysicalBytes != uintptr(ps.HeldBytes):
@@ -767,7 +825,7 @@ func (w *world) newArena() {
 	if trap {
 		m.seen[arena.PoisonByte] = true
 	}
-	if m.base%acl.DevicePtr(w.cs) != 0 {
+	if m.base%acl.DevicePtr(w.cs) != 0 { // the granularity: ACL reserves at no other alignment
 		w.fatalf("arena %d: base %v is not chunk-aligned", m.id, m.base)
 	}
 	w.open = append(w.open, m)
@@ -799,7 +857,7 @@ func (w *world) grow() {
 	w.reclaimedFrom(m)
 	if ok {
 		old := m.cap
-		m.cap = newCap
+		m.cap = w.tookBack(m, newCap)
 		m.floor = max(m.floor, target)
 		w.checkFresh(m, old, newCap)
 		return
@@ -844,7 +902,7 @@ func (w *world) alloc() {
 		w.fatalf("a%d.Alloc(%d, %d) = %v, want offset %d", m.id, size, align, b, start)
 	}
 	old := m.cap
-	m.len, m.cap = end, newCap
+	m.len, m.cap = end, w.tookBack(m, newCap)
 	m.bufs = append(m.bufs, mbuf{m: m, b: b, off: start, n: size})
 	w.checkFresh(m, old, newCap)
 }
@@ -1023,7 +1081,7 @@ func (w *world) truncate(reset bool) {
 	if !m.trap {
 		return
 	}
-	m.cap = w.roundUp(n)
+	m.cap = w.chunkEnd(m, n) // the chunk holding Len stays whole
 	if end := min(old, m.cap); end > n {
 		mem, err := w.hd.Bytes(m.base.Add(uintptr(n)), uintptr(end-n))
 		if err != nil {
@@ -1051,19 +1109,21 @@ func (w *world) shrink() {
 	if w.c.intn(2) == 0 {
 		// ShrinkTo keeps up to keep bytes, which may lie past Cap.
 		keep := w.c.intn(m.cap + 2*w.cs + 1)
+		end := w.chunkEnd(m, max(m.len, keep)) // the chunks that hold it, whole
 		if !w.settle(fmt.Sprintf("a%d.ShrinkTo(%d) len %d cap %d", m.id, keep, m.len, m.cap), m.a.ShrinkTo(keep), nil) {
 			w.afterFailure(m)
 			return
 		}
-		m.cap = min(m.cap, w.roundUp(max(m.len, keep)))
+		m.cap = min(m.cap, end)
 		m.floor = m.len
 		return
 	}
+	end := w.chunkEnd(m, m.len)
 	if !w.settle(fmt.Sprintf("a%d.Shrink() len %d cap %d", m.id, m.len, m.cap), m.a.Shrink(), nil) {
 		w.afterFailure(m)
 		return
 	}
-	m.cap = w.roundUp(m.len)
+	m.cap = end
 	m.floor = m.len
 }
 
@@ -1243,6 +1303,7 @@ func (w *world) sleep() {
 	w.sleepWake = true
 	mode := []arena.SleepMode{arena.Discard, arena.Offload}[w.c.intn(2)]
 	op := fmt.Sprintf("a%d.Sleep(%v) len %d cap %d", m.id, mode, m.len, m.cap)
+	slept := arena.Layout(m.a)
 	err := m.a.Sleep(context.Background(), mode)
 	if !w.settle(op, err, nil) {
 		if !m.a.Asleep() {
@@ -1255,7 +1316,7 @@ func (w *world) sleep() {
 			w.fatalf("a%d: a second Sleep did not free what the first held", m.id)
 		}
 	}
-	m.asleep, m.mode, m.sleptCap, m.cap = true, mode, m.cap, 0
+	m.asleep, m.mode, m.sleptCap, m.cap, m.slept = true, mode, m.cap, 0, slept
 	m.busy = m.busy[:0] // Sleep waited for the stream
 	w.n.sleeps++
 	if mode == arena.Discard {
@@ -1276,7 +1337,7 @@ func (w *world) wake() {
 		return
 	}
 	w.sleepWake = true
-	newCap := min(w.roundUp(max(m.len, m.floor)), m.sleptCap)
+	newCap := min(endIn(m.slept, max(m.len, m.floor), w.cs), m.sleptCap) // every slot comes back at its offset, a large one as one or as tails
 	var want error
 	if !w.fits(m, newCap/w.cs) {
 		want = arena.ErrOutOfMemory
@@ -1445,6 +1506,11 @@ func TestModel(t *testing.T) {
 		{"sleep", func(o *modelOpts) { o.sleep = true }},
 		{"sleep-deferred", func(o *modelOpts) { *o = deferredOpts(); o.sleep = true }},
 		{"sleep-deferred-tight", func(o *modelOpts) { *o = deferredOpts(); o.sleep, o.limit, o.maxCached = true, 6, 2 }},
+		{"two-sizes", func(o *modelOpts) { o.twoSizes = true }},
+		{"two-sizes-device-limit", func(o *modelOpts) { o.twoSizes, o.byDevice = true, true }},
+		{"two-sizes-deferred", func(o *modelOpts) { *o = deferredOpts(); o.twoSizes = true }},
+		{"two-sizes-sleep", func(o *modelOpts) { o.twoSizes, o.sleep = true, true }},
+		{"two-sizes-sleep-tight", func(o *modelOpts) { o.twoSizes, o.sleep, o.limit, o.maxCached = true, true, 5, 2 }},
 	}
 	var total modelCounts
 	for _, cfg := range configs {
@@ -1459,9 +1525,9 @@ func TestModel(t *testing.T) {
 			}
 		})
 	}
-	t.Logf("model: %d sequences, %d operations (%d failed as predicted, %d bad inputs), %d checks, %d bytes compared, %d new chunks scanned for foreign bytes; %d chunks reclaimed under pressure, %d unmapped after their events, %d headroom refills, %d kernels in flight, %d sleeps and %d wakes, no device fault",
+	t.Logf("model: %d sequences, %d operations (%d failed as predicted, %d bad inputs), %d checks, %d bytes compared, %d new chunks scanned for foreign bytes; %d chunks reclaimed under pressure, %d unmapped after their events, %d headroom refills, %d kernels in flight, %d sleeps and %d wakes, %d large chunks seen mapped (two sizes) and %d growths past their target by a large chunk taken back, no device fault",
 		len(configs)*seeds, total.ops, total.failed, total.badInputs, total.checks, total.bytesChecked, total.chunksScanned,
-		total.reclaimed, total.ordered, total.refills, total.kernels, total.sleeps, total.wakes)
+		total.reclaimed, total.ordered, total.refills, total.kernels, total.sleeps, total.wakes, total.large, total.tookBack)
 }
 
 // TestModelFaultEveryCall runs one sequence once to count its driver calls,
@@ -1480,10 +1546,14 @@ func TestModelFaultEveryCall(t *testing.T) {
 	workers := runtime.GOMAXPROCS(0)
 	t.Run("runs", func(t *testing.T) {
 		for seed := range seeds {
-			for _, scrub := range []chunk.Scrub{chunk.ScrubOnReuse, chunk.ScrubOnRelease} {
+			for _, run := range []struct {
+				scrub    chunk.Scrub
+				twoSizes bool
+			}{{chunk.ScrubOnReuse, false}, {chunk.ScrubOnRelease, false}, {chunk.ScrubOnReuse, true}} {
+				scrub := run.scrub
 				mk := func(t testing.TB) *world {
 					o := defaultModelOpts()
-					o.ops, o.scrub = ops, scrub
+					o.ops, o.scrub, o.twoSizes = ops, scrub, run.twoSizes
 					// Headroom and shared tenants keep the driver calls in the
 					// same order from run to run; streams would not (the
 					// worker polls events as the kernels finish), so they
@@ -1502,7 +1572,7 @@ func TestModelFaultEveryCall(t *testing.T) {
 				positions += calls
 				// The positions, spread over parallel workers.
 				for i := range workers {
-					t.Run(fmt.Sprintf("seed%d-%v-%d", seed, scrub, i), func(t *testing.T) {
+					t.Run(fmt.Sprintf("seed%d-%v-two=%v-%d", seed, scrub, run.twoSizes, i), func(t *testing.T) {
 						t.Parallel()
 						for k := 1 + i; k <= calls; k += workers {
 							w := mk(t)
@@ -1559,6 +1629,7 @@ func TestModelRandomFaults(t *testing.T) {
 		if seed%2 == 1 { // and deferred reclamation, grow-ahead, streams
 			o.streams, o.headroom, o.tenants = true, true, true
 		}
+		o.twoSizes = seed%5 == 4 // and the sizes of its chunks
 		w := newWorld(t, rngChooser{rand.New(rand.NewPCG(uint64(seed), 3))}, o)
 		w.fd.FailRandom(faultdriver.Any, rate, uint64(seed), 0)
 		w.run()

@@ -27,7 +27,7 @@ func ImportedOf(drv acl.Driver, cs uint64, hs []acl.ShareableHandle) (*Imported,
 		return nil, err
 	}
 	t := chunk.NewTenant()
-	chunks, err := importAll(pool, t, hs, nil)
+	chunks, err := importAll(pool, t, hs, cs, nil)
 	if err != nil {
 		for _, c := range chunks {
 			err = errors.Join(err, pool.Lender().Put(c))

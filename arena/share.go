@@ -856,7 +856,7 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant, p
 				hs[i] = acl.ShareableHandle{Type: acl.MemHandleTypeNone, Value: le.Uint64(b[8*i:])}
 			}
 			got := len(cs) + k
-			if cs, err = importAll(pool, t, hs, cs); err != nil {
+			if cs, err = importAll(pool, t, hs, o.chunkSize, cs); err != nil {
 				drainHandles(c, o, got, peer)
 				return cs, err
 			}
@@ -873,7 +873,7 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant, p
 			hs[i] = acl.ShareableHandle{Type: acl.MemHandleTypePOSIX, Value: uint64(fd)}
 		}
 		got := len(cs) + len(fds)
-		cs, err = importAll(pool, t, hs, cs)
+		cs, err = importAll(pool, t, hs, o.chunkSize, cs)
 		// The driver keeps what it needs of each descriptor.
 		err = errors.Join(err, ipc.CloseAll(fds))
 		if err != nil {
@@ -884,11 +884,11 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant, p
 	return cs, nil
 }
 
-// importAll imports hs into pool for t, appending the chunks to cs. It stops
-// at the first failure.
-func importAll(pool *chunk.Pool, t chunk.Tenant, hs []acl.ShareableHandle, cs []chunk.Chunk) ([]chunk.Chunk, error) {
+// importAll imports hs, chunks of size bytes, into pool for t, appending
+// the chunks to cs. It stops at the first failure.
+func importAll(pool *chunk.Pool, t chunk.Tenant, hs []acl.ShareableHandle, size uint64, cs []chunk.Chunk) ([]chunk.Chunk, error) {
 	for _, s := range hs {
-		ch, err := pool.Lender().Import(t, s)
+		ch, err := pool.Lender().Import(t, s, uintptr(size))
 		if err != nil {
 			return cs, fmt.Errorf("import handle %d (%v): %w", len(cs), s, err)
 		}

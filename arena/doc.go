@@ -77,7 +77,7 @@
 // it was asked for while a large cache still maps in few calls; where the
 // chunks lie is the arena's layout (layout.go). Such an arena sleeps and
 // wakes with every chunk at its offset (a large one the pool cannot give
-// back comes back as tail chunks); it does not Share (acl.ErrNotSupported).
+// back comes back as tail chunks), and Share lends its chunks of both sizes.
 // Growing maps chunks at Cap and never moves data: a Buffer's device pointer
 // stays valid, and its contents intact, until a Truncate or Reset drops it,
 // a Sleep in Discard mode drops its contents, or Close releases the arena.

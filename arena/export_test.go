@@ -22,19 +22,20 @@ func SetStepHook(fn func(step string)) { stepHook = fn }
 // chunks of cs bytes, as Import does once it has received them: the
 // consumer's side of a hand-over without the socket, for the benchmarks.
 func ImportedOf(drv acl.Driver, cs uint64, hs []acl.ShareableHandle) (*Imported, error) {
-	pool, own, err := importPool(drv, ImportConfig{}, cs)
+	o := offer{chunkSize: cs, chunks: uint64(len(hs))}
+	pool, own, err := importPool(drv, ImportConfig{}, o, nil)
 	if err != nil {
 		return nil, err
 	}
 	t := chunk.NewTenant()
-	chunks, err := importAll(pool, t, hs, nil)
+	chunks, err := importAll(pool, t, hs, o, nil, nil)
 	if err != nil {
 		for _, c := range chunks {
 			err = errors.Join(err, pool.Lender().Put(c))
 		}
 		return nil, errors.Join(err, pool.Close())
 	}
-	return newImported(drv, pool, own, t, nil, cs, chunks, &importMode{}, 0, cs*uint64(len(hs)))
+	return newImported(drv, pool, own, t, nil, chunks, &importMode{}, 0, cs*uint64(len(hs)))
 }
 
 // ForgetDefaultDrivers drops the drivers DefaultDriver opened, so that a test

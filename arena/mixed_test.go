@@ -140,18 +140,6 @@ func TestMixedReliefAcrossSizes(t *testing.T) {
 	_ = u
 }
 
-// Share refuses an arena on a pool of two sizes, and changes nothing.
-func TestMixedShareRefused(t *testing.T) {
-	pool, _ := mixedPool(t, 64<<20, 0)
-	a := isoArena(t, arena.Config{Pool: pool, Reserve: 32 << 20})
-	buf, err := a.Alloc(3<<20, 1)
-	require.NoError(t, err)
-	require.ErrorIs(t, buf.Share(nil, arena.ShareOptions{}), acl.ErrNotSupported)
-	assert.Equal(t, 4<<20, a.Cap())
-	_, err = a.Alloc(1, 1)
-	require.NoError(t, err, "the arena still works")
-}
-
 // Sleep and Wake on a pool of two sizes: the driver holds nothing physical
 // meanwhile, and every chunk comes back at its offset, of its size, with
 // its bytes (Offload), through pipeline steps that mix the sizes.

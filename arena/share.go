@@ -153,8 +153,9 @@ type ImportConfig struct {
 	// driver, or DefaultDriver (as for Config.Driver) when Pool is nil too.
 	Driver acl.Driver
 	// Pool is the pool whose budget the imported chunks count against,
-	// from Import until the import is closed. Its chunk size must be the
-	// producer's. nil means a private pool, closed with the import.
+	// from Import until the import is closed. Each chunk the producer
+	// shares must be of one of its sizes (ChunkSize, TailSize). nil means
+	// a private pool, closed with the import.
 	Pool *chunk.Pool
 	// Budget caps, in bytes, what a private pool accepts: the most memory
 	// this process takes from the producer. 0 means no cap. It must be 0
@@ -180,8 +181,9 @@ type ImportConfig struct {
 }
 
 // An Imported is memory another process shared with this one (Import): the
-// whole chunks of the producer's arena that hold the buffer it shared, mapped
-// in a reservation of this process sized to them, at an address that never
+// whole chunks of the producer's arena that hold the buffer it shared (of
+// both sizes, from a pool of two), mapped side by side as they lay there, in
+// a reservation of this process sized to them, at an address that never
 // changes. No byte was copied: both processes map the same physical memory,
 // and a write by either is seen by the other (unless the import is read-only).
 //
@@ -258,12 +260,15 @@ func (v *Imported) CloseContext(ctx context.Context) error {
 	return v.a.CloseContext(ctx)
 }
 
-// Share lends the whole chunks that hold b to the one process opt names,
-// over conn, with no copy: the consumer, calling Import on the other end,
-// maps them into a reservation of its own. Share waits for
-// the work queued on the arena's streams (or the device, without streams) so
-// that the consumer sees what it wrote, then waits for the consumer to say
-// that it has mapped the memory.
+// Share lends the whole chunks that hold b (large and tail chunks alike, on
+// a pool of two sizes) to the one process opt names, over conn, with no
+// copy: the consumer, calling Import on the other end, maps them into a
+// reservation of its own. Share waits for the work queued on the arena's
+// streams (or the device, without streams) so that the consumer sees what
+// it wrote, then waits for the consumer to say that it has mapped the
+// memory. Chunks of one size are offered as before pools had two sizes, so
+// that a consumer of an older version imports them; chunks of two sizes
+// are offered with their sizes, which such a consumer refuses.
 //
 // Who may import: the process on the other end must be opt.PID, running as
 // opt.User, and pass opt.Check, as the kernel reports it: the process that
@@ -321,8 +326,6 @@ func (b Buffer) ShareContext(ctx context.Context, conn *net.UnixConn, opt ShareO
 		return fmt.Errorf("%s: %w: zero Buffer", op, ErrInvalid)
 	case a.drv == nil:
 		return errNotMade
-	case a.unit != a.chunkSize:
-		return fmt.Errorf("%s: %w: an arena on a pool of two chunk sizes (chunk.Config.TailSize) does not share its memory", op, acl.ErrNotSupported)
 	case conn == nil:
 		return fmt.Errorf("%s: %w: no connection", op, ErrInvalid)
 	case opt.PID <= 0:
@@ -400,7 +403,7 @@ func (a *Arena) share(ctx context.Context, conn *net.UnixConn, b Buffer, opt Sha
 	if err := a.lend.WaitStreams(ctx, a.streams); err != nil {
 		return refuse(err)
 	}
-	from, handles, err := a.export(b, h.tgid, opt.ReadOnly)
+	from, handles, sizes, err := a.export(b, h.tgid, opt.ReadOnly)
 	if err != nil {
 		return refuse(err)
 	}
@@ -409,12 +412,11 @@ func (a *Arena) share(ctx context.Context, conn *net.UnixConn, b Buffer, opt Sha
 	defer closeHandles(handles)
 	step("share:exported")
 	sched.At(sched.ShareExported, a)
-	o := offer{sharing: sharing, chunkSize: a.chunkSize, chunks: uint64(len(handles)),
-		off: uint64(b.off) - from, n: uint64(b.n)}
+	o, table := offerOf(sharing, sizes, a.unit, uint64(b.off)-from, uint64(b.n))
 	if opt.ReadOnly {
 		o.flags |= flagReadOnly
 	}
-	if err := sendHandles(conn, o, handles); err != nil {
+	if err := sendHandles(conn, o, table, handles); err != nil {
 		return err
 	}
 	step("share:offered")
@@ -495,27 +497,29 @@ func (a *Arena) checkTgid(tgid int32, pid int) error {
 }
 
 // export exports the chunks that hold b for the process tgid, and returns
-// the offset of the first in the arena and their shareable handles. A descriptor is
+// the offset of the first in the arena, their shareable handles and their
+// sizes (a pool of two sizes lends both). A descriptor is
 // returned as a duplicate, taken while the arena's mutex still holds the
 // chunk: the driver's own is the driver's, closed when the chunk is freed,
 // which may happen as soon as the mutex is released, and its number then
 // names the next file this process opens. The caller closes the duplicates
 // (closeHandles).
-func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ uint64, hs []acl.ShareableHandle, err error) {
+func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ uint64, hs []acl.ShareableHandle, sizes []uint64, err error) {
 	if a.ev.owner.Load() != 0 && a.inCallback() {
-		return 0, nil, errCallback
+		return 0, nil, nil, errCallback
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if err := b.check("share"); err != nil { // the arena may have changed meanwhile
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	if err := a.lifeNow().err(); err != nil { // closing or going to sleep
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	first := a.geo.index(uint64(b.off))
 	last := a.geo.index(uint64(b.off) + uint64(b.n) - 1)
 	hs = make([]acl.ShareableHandle, 0, last-first+1)
+	sizes = make([]uint64, 0, last-first+1)
 	defer func() {
 		if err != nil {
 			closeHandles(hs)
@@ -525,21 +529,22 @@ func (a *Arena) export(b Buffer, tgid int32, readOnly bool) (_ uint64, hs []acl.
 	if readOnly {
 		export = a.lend.ExportReadOnly
 	}
-	for _, c := range a.geo.cs[first : last+1] {
+	for i, c := range a.geo.cs[first : last+1] {
 		s, err := export(c, tgid)
 		if err != nil {
-			return 0, hs, err
+			return 0, hs, nil, err
 		}
 		if fd, ok := s.FD(); ok {
 			dup, err := ipc.Dup(fd)
 			if err != nil {
-				return 0, hs, fmt.Errorf("duplicate the descriptor of chunk %d: %w", len(hs), err)
+				return 0, hs, nil, fmt.Errorf("duplicate the descriptor of chunk %d: %w", len(hs), err)
 			}
 			s.Value = uint64(dup)
 		}
 		hs = append(hs, s)
+		sizes = append(sizes, a.geo.size(first+i))
 	}
-	return a.geo.off(first), hs, nil
+	return a.geo.off(first), hs, sizes, nil
 }
 
 // closeHandles closes the descriptors among hs, which export duplicated.
@@ -551,11 +556,17 @@ func closeHandles(hs []acl.ShareableHandle) {
 	}
 }
 
-// sendHandles sends the offer, with this process's credentials, and the
-// shareable handles after it.
-func sendHandles(c *net.UnixConn, o offer, hs []acl.ShareableHandle) error {
+// sendHandles sends the offer, with this process's credentials, its sizes
+// table (offerOf's, none for chunks of one size), and the shareable handles
+// after them.
+func sendHandles(c *net.UnixConn, o offer, table []byte, hs []acl.ShareableHandle) error {
 	if err := ipc.Send(c, o.encode(), nil, true); err != nil {
 		return err
+	}
+	if len(table) > 0 {
+		if err := ipc.Send(c, table, nil, true); err != nil {
+			return err
+		}
 	}
 	if o.sharing == acl.SharingToken {
 		for len(hs) > 0 {
@@ -615,6 +626,26 @@ func readAck(c *net.UnixConn, peer *ipc.Peer) (ack, error) {
 	return a, err
 }
 
+// readSizes reads the sizes table of an offer with flagSizes from peer, a
+// slice at a time (limits.shape bounds it at 4 bytes a chunk, and what it
+// keeps grows only with what the peer sent); nil without flagSizes.
+func readSizes(c *net.UnixConn, o offer, peer *ipc.Peer) ([]uint32, error) {
+	if o.flags&flagSizes == 0 {
+		return nil, nil
+	}
+	n := int(o.chunks)
+	b := make([]byte, 4*min(n, sizeSlice))
+	var sizes []uint32
+	for len(sizes) < n {
+		k := min(n-len(sizes), sizeSlice)
+		if _, err := ipc.RecvFrom(c, b[:4*k], 0, peer); err != nil {
+			return nil, err
+		}
+		sizes = decodeSizes(b[:4*k], sizes)
+	}
+	return sizes, nil
+}
+
 // readText reads a text of n bytes, which decodeOffer or decodeAck bounded,
 // from peer.
 func readText(c *net.UnixConn, n uint32, peer *ipc.Peer) (string, error) {
@@ -635,9 +666,10 @@ func readText(c *net.UnixConn, n uint32, peer *ipc.Peer) (string, error) {
 // ProducerUser and ProducerCheck, as the kernel reports it, as Share checks
 // the consumer: a producer that connected must be the sender of the offer
 // and of every message after it, so that a connected socket handed on to
-// another process is refused), checks the offer against the device's
-// granularity, the largest reservation and the budget before it allocates
-// or reads anything for it, reserves address space for exactly the shared
+// another process is refused), checks the offer (and the size of each
+// chunk, when they differ) against the device's granularity, the largest
+// reservation, the budget and the pool's sizes before it allocates or reads
+// anything more for it, reserves address space for exactly the shared
 // chunks, imports and maps them, and tells the producer it is done.
 //
 // It fails with an error matching ErrRefused when this process refused the
@@ -772,14 +804,25 @@ func importOver(conn *net.UnixConn, cfg ImportConfig, drv acl.Driver, sharing ac
 		return nil, remote("producer", o.status, o.code, o.text)
 	}
 	step("import:offer")
-	if fits, err := lim.check(o); err != nil {
+	if err := lim.shape(o); err != nil {
+		return fail(err)
+	}
+	// The table comes before the handles: read it whole, bounded by the
+	// shape, so that a refusal of a sound offer can drain the handles.
+	sizes, err := readSizes(conn, o, peer)
+	if err != nil {
+		if errors.Is(err, ipc.ErrNotPeer) {
+			return fail(notPeer("producer", err))
+		}
+		return fail(fmt.Errorf("read the producer's sizes: %w", err))
+	}
+	if fits, err := lim.check(o, sizes); err != nil {
 		if fits {
 			drainHandles(conn, o, 0, peer)
 		}
 		return fail(err)
 	}
-	cs := o.chunkSize
-	pool, own, err := importPool(drv, cfg, cs)
+	pool, own, err := importPool(drv, cfg, o, sizes)
 	if err != nil {
 		drainHandles(conn, o, 0, peer)
 		return fail(err)
@@ -788,7 +831,7 @@ func importOver(conn *net.UnixConn, cfg ImportConfig, drv acl.Driver, sharing ac
 	if tenant == 0 {
 		tenant = chunk.NewTenant()
 	}
-	chunks, err := importHandles(conn, o, pool, tenant, peer)
+	chunks, err := importHandles(conn, o, sizes, pool, tenant, peer)
 	if err != nil {
 		if own {
 			err = errors.Join(err, pool.Close())
@@ -801,7 +844,7 @@ func importOver(conn *net.UnixConn, cfg ImportConfig, drv acl.Driver, sharing ac
 	step("import:imported")
 	imp := &importMode{readOnly: cfg.ReadOnly || o.flags&flagReadOnly != 0}
 	imp.device = imp.readOnly && drv.Caps().ReadOnly
-	v, err := newImported(drv, pool, own, tenant, cfg.Streams, cs, chunks, imp, o.off, o.n)
+	v, err := newImported(drv, pool, own, tenant, cfg.Streams, chunks, imp, o.off, o.n)
 	if err != nil {
 		return fail(err)
 	}
@@ -815,7 +858,7 @@ func importOver(conn *net.UnixConn, cfg ImportConfig, drv acl.Driver, sharing ac
 }
 
 // importLimits returns what an offer must fit: the driver's granularity,
-// the largest reservation, the budget and the pool's chunk size.
+// the largest reservation, the budget and the pool's chunk sizes.
 func importLimits(drv acl.Driver, cfg ImportConfig) (limits, error) {
 	prop := acl.DeviceProp(drv.Device(), 0)
 	prop.HandleType = drv.Caps().Sharing.HandleType()
@@ -825,16 +868,16 @@ func importLimits(drv acl.Driver, cfg ImportConfig) (limits, error) {
 	}
 	lim := limits{sharing: drv.Caps().Sharing, gran: uint64(gran), maxReserve: MaxReserve, budget: uint64(cfg.Budget)}
 	if cfg.Pool != nil {
-		lim.chunkSize = uint64(cfg.Pool.ChunkSize())
+		lim.sizes = [2]uint64{uint64(cfg.Pool.ChunkSize()), uint64(cfg.Pool.TailSize())}
 	}
 	return lim, nil
 }
 
 // importHandles receives the offer's handles from peer, checked by
-// limits.check, and imports them into pool for tenant, a slice at a time.
-// On failure it gives back what it imported, and closes every descriptor it
-// received.
-func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant, peer *ipc.Peer) (cs []chunk.Chunk, err error) {
+// limits.check with its sizes table, and imports them into pool for tenant,
+// a slice at a time. On failure it gives back what it imported, and closes
+// every descriptor it received.
+func importHandles(c *net.UnixConn, o offer, sizes []uint32, pool *chunk.Pool, t chunk.Tenant, peer *ipc.Peer) (cs []chunk.Chunk, err error) {
 	defer func() {
 		if err != nil {
 			for _, ch := range cs {
@@ -856,7 +899,7 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant, p
 				hs[i] = acl.ShareableHandle{Type: acl.MemHandleTypeNone, Value: le.Uint64(b[8*i:])}
 			}
 			got := len(cs) + k
-			if cs, err = importAll(pool, t, hs, cs); err != nil {
+			if cs, err = importAll(pool, t, hs, o, sizes, cs); err != nil {
 				drainHandles(c, o, got, peer)
 				return cs, err
 			}
@@ -873,7 +916,7 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant, p
 			hs[i] = acl.ShareableHandle{Type: acl.MemHandleTypePOSIX, Value: uint64(fd)}
 		}
 		got := len(cs) + len(fds)
-		cs, err = importAll(pool, t, hs, cs)
+		cs, err = importAll(pool, t, hs, o, sizes, cs)
 		// The driver keeps what it needs of each descriptor.
 		err = errors.Join(err, ipc.CloseAll(fds))
 		if err != nil {
@@ -884,11 +927,12 @@ func importHandles(c *net.UnixConn, o offer, pool *chunk.Pool, t chunk.Tenant, p
 	return cs, nil
 }
 
-// importAll imports hs into pool for t, appending the chunks to cs. It stops
-// at the first failure.
-func importAll(pool *chunk.Pool, t chunk.Tenant, hs []acl.ShareableHandle, cs []chunk.Chunk) ([]chunk.Chunk, error) {
+// importAll imports hs, the next chunks of offer o (whose sizes table is
+// sizes) after cs, into pool for t, appending them to cs. It stops at the
+// first failure.
+func importAll(pool *chunk.Pool, t chunk.Tenant, hs []acl.ShareableHandle, o offer, sizes []uint32, cs []chunk.Chunk) ([]chunk.Chunk, error) {
 	for _, s := range hs {
-		ch, err := pool.Lender().Import(t, s)
+		ch, err := pool.Lender().Import(t, s, uintptr(sizeOf(o, sizes, uint64(len(cs)))))
 		if err != nil {
 			return cs, fmt.Errorf("import handle %d (%v): %w", len(cs), s, err)
 		}
@@ -898,7 +942,8 @@ func importAll(pool *chunk.Pool, t chunk.Tenant, hs []acl.ShareableHandle, cs []
 }
 
 // drainHandles reads the handles of an offer whose shape was checked
-// (limits.shape) off the connection, after the first got, a slice at a time,
+// (limits.shape), and whose sizes table was read, off the connection, after
+// the first got, a slice at a time,
 // and closes any descriptors among them, so that the connection is left at
 // a message's start. It stops at the first failure, or the first message
 // that is not peer's.
@@ -939,12 +984,23 @@ func recvBatch(c *net.UnixConn, left int, peer *ipc.Peer) ([]int, error) {
 }
 
 // importPool returns the pool an Imported's chunks come into: cfg.Pool, or a
-// private one (own) for chunks of cs bytes.
-func importPool(drv acl.Driver, cfg ImportConfig, cs uint64) (pool *chunk.Pool, own bool, err error) {
+// private one (own) for the chunks of offer o, checked with its sizes table:
+// of the largest size, with the offer's unit for tail size when the chunks
+// are not all one size (the chunks are imported as their own sizes, never
+// cached).
+func importPool(drv acl.Driver, cfg ImportConfig, o offer, sizes []uint32) (pool *chunk.Pool, own bool, err error) {
 	if cfg.Pool != nil {
 		return cfg.Pool, false, nil
 	}
-	p, err := chunk.New(drv, chunk.Config{Size: int(cs), MaxCached: -1, Budget: int64(cfg.Budget), Scrub: chunk.ScrubNever})
+	most := uint64(0)
+	for i := range o.chunks {
+		most = max(most, sizeOf(o, sizes, i))
+	}
+	pc := chunk.Config{Size: int(most), MaxCached: -1, Budget: int64(cfg.Budget), Scrub: chunk.ScrubNever}
+	if o.chunkSize < most {
+		pc.TailSize = int(o.chunkSize)
+	}
+	p, err := chunk.New(drv, pc)
 	if err != nil {
 		return nil, false, err
 	}
@@ -955,20 +1011,29 @@ func importPool(drv acl.Driver, cfg ImportConfig, cs uint64) (pool *chunk.Pool, 
 // of them: an arena with a reservation of exactly the chunks, mapped in
 // order, with Len = Cap fixed. On failure it gives back the chunks and
 // everything else it made.
-func newImported(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream, cs uint64,
+func newImported(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream,
 	chunks []chunk.Chunk, imp *importMode, off, n uint64) (*Imported, error) {
-	a, err := newImportedArena(drv, pool, own, t, streams, cs, chunks, imp)
+	a, err := newImportedArena(drv, pool, own, t, streams, chunks, imp)
 	if err != nil {
 		return nil, err
 	}
 	return &Imported{a: a, buf: Buffer{a: a, off: uintptr(off), n: uintptr(n)}}, nil
 }
 
-// newImportedArena makes the arena of an Imported.
-func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream, cs uint64,
+// newImportedArena makes the arena of an Imported. Its chunks lie as the
+// producer's did, of the sizes they were imported as (multiples of the
+// pool's TailSize, its unit), each after the last: not on blocks of the
+// pool's ChunkSize, so its layout marks no chunk large (an import never
+// grows, gives nothing back to the pool, and is never asked where a chunk
+// ends).
+func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant, streams []acl.Stream,
 	chunks []chunk.Chunk, imp *importMode) (*Arena, error) {
-	a := &Arena{drv: drv, pool: pool, lend: pool.Lender(), ownPool: own, chunkSize: cs, unit: cs, tenant: t, streams: slices.Clone(streams), imp: imp}
-	size := cs * uint64(len(chunks))
+	a := &Arena{drv: drv, pool: pool, lend: pool.Lender(), ownPool: own, chunkSize: uint64(pool.ChunkSize()), unit: uint64(pool.TailSize()),
+		tenant: t, streams: slices.Clone(streams), imp: imp}
+	size := uint64(0)
+	for _, c := range chunks {
+		size += uint64(c.Size)
+	}
 	giveBack := func(err error) (*Arena, error) {
 		for _, c := range chunks {
 			err = errors.Join(err, pool.Lender().Put(c))
@@ -981,7 +1046,7 @@ func newImportedArena(drv acl.Driver, pool *chunk.Pool, own bool, t chunk.Tenant
 	if err := a.reserve(size); err != nil {
 		return giveBack(err)
 	}
-	a.geo.sizes(cs, cs, a.reserved)
+	a.geo.sizes(a.unit, a.unit, a.reserved)
 	m, err := pool.Lender().Join(client{a}, false)
 	if err != nil {
 		return giveBack(errors.Join(joinErr(err), a.releaseReservation()))

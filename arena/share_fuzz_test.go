@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"unicode"
@@ -49,7 +50,7 @@ func FuzzHello(f *testing.F) {
 		switch {
 		case h.sharing != acl.SharingFD && h.sharing != acl.SharingToken:
 			t.Fatalf("accepted form %v", h.sharing)
-		case h.flags&^knownFlags != 0, h.tgid < 0, h.device < 0:
+		case h.flags&^helloFlags != 0, h.tgid < 0, h.device < 0:
 			t.Fatalf("accepted %+v", h)
 		case !bytes.Equal(h.encode(), b):
 			t.Fatalf("accepted a hello that does not encode back: %x", b)
@@ -72,14 +73,14 @@ func FuzzOffer(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if text > maxText || (o.status == statusOK && text != 0) || o.status > statusFailed || o.flags&^knownFlags != 0 {
+		if text > maxText || (o.status == statusOK && text != 0) || o.status > statusFailed || o.flags&^offerFlags != 0 {
 			t.Fatalf("accepted %+v with a text of %d bytes", o, text)
 		}
 		if o.status != statusOK {
 			return
 		}
 		lim := limits{sharing: acl.SharingFD, gran: 2 << 20, maxReserve: MaxReserve, budget: budget}
-		if _, err := lim.check(o); err != nil {
+		if _, err := lim.check(o, nil); err != nil {
 			return
 		}
 		cs := o.chunkSize
@@ -94,6 +95,82 @@ func FuzzOffer(f *testing.F) {
 			t.Fatalf("accepted %d bytes past a budget of %d", o.chunks*cs, budget)
 		case !bytes.Equal(o.encode(), b):
 			t.Fatalf("accepted an offer that does not encode back: %x", b)
+		}
+	})
+}
+
+// FuzzOfferSizes fuzzes an offer with the sizes table that follows it, as
+// Import reads them: the table only once the offer's shape is sound, 4 bytes
+// a chunk (a table cut short is a connection closed mid-table), then the
+// check against the budget and, with pool set, a pool of 8 MiB chunks with
+// 2 MiB tails. What it accepts lies within the largest reservation, starts
+// in the first chunk and ends in the last, fits the budget and the pool, and
+// is what the producer (offerOf) would have sent for those chunks.
+func FuzzOfferSizes(f *testing.F) {
+	const u, c = 2 << 20, 8 << 20
+	mixed := offer{sharing: acl.SharingFD, flags: flagSizes, chunkSize: u, chunks: 4, off: 100, n: 12 << 20}
+	table := encodeSizes([]uint64{u, c, u, u}, u)
+	f.Add(mixed.encode(), table, uint64(0), true)
+	f.Add(mixed.encode(), table, uint64(12<<20), false)
+	f.Add(mixed.encode(), table[:10], uint64(0), false)
+	f.Add(mixed.encode(), encodeSizes([]uint64{u, 0, u, u}, u), uint64(0), false)
+	f.Add(mixed.encode(), []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 1, 0, 0, 0, 1, 0, 0, 0}, uint64(0), false)
+	f.Fuzz(func(t *testing.T, b, table []byte, budget uint64, pool bool) {
+		o, _, err := decodeOffer(b)
+		if err != nil || o.status != statusOK {
+			return
+		}
+		lim := limits{sharing: acl.SharingFD, gran: u, maxReserve: MaxReserve, budget: budget}
+		if pool {
+			lim.sizes = [2]uint64{c, u}
+		}
+		if lim.shape(o) != nil {
+			return
+		}
+		var sizes []uint32
+		if o.flags&flagSizes != 0 {
+			if uint64(len(table)) < 4*o.chunks {
+				return // the connection closed mid-table
+			}
+			sizes = decodeSizes(table[:4*o.chunks], nil)
+		}
+		if _, err := lim.check(o, sizes); err != nil {
+			return
+		}
+		// Every size in bytes, and their sum, without overflow: each is
+		// below 2³², a unit at most MaxReserve (2³⁷).
+		sz := make([]uint64, o.chunks)
+		total := uint64(0)
+		for i := range sz {
+			sz[i] = sizeOf(o, sizes, uint64(i))
+			if sz[i] == 0 || sz[i]%lim.gran != 0 || sz[i] > MaxReserve || total > MaxReserve-sz[i] {
+				t.Fatalf("accepted chunk %d of %d bytes after %d", i, sz[i], total)
+			}
+			if pool && sz[i] != c && sz[i] != u {
+				t.Fatalf("accepted chunk %d of %d bytes into a pool of %d and %d", i, sz[i], c, u)
+			}
+			total += sz[i]
+		}
+		last := sz[len(sz)-1]
+		switch {
+		case o.n == 0 || o.off >= sz[0] || o.off+o.n > total || o.off+o.n <= total-last:
+			t.Fatalf("accepted [%d, +%d) in chunks of %v", o.off, o.n, sz)
+		case budget != 0 && total > budget:
+			t.Fatalf("accepted %d bytes past a budget of %d", total, budget)
+		}
+		// The producer sends the same for those chunks: a table only when
+		// they differ.
+		want, wantTable := offerOf(o.sharing, sz, o.chunkSize, o.off, o.n)
+		want.flags |= o.flags & flagReadOnly
+		want.code = o.code // a success's code is not read
+		if slices.Min(sz) == slices.Max(sz) {
+			if wantTable != nil || want.flags&flagSizes != 0 {
+				t.Fatalf("a table for chunks of one size: %v", sz)
+			}
+			return
+		}
+		if want != o || !bytes.Equal(wantTable, table[:4*o.chunks]) {
+			t.Fatalf("accepted %+v with table %x; the producer sends %+v with %x", o, table[:4*o.chunks], want, wantTable)
 		}
 	})
 }

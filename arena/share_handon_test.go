@@ -93,7 +93,7 @@ func TestShareRefusesHandedOnSocketOnceGone(t *testing.T) {
 
 // Import: the producer named connects and hands the socket to nobody, who
 // offers a memory file of its own; or speaks itself first, then hands the
-// socket on for the descriptors. Before, Import checked the connector alone
+// socket on for the descriptors, or for the sizes table. Before, Import checked the connector alone
 // and mapped nobody's memory.
 func TestImportRefusesHandedOnSocket(t *testing.T) {
 	ipctest.NeedRoot(t)
@@ -105,6 +105,8 @@ func TestImportRefusesHandedOnSocket(t *testing.T) {
 	}{
 		{"offer", nil, []ipctest.Step{{Read: 32}, {Send: offer}, {Send: batch, Memfd: shareChunk}, {Read: 24}}},
 		{"descriptors", []ipctest.Step{{Read: 32}, {Send: offer}}, []ipctest.Step{{Send: batch, Memfd: shareChunk}, {Read: 24}}},
+		{"sizes", []ipctest.Step{{Read: 32}, {Send: sized(0, shareChunk, 1).bytes()}},
+			[]ipctest.Step{{Send: sizesFrame(1)}}}, // and no descriptors: the table alone is refused
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, err := host.New(host.Config{Capacity: 64 << 20})

@@ -99,6 +99,20 @@ func good(n uint64) offerF {
 	return offerF{sharing: fdForm, chunkSize: shareChunk, chunks: n, off: 0, n: n * shareChunk}
 }
 
+// sized is an offer of chunks of the sizes given, in units of shareChunk
+// (flag 2), holding [off, +n); sizesFrame is its table.
+func sized(off, n uint64, sizes ...uint32) offerF {
+	return offerF{sharing: fdForm, flags: 2, chunkSize: shareChunk, chunks: uint64(len(sizes)), off: off, n: n}
+}
+
+func sizesFrame(sizes ...uint32) []byte {
+	var b []byte
+	for _, s := range sizes {
+		b = binary.LittleEndian.AppendUint32(b, s)
+	}
+	return b
+}
+
 func batchFrame(n, reserved uint32) []byte {
 	b := make([]byte, 8)
 	binary.LittleEndian.PutUint32(b, n)
@@ -300,6 +314,33 @@ func producerCases(t *testing.T) []producerCase {
 			offerThen(good(2), func(c *net.UnixConn, k *hostileKit) {
 				send(c, batchFrame(2, 0), k.memfd(shareChunk, ipctest.Sealed), k.memfd(shareChunk, ipctest.Sealed))
 			})},
+		// Sizes tables (flag 2).
+		{"sizes with a refusal", "a refusal offering", arena.ErrRefused, nil, offerThen(offerF{status: 1, flags: 2}, nil)},
+		{"no sizes table", "EOF", io.EOF, nil, offerThen(sized(0, shareChunk+1, 1, 1), nil)},
+		{"sizes table cut short", "unexpected EOF", io.ErrUnexpectedEOF, nil,
+			offerThen(sized(0, shareChunk+1, 1, 1, 1), func(c *net.UnixConn, k *hostileKit) { send(c, sizesFrame(1, 1)[:6]) })},
+		{"a chunk of 0 units", "check chunk size", arena.ErrRefused, nil,
+			offerThen(sized(0, shareChunk+1, 1, 0), func(c *net.UnixConn, k *hostileKit) { send(c, sizesFrame(1, 0)) })},
+		{"a chunk past the largest reservation", "check chunk size", arena.ErrRefused, nil,
+			offerThen(sized(0, shareChunk+1, 1, 0xffffffff), func(c *net.UnixConn, k *hostileKit) { send(c, sizesFrame(1, 0xffffffff)) })},
+		{"sizes adding up past the largest reservation", "check chunk count", arena.ErrRefused, nil,
+			offerThen(sized(0, shareChunk+1, 65535, 1, 1), func(c *net.UnixConn, k *hostileKit) { send(c, sizesFrame(65535, 1, 1)) })},
+		{"sized buffer starting past the first chunk", "check buffer", arena.ErrRefused, nil,
+			offerThen(sized(shareChunk, 1, 1, 4), func(c *net.UnixConn, k *hostileKit) { send(c, sizesFrame(1, 4)) })},
+		{"sized buffer past the chunks", "check buffer", arena.ErrRefused, nil,
+			offerThen(sized(10, 5*shareChunk, 1, 4), func(c *net.UnixConn, k *hostileKit) { send(c, sizesFrame(1, 4)) })},
+		{"sized buffer leaving the last chunk empty", "leaves the last", arena.ErrRefused, nil,
+			offerThen(sized(0, 4*shareChunk, 4, 1), func(c *net.UnixConn, k *hostileKit) { send(c, sizesFrame(4, 1)) })},
+		{"sizes past the budget", "check budget", arena.ErrOutOfMemory, func(c *arena.ImportConfig) { c.Budget = 2 * shareChunk },
+			offerThen(sized(0, shareChunk+1, 1, 2), func(c *net.UnixConn, k *hostileKit) {
+				send(c, sizesFrame(1, 2))
+				send(c, batchFrame(2, 0), k.memfd(shareChunk, ipctest.Sealed), k.memfd(2*shareChunk, ipctest.Sealed))
+			})},
+		{"memory file smaller than its size in the table", "differs from the physical allocation", acl.ErrInvalidParam, nil,
+			offerThen(sized(0, shareChunk+1, 1, 2), func(c *net.UnixConn, k *hostileKit) {
+				send(c, sizesFrame(1, 2))
+				send(c, batchFrame(2, 0), k.memfd(shareChunk, ipctest.Sealed), k.memfd(shareChunk, ipctest.Sealed))
+			})},
 		// Batches.
 		{"batch of 0", "batch: 0 descriptors", arena.ErrRefused, nil, offerThen(good(1), func(c *net.UnixConn, k *hostileKit) { send(c, batchFrame(0, 0)) })},
 		{"batch of 65", "batch: 65 descriptors", arena.ErrRefused, nil, offerThen(good(100), func(c *net.UnixConn, k *hostileKit) { send(c, batchFrame(65, 0)) })},
@@ -430,6 +471,80 @@ func TestHostileHarnessSucceeds(t *testing.T) {
 	sameFDs(t, before, "descriptors leaked")
 }
 
+// A sound offer with a sizes table is mapped chunk by chunk at its sizes;
+// one the consumer's pool cannot take (a size it does not lend) is refused
+// with its table and handles read and dropped, so that the connection stays
+// in step: a second Import on it maps the next offer.
+func TestHostileSizes(t *testing.T) {
+	before := openFDs(t)
+	d, err := host.New(host.Config{Capacity: 64 << 20})
+	require.NoError(t, err)
+	pool, err := chunk.New(d, chunk.Config{Size: 4 * shareChunk, TailSize: shareChunk, MaxCached: -1})
+	require.NoError(t, err)
+	mine, theirs := peerConns(t, 5*time.Second)
+	k := &hostileKit{t: t}
+	played := make(chan error, 1)
+	go func() {
+		played <- func() error {
+			for _, sizes := range [][]uint32{{1, 2, 1}, {1, 4, 1}} {
+				if _, _, err := ipc.Recv(theirs, make([]byte, 32), 0); err != nil {
+					return err
+				}
+				units := uint64(0)
+				for _, u := range sizes {
+					units += uint64(u)
+				}
+				send(theirs, sized(100, units*shareChunk-200, sizes...).bytes())
+				send(theirs, sizesFrame(sizes...))
+				fds := make([]int, len(sizes))
+				for i, u := range sizes {
+					fds[i] = k.memfd(int64(u)*shareChunk, ipctest.Sealed)
+				}
+				send(theirs, batchFrame(uint32(len(fds)), 0), fds...)
+				if _, err := readAck(theirs); err != nil {
+					return err
+				}
+			}
+			return nil
+		}()
+		drainPeer(theirs)
+	}()
+	_, err = arena.Import(mine, arena.ImportConfig{Pool: pool})
+	require.ErrorIs(t, err, arena.ErrInvalid)
+	assert.ErrorContains(t, err, "check chunk size")
+	assert.Zero(t, pool.Stats().HeldBytes, "nothing imported")
+	v, err := arena.Import(mine, arena.ImportConfig{Pool: pool})
+	require.NoError(t, err, "the connection is in step")
+	assert.Equal(t, []int{shareChunk, 4 * shareChunk, shareChunk}, arena.Layout(v.Buffer().Arena()))
+	assert.Equal(t, 100, v.Buffer().Offset())
+	assert.Equal(t, 6*shareChunk-200, v.Buffer().Len())
+	assert.Equal(t, int64(6*shareChunk), pool.Stats().HeldBytes)
+	require.NoError(t, arena.CopyIn(v.Buffer(), bytes.Repeat([]byte{7}, v.Buffer().Len())))
+	require.NoError(t, v.Close())
+	mine.Close()
+	require.NoError(t, <-played)
+	theirs.Close()
+	k.close()
+	require.NoError(t, pool.Close())
+	assert.True(t, d.Live().Zero(), "leaked: %+v", d.Live())
+	require.NoError(t, d.Close())
+	sameFDs(t, before, "descriptors leaked")
+}
+
+// readAck reads an ack and its text, and returns its status.
+func readAck(c *net.UnixConn) (uint32, error) {
+	b := make([]byte, 24)
+	if _, _, err := ipc.Recv(c, b, 0); err != nil {
+		return 0, err
+	}
+	if n := binary.LittleEndian.Uint32(b[16:]); n > 0 {
+		if _, _, err := ipc.Recv(c, make([]byte, n), 0); err != nil {
+			return 0, err
+		}
+	}
+	return binary.LittleEndian.Uint32(b[8:]), nil
+}
+
 type consumerCase struct {
 	name  string
 	check string
@@ -490,6 +605,7 @@ func consumerCases(t *testing.T) []consumerCase {
 		{name: "unknown form", check: "sharing form 9", is: arena.ErrRefused, play: helloOnly(helloFrame(9, 1, 0, 0))},
 		{name: "token form", check: "shares memory as token", is: acl.ErrNotSupported, play: helloOnly(helloFrame(tokenForm, 1, 0, 0))},
 		{name: "unknown flags", check: "unknown flags", is: arena.ErrRefused, play: helloOnly(helloFrame(fdForm, 1, 6, 0))},
+		{name: "the sizes flag", check: "unknown flags 0x2", is: arena.ErrRefused, play: helloOnly(helloFrame(fdForm, 1, 2, 0))},
 		{name: "reserved field", check: "reserved field", is: arena.ErrRefused, play: helloOnly(helloFrame(fdForm, 1, 0, 3))},
 		{name: "negative process id", check: "process id -5", is: arena.ErrRefused, play: helloOnly(helloFrame(fdForm, uint32(0xfffffffb), 0, 0))},
 		{name: "descriptors with the hello", check: "control data was cut",
@@ -605,7 +721,8 @@ func TestHostileConsumer(t *testing.T) {
 
 // The token path bounds an offer before it allocates: 1-byte chunks × 2⁴⁰
 // (8 TiB of tokens' books, before the fix) is refused with a few KiB
-// allocated, and a sound offer of many chunks is read a slice at a time.
+// allocated, and a sound offer of many chunks, and its sizes table, is read
+// a slice at a time.
 func TestHostileTokenOffer(t *testing.T) {
 	d, err := host.New(host.Config{Capacity: 64 << 20})
 	require.NoError(t, err)
@@ -620,6 +737,7 @@ func TestHostileTokenOffer(t *testing.T) {
 		{"2⁴⁰ chunks", "check chunk count", offerF{sharing: tokenForm, chunkSize: shareChunk, chunks: 1 << 40, n: 1}, 0},
 		{"2¹⁶ chunks (the largest reservation), then silence", "EOF", offerF{sharing: tokenForm, chunkSize: shareChunk, chunks: 1 << 16, n: 1<<16*shareChunk - 1}, 3},
 		{"2¹⁹ chunks, past the largest reservation", "check chunk count", offerF{sharing: tokenForm, chunkSize: shareChunk, chunks: 1 << 19, n: 1<<19*shareChunk - 1}, 0},
+		{"2¹⁶ chunks of sizes, part of the table, then silence", "EOF", offerF{sharing: tokenForm, flags: 2, chunkSize: shareChunk, chunks: 1 << 16, n: 1}, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			mine, theirs := peerConns(t, 2*time.Second)

@@ -69,7 +69,8 @@ type peerSpec struct {
 	Streams   bool   // consumer: import with a stream
 	Ahead     int    // producer: bytes allocated before the shared buffer
 	SharedLen int    // producer: the shared buffer's length (0: Chunks whole chunks less 2 KiB)
-	ChunkSize int    // bench roles: the chunk size
+	ChunkSize int    // bench roles: the chunk size; producer: the pool's, with TailSize
+	TailSize  int    // producer: a pool of two sizes, ChunkSize and TailSize (0: one size)
 }
 
 // peerReply is what the other process says.
@@ -239,7 +240,11 @@ func copies(fd *faultdriver.Driver) int64 {
 }
 
 func producer(spec peerSpec, conn *net.UnixConn, d *host.Driver, fd *faultdriver.Driver) error {
-	a, err := arena.New(arena.Config{Driver: fd, Reserve: 64 << 20, Chunk: chunk.Config{Shareable: true}})
+	cc := chunk.Config{Shareable: true}
+	if spec.TailSize != 0 {
+		cc.Size, cc.TailSize = spec.ChunkSize, spec.TailSize
+	}
+	a, err := arena.New(arena.Config{Driver: fd, Reserve: 64 << 20, Chunk: cc})
 	if err != nil {
 		return err
 	}
@@ -556,18 +561,25 @@ func TestShareConsumerDies(t *testing.T) {
 	assert.Zero(t, r.Copies, "the consumer copied nothing to import")
 	before, stats := d.Live(), a.Pool().Stats()
 
-	p.send('w')
-	require.Empty(t, p.reply().Err)
-	got := make([]byte, 23)
-	require.NoError(t, arena.CopyOut(got, b))
-	assert.Equal(t, "the consumer wrote this", string(got), "one memory, two processes")
+	requireConsumerWrites(t, p, b)
 
 	p.send('k')
 	assert.True(t, p.wait())
 	assert.Equal(t, before, d.Live(), "the consumer's death freed nothing here")
 	assert.Equal(t, stats.HeldBytes, a.Pool().Stats().HeldBytes, "the pool counts the shared chunks until it gives them back")
-	require.NoError(t, arena.CopyOut(got, b))
+	require.NoError(t, arena.CopyOut(make([]byte, 23), b))
 	require.NoError(t, a.Close())
+}
+
+// requireConsumerWrites has the consumer p write into its import of b, and
+// checks that b reads what it wrote: one memory, two processes.
+func requireConsumerWrites(t *testing.T, p *peerProc, b arena.Buffer) {
+	t.Helper()
+	p.send('w')
+	require.Empty(t, p.reply().Err)
+	got := make([]byte, 23)
+	require.NoError(t, arena.CopyOut(got, b))
+	assert.Equal(t, "the consumer wrote this", string(got), "one memory, two processes")
 }
 
 // Only the process named may import: another PID, UID, or a process the

@@ -21,9 +21,10 @@ import (
 //
 //	consumer → producer  hello (32 bytes), with the consumer's credentials
 //	producer → consumer  offer (64 bytes), with the producer's credentials,
-//	                     then the refusal's text, or the shareable handles:
-//	                     tokens as uint64s, or descriptors in batches (an
-//	                     8-byte header carrying up to fdBatch)
+//	                     then the refusal's text, or, with flagSizes, the
+//	                     sizes table (a uint32 per chunk), and the shareable
+//	                     handles: tokens as uint64s, or descriptors in
+//	                     batches (an 8-byte header carrying up to fdBatch)
 //	consumer → producer  ack (24 bytes), then the failure's text
 //
 // The parsers below are pure functions of the bytes (and of the limits the
@@ -37,6 +38,7 @@ const (
 	batchLen    = 8
 	fdBatch     = 64   // descriptors per message, below ipc.MaxFDs
 	tokenSlice  = 512  // tokens read per message piece: 4 KiB
+	sizeSlice   = 1024 // sizes read per message piece: 4 KiB
 	maxText     = 1024 // the longest failure text either side sends or reads
 	maxReason   = 512  // the most of a peer's text an error keeps
 )
@@ -57,7 +59,15 @@ const (
 // Flags of a hello and an offer.
 const (
 	flagReadOnly = 1
-	knownFlags   = flagReadOnly
+	// flagSizes marks an offer whose chunks are not all one size: its
+	// chunkSize is then a unit, and a sizes table follows the offer, before
+	// the handles: one uint32 per chunk, its size in units. An offer of
+	// chunks of one size never carries it, so that it reads as it did
+	// before two sizes. A hello never carries it.
+	flagSizes = 2
+
+	helloFlags = flagReadOnly             // the flags a hello may carry
+	offerFlags = flagReadOnly | flagSizes // and an offer
 )
 
 // errProtocol is the refusal of a message that breaks the protocol.
@@ -120,7 +130,7 @@ func decodeHello(b []byte) (hello, error) {
 	switch {
 	case h.sharing != acl.SharingToken && h.sharing != acl.SharingFD:
 		return hello{}, errProtocol("hello: sharing form %d is none this side knows", uint32(h.sharing))
-	case h.flags&^knownFlags != 0:
+	case h.flags&^helloFlags != 0:
 		return hello{}, errProtocol("hello: unknown flags %#x", h.flags)
 	case le.Uint32(b[28:]) != 0:
 		return hello{}, errProtocol("hello: reserved field %#x is not zero", le.Uint32(b[28:]))
@@ -195,12 +205,12 @@ func decodeOffer(b []byte) (offer, uint32, error) {
 		return offer{}, 0, errProtocol("offer: unknown status %d", o.status)
 	case text > maxText:
 		return offer{}, 0, errProtocol("offer: a text of %d bytes, at most %d", text, maxText)
-	case o.flags&^knownFlags != 0:
+	case o.flags&^offerFlags != 0:
 		return offer{}, 0, errProtocol("offer: unknown flags %#x", o.flags)
 	case o.status == statusOK && text != 0:
 		return offer{}, 0, errProtocol("offer: a text of %d bytes with a share", text)
-	case o.status != statusOK && (o.chunks != 0 || o.chunkSize != 0 || o.off != 0 || o.n != 0):
-		return offer{}, 0, errProtocol("offer: a refusal offering %d chunks", o.chunks)
+	case o.status != statusOK && (o.chunks != 0 || o.chunkSize != 0 || o.off != 0 || o.n != 0 || o.flags&flagSizes != 0):
+		return offer{}, 0, errProtocol("offer: a refusal offering %d chunks (flags %#x)", o.chunks, o.flags)
 	}
 	return o, text, nil
 }
@@ -208,32 +218,46 @@ func decodeOffer(b []byte) (offer, uint32, error) {
 // limits is what an offer must fit in the consumer.
 type limits struct {
 	sharing    acl.Sharing
-	gran       uint64 // the driver's allocation granularity
-	maxReserve uint64 // the largest reservation
-	budget     uint64 // the most bytes the import may take, or 0
-	chunkSize  uint64 // the pool's chunk size, or 0 for any
+	gran       uint64    // the driver's allocation granularity
+	maxReserve uint64    // the largest reservation
+	budget     uint64    // the most bytes the import may take, or 0
+	sizes      [2]uint64 // the pool's chunk sizes (ChunkSize, TailSize), or zeros for any
 }
 
-// check checks a share's offer against the consumer's limits, before
-// anything is allocated or read for it, and names the check that failed.
-// An offer whose shape is sound but does not fit (another chunk size than
-// the pool's, past the budget) fails with fits set: its handles may be read
-// off the connection and dropped.
-func (lim limits) check(o offer) (fits bool, err error) {
+// check checks a share's offer, and its sizes table (nil without
+// flagSizes), against the consumer's limits, before anything is allocated
+// for it, and names the check that failed. An offer whose shape is sound
+// but does not fit (a chunk size the pool does not lend, past the budget)
+// fails with fits set: its handles may be read off the connection and
+// dropped.
+func (lim limits) check(o offer, sizes []uint32) (fits bool, err error) {
 	if err := lim.shape(o); err != nil {
 		return false, err
 	}
-	cs := o.chunkSize
-	switch {
-	case lim.chunkSize != 0 && cs != lim.chunkSize:
-		return true, failed("check chunk size", fmt.Errorf("%w: check chunk size: the producer's chunks are %d bytes, the pool's %d", ErrInvalid, cs, lim.chunkSize))
-	case lim.budget != 0 && o.chunks*cs > lim.budget:
-		return true, failed("check budget", fmt.Errorf("%w: %w: check budget: the producer shares %d bytes, the budget is %d", chunk.ErrBudget, ErrOutOfMemory, o.chunks*cs, lim.budget))
+	total, err := lim.shapeSizes(o, sizes)
+	if err != nil {
+		return false, err
+	}
+	if lim.sizes[0] != 0 {
+		n := o.chunks
+		if o.flags&flagSizes == 0 {
+			n = 1 // one size: the first's
+		}
+		for i := range n {
+			if cs := sizeOf(o, sizes, i); cs != lim.sizes[0] && cs != lim.sizes[1] {
+				return true, failed("check chunk size", fmt.Errorf("%w: check chunk size: the producer's chunk %d is %d bytes, the pool's chunks %d or %d",
+					ErrInvalid, i, cs, lim.sizes[0], lim.sizes[1]))
+			}
+		}
+	}
+	if lim.budget != 0 && total > lim.budget {
+		return true, failed("check budget", fmt.Errorf("%w: %w: check budget: the producer shares %d bytes, the budget is %d", chunk.ErrBudget, ErrOutOfMemory, total, lim.budget))
 	}
 	return true, nil
 }
 
-// shape checks the sizes and counts of an offer.
+// shape checks the sizes and counts of an offer; with flagSizes, the buffer
+// is checked against the chunks' sizes by shapeSizes.
 func (lim limits) shape(o offer) error {
 	cs := o.chunkSize
 	switch {
@@ -245,12 +269,93 @@ func (lim limits) shape(o offer) error {
 		return refused("check chunk size", "%d bytes, more than the largest reservation %d", cs, lim.maxReserve)
 	case o.chunks == 0 || o.chunks > lim.maxReserve/cs:
 		return refused("check chunk count", "%d chunks of %d bytes do not fit the largest reservation %d", o.chunks, cs, lim.maxReserve)
+	case o.flags&flagSizes != 0:
+		return nil
 	case o.n == 0 || o.off >= cs || o.n > o.chunks*cs-o.off:
 		return refused("check buffer", "[%d, +%d) does not lie in %d chunks of %d bytes from the first", o.off, o.n, o.chunks, cs)
 	case o.off+o.n <= (o.chunks-1)*cs:
 		return refused("check buffer", "[%d, +%d) leaves the last of %d chunks of %d bytes empty", o.off, o.n, o.chunks, cs)
 	}
 	return nil
+}
+
+// shapeSizes checks the sizes table of an offer that shape passed (nil
+// without flagSizes), each chunk's size in units of o.chunkSize, and
+// returns the chunks' bytes: every size at least a unit, their sum (added
+// up a chunk at a time, so that nothing overflows) within the largest
+// reservation, and the buffer starting in the first chunk and ending in the
+// last.
+func (lim limits) shapeSizes(o offer, sizes []uint32) (uint64, error) {
+	u := o.chunkSize
+	if o.flags&flagSizes == 0 {
+		return o.chunks * u, nil
+	}
+	if uint64(len(sizes)) != o.chunks {
+		return 0, refused("check chunk count", "%d sizes for %d chunks", len(sizes), o.chunks)
+	}
+	most, units := lim.maxReserve/u, uint64(0) // in units
+	for i, s := range sizes {
+		switch {
+		case s == 0:
+			return 0, refused("check chunk size", "chunk %d of 0 units", i)
+		case uint64(s) > most:
+			return 0, refused("check chunk size", "chunk %d of %d units of %d bytes, more than the largest reservation %d", i, s, u, lim.maxReserve)
+		case uint64(s) > most-units:
+			return 0, refused("check chunk count", "chunks 0 to %d, of %d units of %d bytes and more, do not fit the largest reservation %d", i, units+uint64(s), u, lim.maxReserve)
+		}
+		units += uint64(s)
+	}
+	total, first, last := units*u, uint64(sizes[0])*u, uint64(sizes[len(sizes)-1])*u
+	switch {
+	case o.n == 0 || o.off >= first || o.n > total-o.off:
+		return 0, refused("check buffer", "[%d, +%d) does not lie in %d chunks of %d bytes from the first, of %d", o.off, o.n, o.chunks, total, first)
+	case o.off+o.n <= total-last:
+		return 0, refused("check buffer", "[%d, +%d) leaves the last of %d chunks of %d bytes, of %d, empty", o.off, o.n, o.chunks, total, last)
+	}
+	return total, nil
+}
+
+// sizeOf returns the bytes of chunk i of offer o, whose sizes table is
+// sizes (nil without flagSizes).
+func sizeOf(o offer, sizes []uint32, i uint64) uint64 {
+	if o.flags&flagSizes == 0 {
+		return o.chunkSize
+	}
+	return uint64(sizes[i]) * o.chunkSize
+}
+
+// offerOf returns the offer of chunks of sizes bytes (multiples of unit)
+// that hold the buffer [off, +n) from the first's start, and its sizes
+// table: none when the chunks are all one size (the offer's chunkSize
+// theirs, as before two sizes), else flagSizes, a chunkSize of unit and
+// each chunk's size in units.
+func offerOf(sharing acl.Sharing, sizes []uint64, unit, off, n uint64) (offer, []byte) {
+	o := offer{sharing: sharing, chunkSize: sizes[0], chunks: uint64(len(sizes)), off: off, n: n}
+	for _, s := range sizes {
+		if s != sizes[0] {
+			o.flags, o.chunkSize = flagSizes, unit
+			return o, encodeSizes(sizes, unit)
+		}
+	}
+	return o, nil
+}
+
+// decodeSizes appends the sizes in b, little-endian uint32s, to sizes.
+func decodeSizes(b []byte, sizes []uint32) []uint32 {
+	for ; len(b) >= 4; b = b[4:] {
+		sizes = append(sizes, le.Uint32(b))
+	}
+	return sizes
+}
+
+// encodeSizes returns the sizes table of an offer whose chunks are of sizes
+// bytes, in units of unit.
+func encodeSizes(sizes []uint64, unit uint64) []byte {
+	b := make([]byte, 0, 4*len(sizes))
+	for _, s := range sizes {
+		b = le.AppendUint32(b, uint32(s/unit))
+	}
+	return b
 }
 
 // decodeBatch parses a batch's header, which came with nfds descriptors,

@@ -170,14 +170,26 @@ func (p *Pool) export(c Chunk, pid int32, readOnly bool) (acl.ShareableHandle, e
 	return l.shared.export, nil
 }
 
-// Import imports the memory another process exported as s, a chunk of the
-// pool's size (the Chunk's Size is the pool's ChunkSize), and lends it to
-// tenant t like a chunk of the pool's own (map it with MapImported, give it
-// back with Put). It counts against the budget (ErrBudget before any driver
-// call). The chunk holds t's bytes, so it is never scrubbed; it is freed,
-// not cached, when put back. Importing memory the pool holds already returns
-// the same chunk, which must then be put back as many times.
-func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
+// Import imports the memory another process exported as s, a chunk of size
+// bytes, and lends it to tenant t like a chunk of the pool's own (map it
+// with MapImported, give it back with Put). The size is the Chunk's Size
+// and what the import books: a positive multiple of the pool's TailSize (a
+// multiple of the driver's granularity) no larger than the driver's largest
+// reservation, one of the pool's own sizes or not, since an imported chunk
+// is never cached (acl.ErrInvalidParam otherwise, before any driver call). It
+// counts against the budget (ErrBudget before any driver call). The chunk
+// holds t's bytes, so it is never scrubbed; it is freed, not cached, when
+// put back. Importing memory the pool holds already returns the same chunk,
+// which must then be put back as many times; importing it again as another
+// size fails with acl.ErrInvalidHandle.
+func (p Lender) Import(t Tenant, s acl.ShareableHandle, size uintptr) (Chunk, error) {
+	if !p.pool.made() {
+		return Chunk{}, errNotMade
+	}
+	if size == 0 || size%p.pool.tail != 0 || size > p.pool.drv.Caps().ReserveLimit() {
+		return Chunk{}, fmt.Errorf("chunk: import %v: %w: a chunk of %d bytes: want a positive multiple of the pool's tail size %d, at most the driver's largest reservation",
+			s, acl.ErrInvalidParam, size, p.pool.tail)
+	}
 	if t == 0 {
 		t = NewTenant()
 	}
@@ -187,7 +199,6 @@ func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 		p.pool.mu.Unlock()
 		return Chunk{}, errClosed
 	}
-	size := p.pool.size // the size the import books
 	if b := p.pool.budget.Load(); b != 0 && p.pool.held+size > b {
 		held := p.pool.held
 		p.pool.stats.Failures++
@@ -228,6 +239,10 @@ func (p Lender) Import(t Tenant, s acl.ShareableHandle) (Chunk, error) {
 	if l.shared == nil || !l.shared.imported {
 		return Chunk{}, errors.Join(ferr, fmt.Errorf("chunk: import %v: %w: the driver returned chunk %#x, which the pool lent out as its own",
 			s, acl.ErrInvalidHandle, uintptr(h)))
+	}
+	if l.size != size {
+		return Chunk{}, errors.Join(ferr, fmt.Errorf("chunk: import %v: %w: chunk %#x was imported as %d bytes, not %d",
+			s, acl.ErrInvalidHandle, uintptr(h), l.size, size))
 	}
 	p.pool.mu.Lock()
 	l.shared.holders++

@@ -76,9 +76,10 @@ func (noShare) Caps() acl.Caps { return acl.Caps{} }
 // the same handle with one more reference.
 type tokenDriver struct {
 	acl.Driver
-	mu   sync.Mutex
-	h    map[uint64]acl.PhysicalHandle
-	refs map[acl.PhysicalHandle]int
+	mu    sync.Mutex
+	h     map[uint64]acl.PhysicalHandle
+	refs  map[acl.PhysicalHandle]int
+	sizes map[uint64]uintptr // the bytes a token names, g when it is not here
 }
 
 func (d *tokenDriver) Caps() acl.Caps { c := d.Driver.Caps(); c.Sharing = acl.SharingToken; return c }
@@ -93,8 +94,12 @@ func (d *tokenDriver) MemImportFromShareableHandle(s acl.ShareableHandle, dev in
 		d.refs[h]++
 		return h, nil
 	}
+	size := uintptr(g)
+	if z, ok := d.sizes[s.Value]; ok {
+		size = z
+	}
 	p := acl.DeviceProp(0, 0)
-	h, err := d.Driver.MallocPhysical(g, &p, 0)
+	h, err := d.Driver.MallocPhysical(size, &p, 0)
 	if err != nil {
 		return 0, err
 	}
@@ -129,26 +134,26 @@ func TestImport(t *testing.T) {
 	defer func() { require.NoError(t, p.Close()) }()
 	tok := func(v uint64) acl.ShareableHandle { return acl.ShareableHandle{Value: v} }
 
-	_, err = p.Lender().Import(0, tok(0))
+	_, err = p.Lender().Import(0, tok(0), g)
 	require.ErrorIs(t, err, acl.ErrInvalidHandle)
 	assert.Zero(t, p.Stats().HeldBytes, "a failed import holds nothing")
 
 	tn := chunk.NewTenant()
-	c1, err := p.Lender().Import(tn, tok(1))
+	c1, err := p.Lender().Import(tn, tok(1), g)
 	require.NoError(t, err)
-	c1b, err := p.Lender().Import(tn, tok(1))
+	c1b, err := p.Lender().Import(tn, tok(1), g)
 	require.NoError(t, err)
 	assert.Equal(t, c1, c1b, "the same memory")
-	c2, err := p.Lender().Import(tn, tok(2))
+	c2, err := p.Lender().Import(tn, tok(2), g)
 	require.NoError(t, err)
-	assert.Equal(t, uintptr(p.ChunkSize()), c1.Size, "an import books the pool's chunk size")
+	assert.Equal(t, uintptr(g), c1.Size, "an import books the size it was given")
 	st := p.Stats()
 	assert.Equal(t, int64(2*g), st.HeldBytes, "counted once")
 	assert.Equal(t, 2, st.InUse)
 	assert.Equal(t, int64(2*g), st.InUseBytes)
 	assert.Equal(t, int64(3), st.Imported)
 	calls := fd.Calls(faultdriver.MemImportFromShareableHandle)
-	_, err = p.Lender().Import(tn, tok(3))
+	_, err = p.Lender().Import(tn, tok(3), g)
 	require.ErrorIs(t, err, chunk.ErrBudget)
 	assert.Equal(t, calls, fd.Calls(faultdriver.MemImportFromShareableHandle), "refused before the driver")
 
@@ -167,6 +172,67 @@ func TestImport(t *testing.T) {
 	assert.Equal(t, 2, p.Stats().InUse, "the second import of c1 still holds it")
 	require.NoError(t, p.Lender().Put(c1b))
 	require.NoError(t, p.Lender().Put(c2))
+	st = p.Stats()
+	assert.Zero(t, st.InUse)
+	assert.Zero(t, st.Cached, "imports are freed, not cached")
+	assert.Zero(t, st.HeldBytes)
+	assert.Empty(t, td.refs, "every reference freed")
+}
+
+// An import books the size it is given, one of the pool's sizes or not:
+// a size that is not a positive multiple of the tail size, or passes the
+// largest reservation, is refused before the driver; the same memory
+// imported again as another size is refused; MapImported lays chunks of
+// several sizes side by side.
+func TestImportSizes(t *testing.T) {
+	d := newDriver(t, 64<<20)
+	td := &tokenDriver{Driver: d, h: map[uint64]acl.PhysicalHandle{}, refs: map[acl.PhysicalHandle]int{},
+		sizes: map[uint64]uintptr{2: big, 3: 3 * g}}
+	fd := faultdriver.New(td)
+	p, err := chunk.New(fd, chunk.Config{Size: big, TailSize: g, Budget: 16 * g})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, p.Close()) }()
+	tok := func(v uint64) acl.ShareableHandle { return acl.ShareableHandle{Value: v} }
+	tn := chunk.NewTenant()
+
+	for _, size := range []uintptr{0, g / 2, g + 4096, d.Caps().ReserveLimit() + g} {
+		_, err := p.Lender().Import(tn, tok(1), size)
+		require.ErrorIs(t, err, acl.ErrInvalidParam, "%d bytes", size)
+	}
+	assert.Zero(t, fd.Calls(faultdriver.MemImportFromShareableHandle), "refused before the driver")
+	_, err = new(chunk.Pool).Lender().Import(tn, tok(1), g)
+	require.ErrorIs(t, err, acl.ErrInvalidParam, "a Pool not made by New")
+
+	tail, err := p.Lender().Import(tn, tok(1), g)
+	require.NoError(t, err)
+	large, err := p.Lender().Import(tn, tok(2), big)
+	require.NoError(t, err)
+	odd, err := p.Lender().Import(tn, tok(3), 3*g)
+	require.NoError(t, err, "a size the pool does not lend: imports are never cached")
+	assert.Equal(t, []uintptr{g, big, 3 * g}, sizes([]chunk.Chunk{tail, large, odd}))
+	st := p.Stats()
+	assert.Equal(t, int64(8*g), st.HeldBytes)
+	assert.Equal(t, int64(8*g), st.InUseBytes)
+
+	_, err = p.Lender().Import(tn, tok(2), g)
+	require.ErrorIs(t, err, acl.ErrInvalidHandle, "the same memory as another size")
+	assert.Equal(t, st.HeldBytes, p.Stats().HeldBytes, "nothing more booked")
+	assert.Equal(t, 1, td.refs[large.Handle], "the second reference dropped")
+	again, err := p.Lender().Import(tn, tok(2), big)
+	require.NoError(t, err, "the same memory as the same size, within the budget once")
+	require.NoError(t, p.Lender().Put(again))
+
+	cs := []chunk.Chunk{tail, large, odd}
+	base, err := d.ReserveMemAddress(8*g, 0, 0, 0)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.ReleaseMemAddress(base)) }()
+	require.NoError(t, p.Lender().MapImported(base, cs, false))
+	at := base
+	for _, c := range cs {
+		require.NoError(t, p.Lender().Release(at, c), "mapped at %v", at)
+		require.NoError(t, p.Lender().Put(c))
+		at = at.Add(c.Size)
+	}
 	st = p.Stats()
 	assert.Zero(t, st.InUse)
 	assert.Zero(t, st.Cached, "imports are freed, not cached")

@@ -56,7 +56,7 @@ func TestImportBadHandleIsNoOOM(t *testing.T) {
 	p, err := chunk.New(td, chunk.Config{Budget: 2 * g})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, p.Close()) }()
-	_, err = p.Lender().Import(0, acl.ShareableHandle{Value: 0})
+	_, err = p.Lender().Import(0, acl.ShareableHandle{Value: 0}, g)
 	require.ErrorIs(t, err, acl.ErrInvalidHandle)
 	require.NotErrorIs(t, err, acl.ErrOutOfMemory)
 	assert.Zero(t, p.Stats().Failures, "a bad handle counted as an out-of-memory failure")

@@ -73,7 +73,7 @@ func FuzzOffer(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if text > maxText || (o.status == statusOK && text != 0) || o.status > statusFailed || o.flags&^offerFlags != 0 {
+		if text > maxText || (o.status == statusOK && (text != 0 || o.code != 0)) || o.status > statusFailed || o.flags&^offerFlags != 0 {
 			t.Fatalf("accepted %+v with a text of %d bytes", o, text)
 		}
 		if o.status != statusOK {

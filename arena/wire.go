@@ -207,8 +207,8 @@ func decodeOffer(b []byte) (offer, uint32, error) {
 		return offer{}, 0, errProtocol("offer: a text of %d bytes, at most %d", text, maxText)
 	case o.flags&^offerFlags != 0:
 		return offer{}, 0, errProtocol("offer: unknown flags %#x", o.flags)
-	case o.status == statusOK && text != 0:
-		return offer{}, 0, errProtocol("offer: a text of %d bytes with a share", text)
+	case o.status == statusOK && (text != 0 || o.code != 0):
+		return offer{}, 0, errProtocol("offer: a share with code %d and a text of %d bytes", o.code, text)
 	case o.status != statusOK && (o.chunks != 0 || o.chunkSize != 0 || o.off != 0 || o.n != 0 || o.flags&flagSizes != 0):
 		return offer{}, 0, errProtocol("offer: a refusal offering %d chunks (flags %#x)", o.chunks, o.flags)
 	}

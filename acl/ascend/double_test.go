@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,12 +14,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ebitengine/purego"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vmarena/vmarena/acl"
 	"github.com/vmarena/vmarena/acl/ascend"
+	"github.com/vmarena/vmarena/acl/ipc"
 	"github.com/vmarena/vmarena/internal/leakgate/arenagate"
 	"github.com/vmarena/vmarena/internal/skip"
 )
@@ -351,4 +354,23 @@ func requireACLError(t testing.TB, err error, op string, code int32) *acl.Error 
 	require.Equal(t, acl.CodeName(code), acl.CodeName(e.Code), "%v", err)
 	require.True(t, strings.HasPrefix(e.Msg, "fakeacl "+op), "message %q is the runtime's, for %s", e.Msg, op)
 	return e
+}
+
+// connPair returns the two ends of a connected Unix socket pair, both
+// closed when the test ends (an end the test closes first is closed
+// again, harmlessly), each with a 10 s deadline, so that a side that stops
+// answering fails the test instead of hanging it.
+func connPair(t testing.TB) (mine, theirs *net.UnixConn) {
+	t.Helper()
+	mine, f, err := ipc.Socketpair()
+	require.NoError(t, err)
+	t.Cleanup(func() { mine.Close() })
+	theirs, err = ipc.FileConn(f)
+	f.Close()
+	require.NoError(t, err)
+	t.Cleanup(func() { theirs.Close() })
+	deadline := time.Now().Add(10 * time.Second)
+	require.NoError(t, mine.SetDeadline(deadline))
+	require.NoError(t, theirs.SetDeadline(deadline))
+	return mine, theirs
 }

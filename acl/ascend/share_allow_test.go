@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -35,14 +34,7 @@ func TestShareAllowListIsTheConsumer(t *testing.T) {
 	b, err := a.Alloc(cs, cs)
 	require.NoError(t, err)
 
-	mine, f, err := ipc.Socketpair()
-	require.NoError(t, err)
-	defer mine.Close()
-	theirs, err := ipc.FileConn(f)
-	require.NoError(t, err)
-	f.Close()
-	require.NoError(t, mine.SetDeadline(time.Now().Add(10*time.Second)))
-	require.NoError(t, theirs.SetDeadline(time.Now().Add(10*time.Second)))
+	mine, theirs := connPair(t)
 
 	strangerErr := make(chan error, 1)
 	go func() {

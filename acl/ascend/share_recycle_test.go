@@ -7,7 +7,6 @@ import (
 	"errors"
 	"os"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -65,14 +64,7 @@ func TestShareTokenGivenBackOverDouble(t *testing.T) {
 		require.NoError(t, d.MemSetPidToShareableHandle(nextToken, []int32{consumer}))
 	})()
 
-	mine, f, err := ipc.Socketpair()
-	require.NoError(t, err)
-	defer mine.Close()
-	theirs, err := ipc.FileConn(f)
-	require.NoError(t, err)
-	f.Close()
-	require.NoError(t, mine.SetDeadline(time.Now().Add(10*time.Second)))
-	require.NoError(t, theirs.SetDeadline(time.Now().Add(10*time.Second)))
+	mine, theirs := connPair(t)
 
 	type got struct {
 		token acl.ShareableHandle

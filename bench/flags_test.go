@@ -2,9 +2,12 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -105,6 +108,38 @@ func TestKVTailChecked(t *testing.T) {
 	}
 	if err := run(o, io.Discard); err != nil {
 		t.Errorf("run -chunk 2MiB -kv-tail 2MiB: %v", err)
+	}
+	// The models workload's pool takes the tail size too.
+	dir := t.TempDir()
+	o, err = parseFlags([]string{"-device", "host", "-workloads", "models", "-micro=false", "-quick", "-chunk", "4MiB", "-kv-tail", "2MiB",
+		"-strategies", "arena", "-out", dir}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(o, &out); err != nil {
+		t.Errorf("run -workloads models -chunk 4MiB -kv-tail 2MiB: %v", err)
+	}
+	if !strings.Contains(out.String(), "tails 2 MiB (-kv-tail)") {
+		t.Errorf("the models workload's header does not name the tails:\n%s", out.String())
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res struct {
+		Rows []struct {
+			Strategy string
+			Pool     struct {
+				TailSize int64 `json:"tail_size"`
+			}
+		}
+	}
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != 1 || res.Rows[0].Pool.TailSize != 2<<20 {
+		t.Errorf("the models workload's arena pool: %+v, want a tail size of 2 MiB", res.Rows)
 	}
 }
 

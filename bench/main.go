@@ -237,7 +237,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.kv.Load, "kv-load", true, "kv: copy the model's weights (-kv-hidden, -kv-vocab) into device memory before serving, from pinned host memory, as a server loads its model (the first prompts are prefetched first, so an arena maps them meanwhile); skipped where the device lacks room for them beside the budget")
 	fs.BoolVar(&o.kv.PerToken, "kv-per-token", false, "kv: one Alloc per token for every layer's K and V (a token-outermost layout) instead of one per layer's K and V")
 	fs.BoolVar(&o.kv.PrefetchBlocks, "kv-prefetch-blocks", true, "kv: with -kv-prefetch, also tell each running sequence the KV block it will grow into, -kv-prefetch-steps tokens ahead, as a scheduler that knows each sequence's length can")
-	fs.Var(sizeFlag{&o.kvTail}, "kv-tail", "kv: the arena pool's tail chunk `size` (chunk.Config.TailSize): each growth's whole -chunk blocks in chunks of -chunk, the rest in chunks of this size, a multiple of the granularity that divides -chunk; 0, or one as large as the chunk: one size")
+	fs.Var(sizeFlag{&o.kvTail}, "kv-tail", "kv and models: the arena pool's tail chunk `size` (chunk.Config.TailSize): each growth's whole -chunk blocks in chunks of -chunk, the rest in chunks of this size, a multiple of the granularity that divides -chunk; 0, or one as large as the chunk: one size")
 	fs.IntVar(&o.kv.PrefetchSteps, "kv-prefetch-steps", 8, "kv: with -kv-prefetch, how many steps ahead of the prefill, at most")
 	fs.BoolVar(&o.kv.TokenGrowth, "kv-token-growth", true, "kv: grow the arena's regions by the tokens they append instead of in -kv-block blocks (a prefill maps its prompt's tokens, a decode step its token), and with -kv-prefetch-blocks tell each running sequence its next -kv-token-ahead tokens instead of its next block; the other strategies still grow in blocks")
 	fs.BoolVar(&o.tokenHead, "kv-token-headroom", false, "kv: with -kv-token-growth, -kv-prefetch-blocks and -headroom -1, each arena keeps its sequence's next -kv-token-ahead tokens mapped as headroom (arena Config.Headroom, in bytes, fixed) instead of being told them with a Prefetch every step")
@@ -753,7 +753,7 @@ func runReading(o *options, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  %-8s %s\n", w+":", o.workload(w).Describe())
 		if wl := o.workload(w); wl.Budget(s.gran) > 0 {
 			tails := ""
-			if w == "kv" && o.kvTail > 0 && o.kvTail < o.arenaChunk(wl, s.gran) {
+			if (w == "kv" || w == "models") && o.kvTail > 0 && o.kvTail < o.arenaChunk(wl, s.gran) {
 				tails = ", tails " + workload.HumanBytes(o.kvTail) + " (-kv-tail)"
 			}
 			fmt.Fprintf(stdout, "  %-8s arena chunk %s (%s)%s, budget %s\n", "", workload.HumanBytes(o.arenaChunk(wl, s.gran)),
@@ -924,6 +924,9 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 		}
 	case workload.Models:
 		cfg.Block = w.BlockBytes()
+		if o.kvTail < chunkSize {
+			cfg.Tail = o.kvTail // the models' KV caches and weights, on one pool of two sizes
+		}
 	}
 	if budget == 0 && cfg.Warm < 0 {
 		cfg.Warm = 0 // no budget to warm to

@@ -100,9 +100,11 @@ type Config struct {
 	// the arenas counts in units of TailSize (Ask). With Size 0 it must
 	// divide the size the pool chooses (equal to it, the pool has one size).
 	TailSize int
-	// MaxCached bounds the reuse cache, in chunks (of both sizes, on a pool
-	// of two: one list per size). 0 means DefaultMaxCached;
-	// a negative value disables the cache.
+	// MaxCached bounds the reuse cache, in chunks of the pool's size: on a
+	// pool of two sizes (one list per size) it bounds the cache's bytes at
+	// MaxCached large chunks, a tail counting as the part of one it is, so
+	// that a cache of tails holds as much memory as one of large chunks.
+	// 0 means DefaultMaxCached; a negative value disables the cache.
 	MaxCached int
 	// Budget caps the physical bytes the pool holds: chunks in use, cached,
 	// allocated ahead, or waiting for the device before they are unmapped.
@@ -120,7 +122,8 @@ type Config struct {
 	// Ahead keeps this many fresh chunks (large ones, on a pool of two
 	// sizes) allocated in the cache by the pool's background worker, within
 	// the budget, so that a growth that finds the cache empty does not wait
-	// for MallocPhysical; cached chunks of both sizes count. 0 means none.
+	// for MallocPhysical; cached chunks of both sizes count, by their bytes
+	// (a tail as the part of a large chunk it is). 0 means none.
 	Ahead int
 	// WorkerCPU caps the pool's background worker at this share of one CPU,
 	// averaged over a few milliseconds: 0.25 lets it work a quarter of the
@@ -868,7 +871,7 @@ func (p *Pool) take(t Tenant, o order, got *[]Chunk) (short, fatal error) {
 		units += k
 	}
 	n := p.reserveLocked(p.size, o.large-large)
-	if p.stats.Cached < p.ahead && !p.dormantLocked() {
+	if p.cachedBelowLocked(p.ahead) && !p.dormantLocked() {
 		p.wakeLocked() // the cache ran below what the worker keeps ahead
 	}
 	p.mu.Unlock()
@@ -1173,7 +1176,7 @@ func (p *Pool) putLocked(c Chunk, notify bool) error {
 	}
 	p.unlendLocked(c.Handle, l)
 	e := entry{c.Handle, l.holder, l.size}
-	if !p.closed && p.stats.Cached < p.maxCached {
+	if !p.closed && p.cachedBytes+e.size <= uintptr(p.maxCached)*p.size {
 		p.cacheLocked(e)
 		if notify {
 			p.returns++

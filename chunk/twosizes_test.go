@@ -48,9 +48,10 @@ func sizes(cs []chunk.Chunk) []uintptr {
 // The cache keeps one list per size: a chunk goes back to the list of the
 // size it was lent with, a tail ask takes tail chunks (the last put back
 // first) and leaves the large ones, an exact ask (Acquire) takes large ones
-// only, the bound counts both, and Trim frees both.
+// only, the bound counts both by their bytes (MaxCached large chunks' worth),
+// and Trim frees both.
 func TestTailCacheBySize(t *testing.T) {
-	fd, p := twoSizes(t, chunk.Config{MaxCached: 3})
+	fd, p := twoSizes(t, chunk.Config{MaxCached: 2})
 	l, tn := p.Lender(), chunk.NewTenant()
 	require.Equal(t, big, p.ChunkSize())
 	require.Equal(t, g, p.TailSize())
@@ -80,8 +81,9 @@ func TestTailCacheBySize(t *testing.T) {
 	assert.Equal(t, int64(2), st.Hits)
 
 	// The large chunk, then five tail chunks (the one cached, three fresh
-	// and the first), come back to a cache of three: the large one and two
-	// tail ones are cached, the other three freed.
+	// and the first), come back to a cache of two large chunks' bytes: the
+	// large one and four tail ones are cached, the fifth freed. Counted in
+	// chunks, the bound would have cached a tail chunk and freed four.
 	more, err := l.TakeFree(nil, tn, chunk.Ask{Units: 4})
 	require.NoError(t, err)
 	require.Equal(t, []uintptr{g, g, g, g}, sizes(more))
@@ -90,9 +92,9 @@ func TestTailCacheBySize(t *testing.T) {
 		require.NoError(t, l.Put(c))
 	}
 	st = p.Stats()
-	assert.Equal(t, 3, st.Cached, "the bound counts chunks of both sizes")
-	assert.Equal(t, int64(big+2*g), st.CachedBytes)
-	assert.Equal(t, int64(3), st.Evictions)
+	assert.Equal(t, 5, st.Cached, "the bound counts the bytes of chunks of both sizes")
+	assert.Equal(t, int64(2*big), st.CachedBytes)
+	assert.Equal(t, int64(1), st.Evictions)
 	assert.Equal(t, st.CachedBytes, st.HeldBytes)
 
 	require.NoError(t, p.Trim())
@@ -479,4 +481,25 @@ func TestTakeTurnsIdleLargeChunksIntoTails(t *testing.T) {
 			require.NoError(t, l.PutBack(got))
 		})
 	}
+}
+
+// Warm, like the bound, measures the cache in bytes: tail chunks worth one
+// large chunk leave room for one more large chunk under MaxCached 2 (counted
+// in chunks, the four tails would have filled the cache).
+func TestWarmCountsCachedBytes(t *testing.T) {
+	_, p := twoSizes(t, chunk.Config{MaxCached: 2})
+	l, tn := p.Lender(), chunk.NewTenant()
+	tails, err := l.TakeFree(nil, tn, chunk.Ask{Units: k})
+	require.NoError(t, err)
+	require.Equal(t, []uintptr{g, g, g, g}, sizes(tails))
+	for _, c := range tails {
+		require.NoError(t, l.Put(c))
+	}
+	added, err := p.Warm(10)
+	require.NoError(t, err)
+	assert.Equal(t, 1, added, "one large chunk: the cache then holds two large chunks' bytes")
+	st := p.Stats()
+	assert.Equal(t, 5, st.Cached)
+	assert.Equal(t, int64(2*big), st.CachedBytes)
+	require.NoError(t, p.Trim())
 }

@@ -291,8 +291,9 @@ func (p *Pool) Warm(n int) (int, error) {
 	return added, nil
 }
 
-// fill allocates fresh chunks into the cache while it holds fewer than
-// target, within the budget, at most limit of them (-1: no limit).
+// fill allocates fresh chunks into the cache while it holds less than
+// target chunks' bytes (cachedBelowLocked), within the budget, at most limit
+// of them (-1: no limit).
 func (p *Pool) fill(target, limit int) (int, error) {
 	added := 0
 	for limit < 0 || added < limit {
@@ -300,7 +301,7 @@ func (p *Pool) fill(target, limit int) (int, error) {
 			yieldToCallers() // the worker's fill: see yieldToCallers
 		}
 		p.mu.Lock()
-		if b := p.budget.Load(); p.closed || p.stats.Cached >= target || (b != 0 && b-min(p.held, b) < p.size) ||
+		if b := p.budget.Load(); p.closed || !p.cachedBelowLocked(target) || (b != 0 && b-min(p.held, b) < p.size) ||
 			(limit < 0 && p.dormantLocked()) {
 			p.mu.Unlock()
 			return added, nil
@@ -349,3 +350,8 @@ func (p Lender) Settle() {
 	case <-w.done:
 	}
 }
+
+// cachedBelowLocked reports whether the cache holds less than n chunks of
+// the pool's size in bytes: the measure of Config.Ahead and MaxCached, in
+// which a tail counts as the part of a large chunk it is.
+func (p *Pool) cachedBelowLocked(n int) bool { return p.cachedBytes < uintptr(n)*p.size }

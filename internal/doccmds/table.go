@@ -128,6 +128,7 @@ var table = []entry{
 	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged,caching,realloc -kv-compute 1ms -kv-slots 64 -kv-layers 80 -kv-hidden 8192 -kv-requests 128 -kv-prompt 64:1024 -kv-gen 32:256 -chunk 16MiB", how: scaledDown, flags: quickServer},
 	{cmd: "go run ./bench -device model:h200 -workloads models -micro=false -count 3 -strategies arena,paged,caching", how: scaledDown, flags: quickOne},
 	{cmd: "go run ./bench -device model:h200 -workloads models -micro=false -count 3 -strategies arena,paged,caching -kv-tail 2MiB", how: scaledDown, flags: quickOne},
+	{cmd: "go run ./bench -device model:h200 -workloads models -micro=false -count 3 -strategies arena,paged,caching -kv-tail 8MiB", how: scaledDown, flags: quickOne},
 	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged -kv-prompt 1024:1024 -kv-gen 1024:1024 -kv-slots 16 -kv-requests 32", how: scaledDown, flags: quickTRT},
 	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged -kv-prompt 1024:1024 -kv-gen 1024:1024 -kv-slots 16 -kv-requests 32 -chunk 2MiB", how: scaledDown, flags: quickTRT},
 	{cmd: "go run ./bench -device model:h200 -workloads kv -micro=false -count 3 -strategies arena,paged -kv-prompt 1024:1024 -kv-gen 1024:1024 -kv-slots 16 -kv-requests 32 -chunk 16MiB", how: scaledDown, flags: quickTRT},

@@ -503,3 +503,69 @@ func TestWarmCountsCachedBytes(t *testing.T) {
 	assert.Equal(t, int64(2*big), st.CachedBytes)
 	require.NoError(t, p.Trim())
 }
+
+// A conversion whose free fails keeps the chunk the driver kept, cached and
+// held, and converts nothing with it: a take whose every free fails falls
+// short on the budget (no room was made), the books still add up, nothing
+// is counted as converted, and the next take converts it; one failed free
+// is retried by the take's second pass. A conversion whose allocation fails
+// after its free gives the freed room back to the budget.
+func TestConversionFaults(t *testing.T) {
+	books := func(t *testing.T, p *chunk.Pool) chunk.Stats {
+		t.Helper()
+		st := p.Stats()
+		assert.Equal(t, st.InUseBytes+st.CachedBytes+st.FreeingBytes, st.HeldBytes, "%+v", st)
+		return st
+	}
+	// setup fills the budget: one large chunk in use (returned), one cached.
+	setup := func(t *testing.T) (*faultdriver.Driver, *chunk.Pool, chunk.Chunk) {
+		t.Helper()
+		fd, p := twoSizes(t, chunk.Config{Budget: 2 * big})
+		lg, err := p.Lender().Acquire(chunk.NewTenant(), 2)
+		require.NoError(t, err)
+		require.NoError(t, p.Lender().Put(lg[1]))
+		return fd, p, lg[0]
+	}
+	// take takes a tail chunk, checks the books and the conversions
+	// counted so far, and puts it and in back.
+	take := func(t *testing.T, p *chunk.Pool, in chunk.Chunk, converted int64) {
+		t.Helper()
+		got, err := p.Lender().TryAcquire(nil, chunk.NewTenant(), chunk.Ask{Units: 1})
+		require.NoError(t, err)
+		assert.Equal(t, []uintptr{g}, sizes(got))
+		st := books(t, p)
+		assert.Equal(t, converted, st.Conversions)
+		assert.Equal(t, int64(big+g), st.HeldBytes)
+		require.NoError(t, p.Lender().PutBack(append(got, in)))
+	}
+	t.Run("every free", func(t *testing.T) {
+		fd, p, in := setup(t)
+		fd.FailAfter(faultdriver.FreePhysical, 0, acl.ErrCodeRTDrvInternal)
+		_, err := p.Lender().TryAcquire(nil, chunk.NewTenant(), chunk.Ask{Units: 1})
+		require.ErrorIs(t, err, chunk.ErrBudget)
+		assert.Positive(t, fd.Injected(faultdriver.FreePhysical))
+		st := books(t, p)
+		assert.Equal(t, 1, st.Cached, "the chunk the driver kept")
+		assert.Equal(t, int64(2*big), st.HeldBytes)
+		assert.Zero(t, st.Conversions)
+		fd.Clear()
+		take(t, p, in, 1)
+	})
+	t.Run("one free", func(t *testing.T) {
+		fd, p, in := setup(t)
+		fd.FailNth(faultdriver.FreePhysical, 1, acl.ErrCodeRTDrvInternal)
+		take(t, p, in, 1)
+		assert.Equal(t, int64(1), fd.Injected(faultdriver.FreePhysical))
+	})
+	t.Run("allocation", func(t *testing.T) {
+		fd, p, in := setup(t)
+		fd.FailNth(faultdriver.MallocPhysical, 1, acl.ErrCodeRTDrvInternal)
+		_, err := p.Lender().TryAcquire(nil, chunk.NewTenant(), chunk.Ask{Units: 1})
+		require.Error(t, err)
+		st := books(t, p)
+		assert.Equal(t, int64(1), st.Conversions, "the large chunk was freed")
+		assert.Zero(t, st.Cached)
+		assert.Equal(t, int64(big), st.HeldBytes, "its room went back to the budget")
+		take(t, p, in, 1) // the room is there now: a fresh tail
+	})
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -338,4 +339,42 @@ func canonical(a *arena.Arena) string {
 		return fmt.Sprintf("the chunks add up to %d, Cap is %d: %v", off, c, layout)
 	}
 	return ""
+}
+
+// A growth into a block whose large chunk still waits for the device takes
+// it back whole, where it lies, with no driver call: the growth ends past
+// its target by the rest of that chunk (Cap a large chunk further, not a
+// tail), and the bytes the arena kept are intact.
+func TestMixedGrowTakesBackLargeWhole(t *testing.T) {
+	e := newDeferredEnv(t, chunk.Config{Size: 2 * cg, TailSize: cg})
+	a := e.arena(t, arena.Config{Streams: []acl.Stream{e.s}})
+	b, err := a.Alloc(4*cg, 256)
+	require.NoError(t, err)
+	require.Equal(t, []int{2 * cg, 2 * cg}, arena.Layout(a))
+	want := sharedBytes(cg)
+	head, err := b.Slice(0, cg)
+	require.NoError(t, err)
+	require.NoError(t, arena.CopyIn(head, want))
+	kernel := make(chan struct{})
+	done := sync.OnceFunc(func() { close(kernel) })
+	defer done() // a failure below must not leave the kernel running
+	require.NoError(t, e.hd.Launch(e.s, b.Ptr(), uintptr(b.Len()), kernel))
+	require.NoError(t, a.Truncate(cg))
+	require.NoError(t, a.Shrink())
+	require.Equal(t, 2*cg, a.Cap(), "the first block's large chunk holds Len")
+	require.Equal(t, 1, e.pool.Stats().Pending, "the second block's waits for the kernel")
+
+	maps, mallocs, access := e.fd.Calls(faultdriver.MapMem), e.fd.Calls(faultdriver.MallocPhysical), e.fd.Calls(faultdriver.MemSetAccess)
+	require.NoError(t, a.Grow(2*cg)) // to 3 granules: a tail's worth into the second block
+	assert.Equal(t, 4*cg, a.Cap(), "the large chunk taken back whole: past the target by a tail")
+	assert.Equal(t, []int{2 * cg, 2 * cg}, arena.Layout(a))
+	assert.Equal(t, maps, e.fd.Calls(faultdriver.MapMem), "taken back in place: no map")
+	assert.Equal(t, mallocs, e.fd.Calls(faultdriver.MallocPhysical))
+	assert.Equal(t, access, e.fd.Calls(faultdriver.MemSetAccess))
+	assert.Zero(t, e.pool.Stats().Pending)
+	done()
+	require.NoError(t, e.hd.SynchronizeStream(e.s)) // the kernel is done with b
+	got := make([]byte, cg)
+	require.NoError(t, arena.CopyOut(got, head))
+	assert.Equal(t, want, got)
 }

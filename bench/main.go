@@ -493,6 +493,19 @@ func (o *options) arenaChunk(w workload.Workload, gran int64) int64 {
 	return int64(chunk.SizeFor(w.Budget(gran), int(gran)))
 }
 
+// tailFor returns the tail size (-kv-tail) of the arena's pool for workload
+// w on chunks of size bytes: the kv and models workloads take it, and a
+// tail as large as the chunk, or none, is one size (0).
+func (o *options) tailFor(w workload.Workload, size int64) int64 {
+	switch w.(type) {
+	case workload.KV, workload.Models:
+		if o.kvTail < size {
+			return o.kvTail
+		}
+	}
+	return 0
+}
+
 // chunkSource says where arenaChunk's size comes from.
 func (o *options) chunkSource() string {
 	if o.chunk > 0 {
@@ -753,8 +766,8 @@ func runReading(o *options, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "  %-8s %s\n", w+":", o.workload(w).Describe())
 		if wl := o.workload(w); wl.Budget(s.gran) > 0 {
 			tails := ""
-			if (w == "kv" || w == "models") && o.kvTail > 0 && o.kvTail < o.arenaChunk(wl, s.gran) {
-				tails = ", tails " + workload.HumanBytes(o.kvTail) + " (-kv-tail)"
+			if tail := o.tailFor(wl, o.arenaChunk(wl, s.gran)); tail > 0 {
+				tails = ", tails " + workload.HumanBytes(tail) + " (-kv-tail)"
 			}
 			fmt.Fprintf(stdout, "  %-8s arena chunk %s (%s)%s, budget %s\n", "", workload.HumanBytes(o.arenaChunk(wl, s.gran)),
 				o.chunkSource(), tails, workload.HumanBytes(o.budget(wl, s.gran)))
@@ -916,17 +929,12 @@ func (s *suite) runOne(w workload.Workload, name string, rep int, progress func(
 	if o.register != "none" {
 		cfg.Register = o.register
 	}
+	cfg.Tail = o.tailFor(w, chunkSize)
 	switch w := w.(type) {
 	case workload.KV:
 		cfg.Block = w.BlockBytes() // the paged pool's block: one KV block
-		if o.kvTail < chunkSize {
-			cfg.Tail = o.kvTail // a tail as large as the chunk is one size
-		}
 	case workload.Models:
 		cfg.Block = w.BlockBytes()
-		if o.kvTail < chunkSize {
-			cfg.Tail = o.kvTail // the models' KV caches and weights, on one pool of two sizes
-		}
 	}
 	if budget == 0 && cfg.Warm < 0 {
 		cfg.Warm = 0 // no budget to warm to

@@ -1181,7 +1181,7 @@ func (p *Pool) putLocked(c Chunk, notify bool) error {
 	}
 	p.unlendLocked(c.Handle, l)
 	e := entry{c.Handle, l.holder, l.size}
-	if !p.closed && p.cachedBytes+e.size <= uintptr(p.maxCached)*p.size {
+	if !p.closed && p.cacheRoomLocked(e.size) {
 		p.cacheLocked(e)
 		if notify {
 			p.returns++
@@ -1228,6 +1228,19 @@ func (p *Pool) cacheLocked(e entry) {
 	p.cache[l] = append(p.cache[l], e)
 	p.stats.Cached++
 	p.cachedBytes += e.size
+}
+
+// The cache is measured in chunks of the pool's size, by its bytes: a tail
+// counts as the part of a large chunk it is (Config.MaxCached, Ahead).
+
+// cachedBelowLocked reports whether the cache holds less than n chunks'
+// bytes.
+func (p *Pool) cachedBelowLocked(n int) bool { return p.cachedBytes < uintptr(n)*p.size }
+
+// cacheRoomLocked reports whether a chunk of size bytes fits in the cache
+// under Config.MaxCached.
+func (p *Pool) cacheRoomLocked(size uintptr) bool {
+	return p.cachedBytes+size <= uintptr(p.maxCached)*p.size
 }
 
 // uncacheLocked takes the ith entry of the cache's list out of it.

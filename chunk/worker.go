@@ -350,8 +350,3 @@ func (p Lender) Settle() {
 	case <-w.done:
 	}
 }
-
-// cachedBelowLocked reports whether the cache holds less than n chunks of
-// the pool's size in bytes: the measure of Config.Ahead and MaxCached, in
-// which a tail counts as the part of a large chunk it is.
-func (p *Pool) cachedBelowLocked(n int) bool { return p.cachedBytes < uintptr(n)*p.size }

@@ -141,6 +141,43 @@ func TestKVTailChecked(t *testing.T) {
 	if len(res.Rows) != 1 || res.Rows[0].Pool.TailSize != 2<<20 {
 		t.Errorf("the models workload's arena pool: %+v, want a tail size of 2 MiB", res.Rows)
 	}
+
+	// Without -kv-tail the pool chooses (a quarter of 16 MiB chunks); a
+	// -kv-tail as large as the chunk asks for one size. The header says
+	// which, and results.json has what the pool did.
+	for _, c := range []struct {
+		args   []string
+		header string
+		tail   int64
+	}{
+		{nil, "tails 4 MiB (the pool's choice)", 4 << 20},
+		{[]string{"-kv-tail", "16MiB"}, "one size (-kv-tail)", 16 << 20},
+	} {
+		dir := t.TempDir()
+		o, err := parseFlags(append([]string{"-device", "host", "-workloads", "kv", "-micro=false", "-quick", "-chunk", "16MiB",
+			"-strategies", "arena", "-out", dir}, c.args...), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if err := run(o, &out); err != nil {
+			t.Fatalf("run -chunk 16MiB %v: %v", c.args, err)
+		}
+		if !strings.Contains(out.String(), c.header) {
+			t.Errorf("run -chunk 16MiB %v: the header does not say %q:\n%s", c.args, c.header, out.String())
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "results.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Rows = nil
+		if err := json.Unmarshal(b, &res); err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Rows) != 1 || res.Rows[0].Pool.TailSize != c.tail {
+			t.Errorf("run -chunk 16MiB %v: the arena pool %+v, want a tail size of %d", c.args, res.Rows, c.tail)
+		}
+	}
 }
 
 // Every bad flag fails before the first measurement, within a second, with

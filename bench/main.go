@@ -237,7 +237,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.kv.Load, "kv-load", true, "kv: copy the model's weights (-kv-hidden, -kv-vocab) into device memory before serving, from pinned host memory, as a server loads its model (the first prompts are prefetched first, so an arena maps them meanwhile); skipped where the device lacks room for them beside the budget")
 	fs.BoolVar(&o.kv.PerToken, "kv-per-token", false, "kv: one Alloc per token for every layer's K and V (a token-outermost layout) instead of one per layer's K and V")
 	fs.BoolVar(&o.kv.PrefetchBlocks, "kv-prefetch-blocks", true, "kv: with -kv-prefetch, also tell each running sequence the KV block it will grow into, -kv-prefetch-steps tokens ahead, as a scheduler that knows each sequence's length can")
-	fs.Var(sizeFlag{&o.kvTail}, "kv-tail", "kv and models: the arena pool's tail chunk `size` (chunk.Config.TailSize): each growth's whole -chunk blocks in chunks of -chunk, the rest in chunks of this size, a multiple of the granularity that divides -chunk; 0, or one as large as the chunk: one size")
+	fs.Var(sizeFlag{&o.kvTail}, "kv-tail", "kv and models: the arena pool's tail chunk `size` (chunk.Config.TailSize): each growth's whole -chunk blocks in chunks of -chunk, the rest in chunks of this size, a multiple of the granularity that divides -chunk; one as large as the chunk: one size; 0: the pool's choice, a quarter of the chunk where that is a multiple of the granularity, else one size (chunk.DefaultTailSize)")
 	fs.IntVar(&o.kv.PrefetchSteps, "kv-prefetch-steps", 8, "kv: with -kv-prefetch, how many steps ahead of the prefill, at most")
 	fs.BoolVar(&o.kv.TokenGrowth, "kv-token-growth", true, "kv: grow the arena's regions by the tokens they append instead of in -kv-block blocks (a prefill maps its prompt's tokens, a decode step its token), and with -kv-prefetch-blocks tell each running sequence its next -kv-token-ahead tokens instead of its next block; the other strategies still grow in blocks")
 	fs.BoolVar(&o.tokenHead, "kv-token-headroom", false, "kv: with -kv-token-growth, -kv-prefetch-blocks and -headroom -1, each arena keeps its sequence's next -kv-token-ahead tokens mapped as headroom (arena Config.Headroom, in bytes, fixed) instead of being told them with a Prefetch every step")
@@ -493,17 +493,29 @@ func (o *options) arenaChunk(w workload.Workload, gran int64) int64 {
 	return int64(chunk.SizeFor(w.Budget(gran), int(gran)))
 }
 
-// tailFor returns the tail size (-kv-tail) of the arena's pool for workload
-// w on chunks of size bytes: the kv and models workloads take it, and a
-// tail as large as the chunk, or none, is one size (0).
+// tailFor returns the arena pool's Config.TailSize for workload w on chunks
+// of size bytes: -kv-tail for the kv and models workloads, where one as
+// large as the chunk, or larger, asks for one size (size); else 0, the
+// pool's choice (chunk.DefaultTailSize).
 func (o *options) tailFor(w workload.Workload, size int64) int64 {
 	switch w.(type) {
 	case workload.KV, workload.Models:
-		if o.kvTail < size {
-			return o.kvTail
-		}
+		return min(o.kvTail, size)
 	}
 	return 0
+}
+
+// tailShown says, for a run's header, the tail size of the arena's pool for
+// workload w on chunks of size bytes, and where it comes from.
+func (o *options) tailShown(w workload.Workload, size, gran int64) string {
+	tail, from := o.tailFor(w, size), "-kv-tail"
+	if tail == 0 {
+		tail, from = int64(chunk.DefaultTailSize(int(size), int(gran))), "the pool's choice"
+	}
+	if tail == size {
+		return ", one size (" + from + ")"
+	}
+	return ", tails " + workload.HumanBytes(tail) + " (" + from + ")"
 }
 
 // chunkSource says where arenaChunk's size comes from.
@@ -593,7 +605,7 @@ func openSuite(o *options) (s *suite, close func() error, err error) {
 		s.gran = int64(g)
 		err = checkChunk(o.chunk, s.gran)
 		if err == nil && o.kvTail%s.gran != 0 {
-			err = fmt.Errorf("-kv-tail %s: want a multiple of the driver's granularity, %s, or 0 for one size", formatSize(o.kvTail), formatSize(s.gran))
+			err = fmt.Errorf("-kv-tail %s: want a multiple of the driver's granularity, %s, or 0 for the pool's choice", formatSize(o.kvTail), formatSize(s.gran))
 		}
 	} else {
 		err = fmt.Errorf("granularity: %w", err)
@@ -765,12 +777,9 @@ func runReading(o *options, stdout io.Writer) error {
 	for _, w := range o.workloads {
 		fmt.Fprintf(stdout, "  %-8s %s\n", w+":", o.workload(w).Describe())
 		if wl := o.workload(w); wl.Budget(s.gran) > 0 {
-			tails := ""
-			if tail := o.tailFor(wl, o.arenaChunk(wl, s.gran)); tail > 0 {
-				tails = ", tails " + workload.HumanBytes(tail) + " (-kv-tail)"
-			}
-			fmt.Fprintf(stdout, "  %-8s arena chunk %s (%s)%s, budget %s\n", "", workload.HumanBytes(o.arenaChunk(wl, s.gran)),
-				o.chunkSource(), tails, workload.HumanBytes(o.budget(wl, s.gran)))
+			size := o.arenaChunk(wl, s.gran)
+			fmt.Fprintf(stdout, "  %-8s arena chunk %s (%s)%s, budget %s\n", "", workload.HumanBytes(size),
+				o.chunkSource(), o.tailShown(wl, size, s.gran), workload.HumanBytes(o.budget(wl, s.gran)))
 		}
 	}
 	fmt.Fprintln(stdout)

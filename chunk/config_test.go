@@ -27,10 +27,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{chunk.Config{Size: -1}, "Config.Size -1: want 0"},
 		{chunk.Config{Size: 3 << 20}, "Config.Size 3145728 bytes (3 MiB) is not a multiple of the driver's granularity, 2097152 bytes (2 MiB)"},
 		{chunk.Config{Size: 256 << 30}, "(256 GiB) exceeds host's largest reservation, 137438953472 bytes (128 GiB)"},
-		{chunk.Config{TailSize: -1}, "Config.TailSize -1: want 0 (one size, Config.Size) or a multiple of the granularity that divides Config.Size"},
+		{chunk.Config{TailSize: -1}, "Config.TailSize -1: want 0 (the pool's choice, DefaultTailSize) or a multiple of the granularity that divides Config.Size"},
 		{chunk.Config{Size: 4 * g, TailSize: 3 << 20}, "Config.TailSize 3145728 bytes (3 MiB) is not a multiple of the driver's granularity, 2097152 bytes (2 MiB)"},
-		{chunk.Config{Size: 4 * g, TailSize: 4 * g}, "Config.TailSize 8388608 bytes (8 MiB) is not smaller than Config.Size, 8 MiB"},
-		{chunk.Config{Size: 2 * g, TailSize: 4 * g}, "Config.TailSize 8388608 bytes (8 MiB) is not smaller than Config.Size, 4 MiB"},
+		{chunk.Config{Size: 4 * g, TailSize: 8 * g}, "Config.TailSize 16777216 bytes (16 MiB) is larger than Config.Size, 8 MiB"},
+		{chunk.Config{Size: 2 * g, TailSize: 4 * g}, "Config.TailSize 8388608 bytes (8 MiB) is larger than Config.Size, 4 MiB"},
 		{chunk.Config{Size: 3 * g, TailSize: 2 * g}, "Config.TailSize 4194304 bytes (4 MiB) does not divide Config.Size, 6 MiB"},
 		{chunk.Config{TailSize: 2 * g}, "Config.TailSize 4194304 bytes (4 MiB) does not divide the chunk size the pool chose for Config.Size 0, 2 MiB (see SizeFor)"},
 		{chunk.Config{Budget: 64 << 30, TailSize: 3 * g}, "Config.TailSize 6291456 bytes (6 MiB) does not divide the chunk size the pool chose for Config.Size 0, 32 MiB"},
@@ -70,16 +70,24 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		require.NoError(t, p.Close())
 	}
 
-	// A TailSize equal to the size the pool chooses for Config.Size 0 is a
-	// pool of one size; otherwise the pool has two.
+	// A TailSize equal to the chunk size, given or chosen, is a pool of one
+	// size; TailSize 0 is the pool's choice (DefaultTailSize): a quarter of
+	// the chunk where that is a multiple of the granularity, else one size.
 	for _, c := range []struct {
 		cfg         chunk.Config
 		large, tail int
 	}{
 		{chunk.Config{TailSize: g}, g, g},
 		{chunk.Config{Budget: 4 << 30, TailSize: g}, 2 * g, g},
-		{chunk.Config{Size: 4 * g}, 4 * g, 4 * g},
+		{chunk.Config{Size: 4 * g}, 4 * g, g},
+		{chunk.Config{Size: 8 * g}, 8 * g, 2 * g},
+		{chunk.Config{Size: 2 * g}, 2 * g, 2 * g},
+		{chunk.Config{Size: 6 * g}, 6 * g, 6 * g},
+		{chunk.Config{Budget: 64 << 30}, 16 * g, 4 * g},
+		{chunk.Config{Size: 4 * g, TailSize: 4 * g}, 4 * g, 4 * g},
+		{chunk.Config{Budget: 64 << 30, TailSize: 16 * g}, 16 * g, 16 * g},
 		{chunk.Config{Size: 4 * g, TailSize: g}, 4 * g, g},
+		{chunk.Config{Size: 4 * g, TailSize: 2 * g}, 4 * g, 2 * g},
 	} {
 		p, err := chunk.New(d, c.cfg)
 		require.NoError(t, err, "%+v", c.cfg)

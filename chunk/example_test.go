@@ -31,11 +31,14 @@ func ExamplePool() {
 
 // A pool given a budget and no chunk size chooses its chunks from the
 // budget: the granularity for a small one, larger chunks (fewer driver
-// calls) for a large one.
+// calls) for a large one, with tails of a quarter of them at the arenas'
+// edges where that is a multiple of the granularity (DefaultTailSize).
 func ExampleSizeFor() {
 	const granularity = 2 << 20
-	for _, budget := range []int64{0, 1 << 30, 16 << 30, 80 << 30, 1 << 40} {
-		fmt.Printf("budget %4d GiB: %2d MiB chunks\n", budget>>30, chunk.SizeFor(budget, granularity)>>20)
+	for _, budget := range []int64{0, 1 << 30, 8 << 30, 16 << 30, 80 << 30, 1 << 40} {
+		size := chunk.SizeFor(budget, granularity)
+		fmt.Printf("budget %4d GiB: %2d MiB chunks, %d MiB tails\n", budget>>30, size>>20,
+			chunk.DefaultTailSize(size, granularity)>>20)
 	}
 
 	drv, err := host.New(host.Config{Capacity: 64 << 20})
@@ -48,12 +51,13 @@ func ExampleSizeFor() {
 		log.Fatal(err)
 	}
 	defer pool.Close()
-	fmt.Printf("the pool chose %d MiB\n", pool.ChunkSize()>>20)
+	fmt.Printf("the pool chose %d MiB, tails %d MiB\n", pool.ChunkSize()>>20, pool.TailSize()>>20)
 	// Output:
-	// budget    0 GiB:  2 MiB chunks
-	// budget    1 GiB:  2 MiB chunks
-	// budget   16 GiB: 16 MiB chunks
-	// budget   80 GiB: 32 MiB chunks
-	// budget 1024 GiB: 32 MiB chunks
-	// the pool chose 16 MiB
+	// budget    0 GiB:  2 MiB chunks, 2 MiB tails
+	// budget    1 GiB:  2 MiB chunks, 2 MiB tails
+	// budget    8 GiB:  8 MiB chunks, 2 MiB tails
+	// budget   16 GiB: 16 MiB chunks, 4 MiB tails
+	// budget   80 GiB: 32 MiB chunks, 8 MiB tails
+	// budget 1024 GiB: 32 MiB chunks, 8 MiB tails
+	// the pool chose 16 MiB, tails 4 MiB
 }

@@ -90,20 +90,24 @@ type Config struct {
 	// beyond its length, and many arenas share one budget). The size is
 	// fixed at New: SetBudget does not change it.
 	Size int
-	// TailSize is the size of the pool's tail chunks in bytes. 0, the
-	// default, gives a pool of one size, Size. Otherwise it is a multiple of
-	// the driver's granularity, smaller than Size, that divides Size: the
-	// pool lends chunks of two sizes, large ones of Size and tail ones of
+	// TailSize is the size of the pool's tail chunks in bytes: the pool
+	// lends chunks of two sizes, large ones of Size and tail ones of
 	// TailSize, so that an arena maps the whole large chunks of a growth
 	// and the rest in tail chunks, and keeps less than a tail chunk mapped
 	// beyond its length instead of less than a large one. The protocol with
-	// the arenas counts in units of TailSize (Ask). With Size 0 it must
-	// divide the size the pool chooses (equal to it, the pool has one size).
+	// the arenas counts in units of TailSize (Ask).
+	//
+	// 0, the default, lets the pool choose (DefaultTailSize): a quarter of
+	// the chunk size where that is a multiple of the driver's granularity,
+	// else the chunk size itself. Equal to the chunk size, the pool has one
+	// size. Otherwise it is a multiple of the granularity, smaller than the
+	// chunk size, that divides it.
+	//
 	// Each tail chunk costs an allocation, a map and an access call, so an
 	// arena that grows a token at a time makes a call per TailSize bytes of
 	// tokens: a tail much smaller than Size trades calls for the memory it
-	// saves (docs/benchmarks.md measures a quarter of Size against a
-	// sixteenth).
+	// saves (docs/benchmarks.md measures a quarter of Size, a half, and a
+	// sixteenth, and one size).
 	TailSize int
 	// MaxCached bounds the reuse cache, in chunks of the pool's size: on a
 	// pool of two sizes (one list per size) it bounds the cache's bytes at
@@ -317,7 +321,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 	case cfg.Size < 0:
 		return nil, bad("Config.Size %d: want 0 (the driver's granularity) or a multiple of the granularity", cfg.Size)
 	case cfg.TailSize < 0:
-		return nil, bad("Config.TailSize %d: want 0 (one size, Config.Size) or a multiple of the granularity that divides Config.Size", cfg.TailSize)
+		return nil, bad("Config.TailSize %d: want 0 (the pool's choice, DefaultTailSize) or a multiple of the granularity that divides Config.Size", cfg.TailSize)
 	case cfg.Budget < 0:
 		return nil, bad("Config.Budget %d: want 0 (no cap) or more", cfg.Budget)
 	case cfg.Ahead < 0:
@@ -351,7 +355,7 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		return nil, bad("Config.Size %s exceeds %s's largest reservation, %s: no arena could map a chunk",
 			units.Bytes(int64(size)), drv.Name(), units.Ubytes(uint64(limit)))
 	}
-	tail := size
+	tail := uintptr(DefaultTailSize(int(size), int(g)))
 	if cfg.TailSize > 0 {
 		tail = uintptr(cfg.TailSize)
 		switch {
@@ -360,8 +364,8 @@ func New(drv acl.Driver, cfg Config) (*Pool, error) {
 		case cfg.Size == 0 && size%tail != 0:
 			return nil, bad("Config.TailSize %s does not divide the chunk size the pool chose for Config.Size 0, %s (see SizeFor)",
 				units.Bytes(int64(tail)), units.IEC(int64(size)))
-		case cfg.Size != 0 && tail >= size:
-			return nil, bad("Config.TailSize %s is not smaller than Config.Size, %s", units.Bytes(int64(tail)), units.IEC(int64(size)))
+		case tail > size:
+			return nil, bad("Config.TailSize %s is larger than Config.Size, %s", units.Bytes(int64(tail)), units.IEC(int64(size)))
 		case size%tail != 0:
 			return nil, bad("Config.TailSize %s does not divide Config.Size, %s", units.Bytes(int64(tail)), units.IEC(int64(size)))
 		}

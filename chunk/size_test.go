@@ -60,6 +60,30 @@ func TestSizeForRule(t *testing.T) {
 	}
 }
 
+// DefaultTailSize's rule: a quarter of the chunk where that is a multiple
+// of the granularity, else the chunk itself (one size); nonsense in, the
+// size back.
+func TestDefaultTailSizeRule(t *testing.T) {
+	const mib = 1 << 20
+	for _, c := range []struct{ size, g, want int }{
+		{g, g, g},                     // one granule: one size
+		{4 * mib, g, 4 * mib},         // a quarter below the granularity
+		{6 * mib, g, 6 * mib},         // a quarter not a multiple of it
+		{8 * mib, g, 2 * mib},         // the smallest chunk with tails
+		{16 * mib, g, 4 * mib},        // the bench's server size
+		{32 * mib, g, 8 * mib},        // MaxAutoSize
+		{24 * mib, g, 6 * mib},        // a quarter of three granules
+		{30 * mib, 3 * mib, 30 * mib}, // 7.5 MiB: not a multiple of 3 MiB
+		{48 * mib, 3 * mib, 12 * mib},
+		{1 << 30, 1 << 30, 1 << 30}, // HUGE1G granules
+		{0, g, 0},
+		{-1, g, -1},
+		{16 * mib, 0, 16 * mib},
+	} {
+		assert.Equal(t, c.want, chunk.DefaultTailSize(c.size, c.g), "size %d, granularity %d", c.size, c.g)
+	}
+}
+
 // New chooses SizeFor's size for Config.Size 0 with a budget, the
 // granularity without one; an explicit Size wins; SetBudget never changes
 // the size; a driver whose reservations cannot hold the chosen size gets

@@ -136,8 +136,8 @@ type Config struct {
 	// Chunk is the arena's chunk size; 0 means the pool's choice
 	// (chunk.SizeFor: from Budget, the granularity without one).
 	Chunk int64
-	// Tail is the arena pool's tail chunk size (chunk.Config.TailSize);
-	// 0: one size.
+	// Tail is the arena pool's tail chunk size (chunk.Config.TailSize):
+	// 0 is the pool's choice (chunk.DefaultTailSize), Chunk one size.
 	Tail int64
 	// MaxCached bounds the arena pool's reuse cache, in chunks (0: the
 	// pool's default; negative: no cache).

@@ -986,8 +986,9 @@ func recvBatch(c *net.UnixConn, left int, peer *ipc.Peer) ([]int, error) {
 // importPool returns the pool an Imported's chunks come into: cfg.Pool, or a
 // private one (own) for the chunks of offer o, checked with its sizes table:
 // of the largest size, with the offer's unit for tail size when the chunks
-// are not all one size (the chunks are imported as their own sizes, never
-// cached).
+// are not all one size, and of one size, said so (not the pool's default
+// tails, chunk.DefaultTailSize), when they are (the chunks are imported as
+// their own sizes, never cached).
 func importPool(drv acl.Driver, cfg ImportConfig, o offer, sizes []uint32) (pool *chunk.Pool, own bool, err error) {
 	if cfg.Pool != nil {
 		return cfg.Pool, false, nil
@@ -996,10 +997,7 @@ func importPool(drv acl.Driver, cfg ImportConfig, o offer, sizes []uint32) (pool
 	for i := range o.chunks {
 		most = max(most, sizeOf(o, sizes, i))
 	}
-	pc := chunk.Config{Size: int(most), MaxCached: -1, Budget: int64(cfg.Budget), Scrub: chunk.ScrubNever}
-	if o.chunkSize < most {
-		pc.TailSize = int(o.chunkSize)
-	}
+	pc := chunk.Config{Size: int(most), TailSize: int(o.chunkSize), MaxCached: -1, Budget: int64(cfg.Budget), Scrub: chunk.ScrubNever}
 	p, err := chunk.New(drv, pc)
 	if err != nil {
 		return nil, false, err

@@ -72,8 +72,9 @@
 // the smallest chunk it maps), and Len ≤ Cap ≤ Reserved holds whenever the
 // arena is awake. On a pool of one chunk size TailSize is the chunk size.
 // On a pool of two (chunk.Config.TailSize; by default, chunk.DefaultTailSize,
-// a pool of chunks of four granules or more, such as the 16 MiB chunks a
-// 16 GiB budget chooses, has tails of a quarter of them) a growth maps each whole block
+// a pool whose chunk is a multiple of four granules, such as the 16 MiB
+// chunks a 16 GiB budget chooses, has tails of a quarter of it) a growth
+// maps each whole block
 // of ChunkSize it covers, aligned to it, in one large chunk, and the rest
 // in tail chunks, so that an arena holds less than a tail chunk above what
 // it was asked for while a large cache still maps in few calls; where the

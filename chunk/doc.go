@@ -10,9 +10,9 @@
 // exactly one of the pool's sizes, and is mapped whole or not at all,
 // because ACL maps and unmaps only whole allocations. A pool has one size,
 // its chunk size, or two (Config.TailSize): large chunks of the chunk size
-// and tail chunks of the tail size, which divides it. By default a pool of
-// chunks of four granules or more has tails of a quarter of them
-// ([DefaultTailSize]: 4 MiB beside 16 MiB chunks), smaller ones one size. Each [Chunk] carries
+// and tail chunks of the tail size, which divides it. By default a pool
+// whose chunk is a multiple of four granules has tails of a quarter of it
+// ([DefaultTailSize]: 4 MiB beside 16 MiB chunks), others one size. Each [Chunk] carries
 // its size (Chunk.Size, set by the pool), and the pool's books count bytes
 // chunk by chunk at that size (Stats.InUseBytes and the other byte fields):
 //

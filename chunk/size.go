@@ -64,13 +64,14 @@ func autoSize(budget int64, g, limit uintptr) uintptr {
 // DefaultTailSize returns the tail chunk size a pool of chunks of size bytes
 // chooses for Config.TailSize 0, on a driver whose granularity is
 // granularity bytes: a quarter of size where that is a multiple of the
-// granularity, else size itself (one size). With 2 MiB granules, chunks of
-// 8 MiB and more have tails (2 MiB for 8 MiB, 4 MiB for 16 MiB, 8 MiB for
-// 32 MiB) and smaller ones do not. A quarter keeps an arena's unused part
-// of its last chunk to an eighth of a large chunk on average, where one size
-// keeps half of one, for about twice the calls of one size when the arena
-// grows a token at a time; docs/benchmarks.md has the figures behind the
-// rule. A size or granularity of 0 or less returns size.
+// granularity, else size itself (one size). With 2 MiB granules, chunks
+// that are a multiple of 8 MiB have tails (2 MiB for 8 MiB, 4 MiB for
+// 16 MiB, 8 MiB for 32 MiB: every size SizeFor chooses from 8 MiB up) and
+// others do not (4 MiB, 12 MiB). A quarter keeps an arena's unused part of
+// its last chunk to an eighth of a large chunk on average, where one size
+// keeps half of one, for more driver calls when the arena grows a token at
+// a time (two thirds more in the bench's server-size KV caches);
+// docs/benchmarks.md has the figures behind the rule. A size or granularity of 0 or less returns size.
 func DefaultTailSize(size, granularity int) int {
 	if size <= 0 || granularity <= 0 {
 		return size

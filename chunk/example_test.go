@@ -37,8 +37,11 @@ func ExampleSizeFor() {
 	const granularity = 2 << 20
 	for _, budget := range []int64{0, 1 << 30, 8 << 30, 16 << 30, 80 << 30, 1 << 40} {
 		size := chunk.SizeFor(budget, granularity)
-		fmt.Printf("budget %4d GiB: %2d MiB chunks, %d MiB tails\n", budget>>30, size>>20,
-			chunk.DefaultTailSize(size, granularity)>>20)
+		tails := "one size"
+		if tail := chunk.DefaultTailSize(size, granularity); tail < size {
+			tails = fmt.Sprintf("%d MiB tails", tail>>20)
+		}
+		fmt.Printf("budget %4d GiB: %2d MiB chunks, %s\n", budget>>30, size>>20, tails)
 	}
 
 	drv, err := host.New(host.Config{Capacity: 64 << 20})
@@ -53,8 +56,8 @@ func ExampleSizeFor() {
 	defer pool.Close()
 	fmt.Printf("the pool chose %d MiB, tails %d MiB\n", pool.ChunkSize()>>20, pool.TailSize()>>20)
 	// Output:
-	// budget    0 GiB:  2 MiB chunks, 2 MiB tails
-	// budget    1 GiB:  2 MiB chunks, 2 MiB tails
+	// budget    0 GiB:  2 MiB chunks, one size
+	// budget    1 GiB:  2 MiB chunks, one size
 	// budget    8 GiB:  8 MiB chunks, 2 MiB tails
 	// budget   16 GiB: 16 MiB chunks, 4 MiB tails
 	// budget   80 GiB: 32 MiB chunks, 8 MiB tails
